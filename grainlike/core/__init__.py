@@ -1,0 +1,1 @@
+"""Sampler, record metadata, sharding and transforms: numpy and the standard library only."""

@@ -1,0 +1,1 @@
+"""The DataLoader, its iterator and state, and worker processes."""

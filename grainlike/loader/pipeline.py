@@ -1,0 +1,347 @@
+"""What one worker (or the calling process, with no workers) computes.
+
+A ``Pipeline`` is the picklable description of the work: source, sampler, sharding
+and operations. ``Pipeline.outputs(worker_index, worker_count, next_position)``
+yields the worker's outputs with its position after each, where positions count the
+worker's slice of the shard-local stream: worker ``w`` of ``W`` reads local
+positions ``w, w + W, w + 2W, ...`` and position ``k`` means the ``k``-th of them.
+The loader's checkpoint state is these positions and nothing else.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import sys
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import numpy as np
+
+from grainlike.core import tree
+from grainlike.core.record import LazyRng, Record, RecordMetadata
+from grainlike.core.sharding import ShardOptions
+from grainlike.core.transforms import (
+    Batch,
+    FilterTransform,
+    MapTransform,
+    MapWithIndexTransform,
+    RandomMapTransform,
+    transform_name,
+)
+from grainlike.loader.options import ReadOptions
+
+# Records read per call to the source's batched read.
+_READ_CHUNK = 64
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """Attaches ``note`` to ``error`` so it prints with the traceback (PEP 678)."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:  # Python 3.10: keep the note where 3.11's traceback would look.
+        notes = list(getattr(error, "__notes__", []))
+        notes.append(note)
+        try:
+            error.__notes__ = notes
+        except AttributeError:
+            pass
+
+
+def sampler_size(sampler: Any) -> int:
+    """``len(sampler)``, or found by bisection for samplers without ``__len__``."""
+    if hasattr(sampler, "__len__"):
+        return len(sampler)
+    lo, hi = 0, sys.maxsize
+    while lo < hi:
+        mid = (lo + hi) // 2
+        try:
+            sampler[mid]
+            lo = mid + 1
+        except IndexError:
+            hi = mid
+    return lo
+
+
+def describe_op(op: Any) -> str:
+    if isinstance(op, Batch):
+        return f"Batch(batch_size={op.batch_size}, drop_remainder={op.drop_remainder})"
+    return transform_name(op)
+
+
+def check_operations(operations: Sequence[Any]) -> list:
+    """Validates the operations list; returns it as a list."""
+    ops = list(operations)
+    for i, op in enumerate(ops):
+        if not isinstance(
+            op, (Batch, MapTransform, RandomMapTransform, FilterTransform, MapWithIndexTransform)
+        ):
+            kind = getattr(type(op), "__name__", type(op))
+            batch_size = getattr(op, "batch_size", None)
+            if batch_size is not None and hasattr(op, "drop_remainder"):
+                # grain's BatchOperation / foreign Batch: same meaning.
+                ops[i] = Batch(
+                    batch_size=op.batch_size,
+                    drop_remainder=op.drop_remainder,
+                    batch_fn=getattr(op, "batch_fn", None),
+                )
+                continue
+            raise TypeError(
+                f"operations[{i}] is a {kind}, not a transform. Use a MapTransform, "
+                "RandomMapTransform, FilterTransform, MapWithIndexTransform or Batch."
+            )
+    return ops
+
+
+class Pipeline:
+    """The picklable work of one loader: read, transform, filter and batch.
+
+    Args:
+      data_source: random-access source (``len`` and ``[key]``; ``__getitems__``
+        is used when present).
+      sampler: maps global indices to ``RecordMetadata``.
+      operations: the transforms, in order.
+      shard_options: which shard this process reads.
+      read_options: read-ahead threads and buffer.
+    """
+
+    def __init__(
+        self,
+        data_source: Any,
+        sampler: Any,
+        operations: Sequence[Any],
+        shard_options: ShardOptions,
+        read_options: ReadOptions,
+    ):
+        self.data_source = data_source
+        self.sampler = sampler
+        self.operations = check_operations(operations)
+        self.shard_options = shard_options
+        self.read_options = read_options
+        self.local_length = sampler_size(sampler) // shard_options.shard_count
+        # Hook for workers: allocates stacked batch leaves (in shared memory).
+        self.batch_alloc: Optional[tree.Allocator] = None
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["batch_alloc"] = None
+        return state
+
+    def worker_length(self, worker_index: int, worker_count: int) -> int:
+        """How many positions worker ``worker_index`` of ``worker_count`` reads."""
+        w = max(worker_count, 1)
+        if self.local_length <= worker_index:
+            return 0
+        return (self.local_length - worker_index + w - 1) // w
+
+    # -- reading ---------------------------------------------------------------
+
+    def _metadata(self, global_indices: np.ndarray) -> list:
+        sampler = self.sampler
+        fast = getattr(sampler, "record_keys", None)
+        if fast is not None and hasattr(sampler, "seed"):
+            keys = fast(global_indices).tolist()
+            seed = sampler.seed
+            gs = global_indices.tolist()
+            if seed is None:
+                return [RecordMetadata(g, k, None) for g, k in zip(gs, keys)]
+            return [RecordMetadata(g, k, LazyRng(seed + g)) for g, k in zip(gs, keys)]
+        return [sampler[int(g)] for g in global_indices.tolist()]
+
+    def _read_chunk(self, global_indices: np.ndarray) -> list:
+        metas = self._metadata(global_indices)
+        source = self.data_source
+        keys = [m.record_key for m in metas]
+        getitems = getattr(source, "__getitems__", None)
+        try:
+            if getitems is not None:
+                values = getitems(keys)
+                return [Record(m, v) for m, v in zip(metas, values)]
+        except Exception:
+            pass  # Fall through to single reads so the error names the failing key.
+        out = []
+        for m in metas:
+            try:
+                value = source[m.record_key]
+            except Exception as e:
+                add_note(
+                    e,
+                    f"grainlike: while reading record_key {m.record_key} (global index "
+                    f"{m.index}) from data source {_short_repr(source)}",
+                )
+                raise
+            out.append(Record(m, value))
+        return out
+
+    def _chunks(self, worker_index: int, worker_count: int, start: int) -> Iterator[list]:
+        """Yields lists of records for positions ``start, start + 1, ...``."""
+        w = max(worker_count, 1)
+        end = self.worker_length(worker_index, worker_count)
+        s = self.shard_options
+        stride = w * s.shard_count
+        base = worker_index * s.shard_count + s.shard_index
+        chunk = max(1, min(_READ_CHUNK, self.read_options.prefetch_buffer_size or 1))
+        for lo in range(start, end, chunk):
+            hi = min(lo + chunk, end)
+            yield np.arange(lo, hi, dtype=np.int64) * stride + base
+
+    def records(self, worker_index: int, worker_count: int, start: int) -> Iterator[Record]:
+        """Yields the worker's records from position ``start`` on, read ahead."""
+        threads = self.read_options.num_threads
+        index_chunks = self._chunks(worker_index, worker_count, start)
+        if threads <= 0:
+            for idx in index_chunks:
+                yield from self._read_chunk(idx)
+            return
+        # Read ahead: keep enough chunk reads in flight to fill the prefetch buffer.
+        ahead = max(1, self.read_options.prefetch_buffer_size // _READ_CHUNK)
+        ahead = min(max(ahead, 1), threads * 2)
+        pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=min(threads, ahead), thread_name_prefix="grainlike-read"
+        )
+        pending: collections.deque = collections.deque()
+        try:
+            for idx in index_chunks:
+                pending.append(pool.submit(self._read_chunk, idx))
+                if len(pending) >= ahead:
+                    yield from pending.popleft().result()
+            while pending:
+                yield from pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    # -- transforming ------------------------------------------------------------
+
+    def outputs(
+        self, worker_index: int, worker_count: int, start: int
+    ) -> Iterator[tuple[int, Any]]:
+        """Yields ``(position after this output, output)`` for one worker.
+
+        Args:
+          worker_index: this worker, in ``[0, max(worker_count, 1))``.
+          worker_count: number of workers (0 means one, in process).
+          start: the first position to read.
+        """
+        position = [start]
+        records = self.records(worker_index, worker_count, start)
+
+        def counted() -> Iterator[Record]:
+            for r in records:
+                position[0] += 1
+                yield r
+
+        stream: Iterator[Record] = counted()
+        for op in self.operations:
+            stream = _apply(op, stream, self)
+        try:
+            for r in stream:
+                yield position[0], r.data
+        finally:
+            records.close()
+
+
+def _short_repr(obj: Any, limit: int = 200) -> str:
+    try:
+        text = repr(obj)
+    except Exception:
+        text = f"<{type(obj).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _fail(e: BaseException, op: Any, r: Record) -> None:
+    m = r.metadata
+    key = "" if m.record_key is None else f", record_key {m.record_key}"
+    add_note(e, f"grainlike: in transform {describe_op(op)} on the record at global index {m.index}{key}")
+
+
+def _apply(op: Any, stream: Iterator[Record], pipeline: Pipeline) -> Iterator[Record]:
+    if isinstance(op, MapTransform):
+        fn = op.map
+
+        def mapped():
+            for r in stream:
+                try:
+                    r.data = fn(r.data)
+                except Exception as e:
+                    _fail(e, op, r)
+                    raise
+                yield r
+
+        return mapped()
+    if isinstance(op, RandomMapTransform):
+        fn = op.random_map
+
+        def random_mapped():
+            for r in stream:
+                try:
+                    r.data = fn(r.data, r.metadata.rng)
+                except Exception as e:
+                    _fail(e, op, r)
+                    raise
+                yield r
+
+        return random_mapped()
+    if isinstance(op, MapWithIndexTransform):
+        fn = op.map_with_index
+
+        def index_mapped():
+            for r in stream:
+                try:
+                    r.data = fn(r.metadata.index, r.data)
+                except Exception as e:
+                    _fail(e, op, r)
+                    raise
+                yield r
+
+        return index_mapped()
+    if isinstance(op, FilterTransform):
+        fn = op.filter
+
+        def filtered():
+            for r in stream:
+                try:
+                    keep = fn(r.data)
+                except Exception as e:
+                    _fail(e, op, r)
+                    raise
+                if keep:
+                    yield r
+
+        return filtered()
+    if isinstance(op, Batch):
+        return _batched(op, stream, pipeline)
+    raise TypeError(f"unsupported operation {op!r}")
+
+
+def _batched(op: Batch, stream: Iterator[Record], pipeline: Pipeline) -> Iterator[Record]:
+    size = op.batch_size
+    user_fn = op.batch_fn
+    buf: list = []
+
+    def emit(records: list) -> Record:
+        values = [r.data for r in records]
+        last = records[-1].metadata
+        try:
+            if user_fn is not None:
+                data = user_fn(values)
+            else:
+                data = tree.stack(values, pipeline.batch_alloc)
+        except Exception as e:
+            idx = [r.metadata.index for r in records]
+            keys = [r.metadata.record_key for r in records]
+            add_note(
+                e,
+                f"grainlike: in {describe_op(op)} of the records at global indices "
+                f"{idx} (record_keys {keys})",
+            )
+            raise
+        return Record(last.remove_record_key(), data)
+
+    for r in stream:
+        buf.append(r)
+        if len(buf) == size:
+            yield emit(buf)
+            buf = []
+    if buf and not op.drop_remainder:
+        yield emit(buf)

@@ -1,0 +1,110 @@
+"""The body of a worker process.
+
+Preloaded by the forkserver, so forking a worker does not import anything new.
+Never imports jax.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import traceback
+from typing import Any
+
+import cloudpickle
+import numpy as np  # noqa: F401  (preloaded for the forked workers)
+
+from grainlike.loader import shm
+
+
+def _send_error(conn, position: int, error: BaseException) -> None:
+    tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    try:
+        payload = cloudpickle.dumps(error)
+        cloudpickle.loads(payload)  # Some exceptions pickle but cannot be rebuilt.
+    except Exception:
+        payload = None
+    conn.send(("err", position, payload, type(error).__qualname__, str(error), tb))
+
+
+def run(
+    pipeline_bytes: bytes,
+    worker_index: int,
+    worker_count: int,
+    start: int,
+    buffer_size: int,
+    shm_prefix: str,
+    results,
+    control,
+) -> None:
+    """Produces one worker's outputs and sends them to the consumer.
+
+    Messages out: ``("out", position, payload)``, ``("err", position, ...)`` and
+    finally ``("end", position)``. Messages in: ``("tick", released_segment_ids)``
+    (one more output may be sent) and ``("stop",)``. If the consumer's end of the
+    control pipe closes (it exited or was killed), the worker removes its
+    segments' names and exits at once.
+    """
+    # Ctrl-C goes to the whole process group; the consumer decides what happens,
+    # and stops the workers itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    pool = shm.SegmentPool(shm_prefix) if shm.available() else None
+    credits = threading.Semaphore(buffer_size)
+    stop = threading.Event()
+    pool_lock = threading.Lock()
+
+    def listen() -> None:
+        try:
+            while True:
+                msg = control.recv()
+                if msg[0] == "tick":
+                    if msg[1] and pool is not None:
+                        with pool_lock:
+                            pool.release(msg[1])
+                    credits.release()
+                elif msg[0] == "stop":
+                    break
+        except (EOFError, OSError):
+            # The consumer is gone: nobody will read or unlink what we made.
+            if pool is not None:
+                pool.unlink_all()
+            os._exit(0)
+        stop.set()
+        credits.release()
+
+    threading.Thread(target=listen, name="grainlike-control", daemon=True).start()
+
+    position = start
+    try:
+        pipeline = cloudpickle.loads(pipeline_bytes)
+        if pool is not None:
+
+            def alloc(shape, dtype):
+                with pool_lock:
+                    return pool.alloc(shape, dtype)
+
+            pipeline.batch_alloc = alloc
+        for position, output in pipeline.outputs(worker_index, worker_count, start):
+            if pool is not None:
+                with pool_lock:
+                    output = pool.export(output)
+            credits.acquire()
+            if stop.is_set():
+                break
+            results.send(("out", position, output))
+        else:
+            # Trailing records a filter dropped were read too.
+            results.send(("end", pipeline.worker_length(worker_index, worker_count)))
+    except BaseException as e:  # noqa: B902 - everything goes to the consumer
+        if not stop.is_set():
+            try:
+                _send_error(results, position, e)
+            except Exception:
+                pass
+    stop.wait()
+    if pool is not None:
+        pool.unlink_all()
+    results.close()
+    sys.stdout.flush()

@@ -1,0 +1,29 @@
+"""Random-access data sources.
+
+``RandomAccessDataSource`` is the protocol (``__len__`` and ``__getitem__``, plus an
+optional batched ``__getitems__``); ``RangeDataSource``, ``InMemoryDataSource``
+(alias ``SharedMemoryDataSource``) and ``ArrayRecordDataSource`` implement it with
+Grain-compatible reprs, so checkpoints move between grain and grainlike.
+
+Example:
+    from grainlike.sources import ArrayRecordDataSource
+    source = ArrayRecordDataSource(["/data/train-00000-of-00002.array_record",
+                                    "/data/train-00001-of-00002.array_record"])
+    records = source.__getitems__([5, 17, 3])  # one batched read per file
+"""
+
+from grainlike.sources.array_record import ArrayRecordDataSource
+from grainlike.sources.in_memory import InMemoryDataSource, SharedMemoryDataSource
+from grainlike.sources.protocol import RandomAccessDataSource, RangeDataSource, SupportsBatchedRead
+from grainlike.sources.tfds import TfdsDataSource, tfds_source
+
+__all__ = [
+    "ArrayRecordDataSource",
+    "InMemoryDataSource",
+    "RandomAccessDataSource",
+    "RangeDataSource",
+    "SharedMemoryDataSource",
+    "SupportsBatchedRead",
+    "TfdsDataSource",
+    "tfds_source",
+]

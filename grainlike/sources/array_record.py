@@ -1,0 +1,337 @@
+"""``ArrayRecordDataSource``: random access to records in ArrayRecord files.
+
+Global record keys run over the files in order: with two files of 100 records,
+key 40 is record 40 of the first file and key 121 is record 21 of the second.
+
+Readers are opened lazily, in the process that reads, one per file, and shared by
+the threads of that process (ArrayRecord readers are thread-safe). They are dropped
+when the source is pickled, and a process forked from one that had open readers
+opens its own (an inherited reader crashes on its first read). ``array_record`` is
+imported only when a reader is opened, so importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import logging
+import operator
+import os
+import re
+import threading
+from collections.abc import Sequence
+from concurrent import futures
+from typing import Any, Optional, SupportsIndex
+
+import numpy as np
+
+__all__ = ["ArrayRecordDataSource", "RecordKeyOutOfRangeError"]
+
+_log = logging.getLogger(__name__)
+
+# Grain's reader settings: no readahead (it only helps sequential scans, and
+# costs a 16 MiB buffer per reader), a small file buffer for random reads.
+_BASE_READER_OPTIONS = "readahead_buffer_size:0"
+_FILE_READER_BUFFER_SIZE = 32768
+_MAX_COUNTING_THREADS = 64
+_SLICED_PATH = re.compile(r"(.*)\[(\d+):(\d+)\]")
+
+# Readers inherited through fork(): never used or destroyed in the child (their
+# destructor may touch state that only exists in the parent), just kept here.
+_ABANDONED_READERS: list = []
+
+
+class RecordKeyOutOfRangeError(IndexError, ValueError):
+    """A record key outside ``[0, len(source))``.
+
+    An ``IndexError`` (so iteration protocols stop) and a ``ValueError`` (what
+    Grain's ``ArrayRecordDataSource`` raises), so handlers written for either work.
+    """
+
+
+def _is_file_instruction(x: Any) -> bool:
+    return (
+        not isinstance(x, (str, bytes, os.PathLike))
+        and hasattr(x, "filename")
+        and hasattr(x, "skip")
+        and hasattr(x, "take")
+    )
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path
+
+
+def _missing(path: str) -> FileNotFoundError:
+    return FileNotFoundError(f"ArrayRecordDataSource: file not found: {path!r}")
+
+
+def _open_reader(path: str, options: str):
+    from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+
+    reader = array_record_module.ArrayRecordReader(
+        path, options=options, file_reader_buffer_size=_FILE_READER_BUFFER_SIZE
+    )
+    # A missing or unreadable file still constructs a reader; it reports not-ok
+    # and 0 records, which would silently make an empty source.
+    if not reader.ok():
+        try:
+            reader.close()  # Raises the reader's status, the only account of why.
+            detail = ""
+        except Exception as e:  # pylint: disable=broad-except
+            detail = f" ({e})"
+        if _is_local(path) and not os.path.exists(path):
+            raise _missing(path)
+        raise ValueError(f"ArrayRecordDataSource: {path!r} is not a readable ArrayRecord file{detail}.")
+    return reader
+
+
+def _warn_group_size(path: str, reader: Any) -> None:
+    options = reader.writer_options_string()
+    match = re.search(r"group_size:(\d+)", options or "")
+    if match and match.group(1) != "1":
+        _log.warning(
+            "ArrayRecord file %s was written with group_size:%s; random access reads a "
+            "whole group per record. Write files with 'group_size:1' for speed.",
+            path,
+            match.group(1),
+        )
+
+
+def _normalize_paths(paths: Any) -> list:
+    if isinstance(paths, (str, os.PathLike)) or _is_file_instruction(paths):
+        return [paths]
+    if isinstance(paths, Sequence) and not isinstance(paths, bytes):
+        if len(paths) == 0:
+            raise ValueError("ArrayRecordDataSource: the list of paths is empty.")
+        for i, p in enumerate(paths):
+            if not (isinstance(p, (str, os.PathLike)) or _is_file_instruction(p)):
+                raise ValueError(
+                    f"ArrayRecordDataSource: paths[{i}] is {p!r} of type "
+                    f"{type(p).__name__}; expected a str, an os.PathLike or a file "
+                    "instruction (an object with filename, skip and take)."
+                )
+        return list(paths)
+    raise ValueError(
+        f"ArrayRecordDataSource: unsupported paths {paths!r:.200} of type "
+        f"{type(paths).__name__}; pass a path (str or os.PathLike), a file instruction "
+        "(filename, skip, take), or a sequence of them."
+    )
+
+
+def _read_instruction(path: Any) -> tuple[str, int, int]:
+    """Returns ``(filename, first position, end position)`` for one path."""
+    if _is_file_instruction(path):
+        filename = os.fspath(path.filename)
+        start, take = operator.index(path.skip), operator.index(path.take)
+        if start < 0 or take < 0:
+            raise ValueError(
+                f"ArrayRecordDataSource: file instruction for {filename!r} has skip={start}, "
+                f"take={take}; both must be >= 0."
+            )
+        end = start + take
+    elif m := _SLICED_PATH.fullmatch(os.fspath(path)):
+        # Grain's "file[start:end]" syntax: no need to open the file to count.
+        filename, start, end = m.group(1), int(m.group(2)), int(m.group(3))
+    else:
+        filename = os.fspath(path)
+        # Counting only reads the footer; default options, as Grain does.
+        reader = _open_reader(filename, "")
+        try:
+            start, end = 0, reader.num_records()
+        finally:
+            reader.close()
+        return filename, start, end
+    if _is_local(filename) and not os.path.exists(filename):
+        raise _missing(filename)
+    return filename, start, max(end, start)
+
+
+class ArrayRecordDataSource:
+    """Reads records (``bytes``) from one or more ArrayRecord files.
+
+    Same records, length and ``repr`` as Grain's ``ArrayRecordDataSource`` for the
+    same paths, so checkpoints are interchangeable.
+
+    Args:
+      paths: a path (``str`` or ``os.PathLike``), a file instruction (an object
+        with ``filename``, ``skip`` and ``take``, such as TFDS returns), Grain's
+        ``"file[start:end]"`` string form, or a sequence of these. Instructions
+        select records ``[skip, skip + take)`` of their file without opening it.
+      reader_options: extra ArrayRecord reader options, e.g.
+        ``{"index_storage_option": "offloaded"}``.
+
+    Raises:
+      FileNotFoundError: a path does not exist (named in the message).
+      ValueError: ``paths`` is empty or holds something that is not a path; a
+        file is not an ArrayRecord file.
+
+    Example:
+        source = ArrayRecordDataSource(["train-0.array_record", "train-1.array_record"])
+        first = source[0]  # bytes
+        batch = source.__getitems__([7, 3, 7])  # one read per file touched
+        repr(source)  # 'ArrayRecordDataSource(hash_of_paths=<sha1 of the filenames>)'
+    """
+
+    def __init__(self, paths: Any, reader_options: Optional[dict[str, str]] = None):
+        extra = ",".join(f"{k}:{v}" for k, v in (reader_options or {}).items())
+        self._reader_options = f"{_BASE_READER_OPTIONS},{extra}" if extra else _BASE_READER_OPTIONS
+        normalized = _normalize_paths(paths)
+        if len(normalized) == 1:
+            instructions = [_read_instruction(normalized[0])]
+        else:
+            # Counting records opens every file: overlap that I/O.
+            workers = min(len(normalized), _MAX_COUNTING_THREADS)
+            with futures.ThreadPoolExecutor(workers) as pool:
+                instructions = list(pool.map(_read_instruction, normalized))
+        self._filenames = [f for f, _, _ in instructions]
+        self._starts = [s for _, s, _ in instructions]
+        counts = [e - s for _, s, e in instructions]
+        # _firsts[i]: global key of file i's first record; _ends[i]: one past its last.
+        self._ends = list(np.cumsum(counts, dtype=np.int64).tolist())
+        self._firsts = [0] + self._ends[:-1]
+        self._len = self._ends[-1]
+        self._init_readers()
+
+    def _init_readers(self) -> None:
+        self._readers: list = [None] * len(self._filenames)
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    # -- readers --------------------------------------------------------------
+
+    def _reader(self, file_index: int):
+        if self._pid != os.getpid():
+            # Forked since readers were opened: abandon the inherited ones.
+            _ABANDONED_READERS.extend(r for r in self._readers if r is not None)
+            self._init_readers()
+        reader = self._readers[file_index]
+        if reader is None:
+            with self._lock:
+                reader = self._readers[file_index]
+                if reader is None:
+                    filename = self._filenames[file_index]
+                    reader = _open_reader(filename, self._reader_options)
+                    _warn_group_size(filename, reader)
+                    self._readers[file_index] = reader
+        return reader
+
+    def close(self) -> None:
+        """Closes the open readers. Idempotent; a later read opens them again."""
+        with self._lock:
+            readers, self._readers = self._readers, [None] * len(self._filenames)
+        if self._pid != os.getpid():
+            _ABANDONED_READERS.extend(r for r in readers if r is not None)
+            self._init_readers()
+            return
+        for reader in readers:
+            if reader is not None:
+                reader.close()
+
+    def __enter__(self) -> "ArrayRecordDataSource":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for key in ("_readers", "_lock", "_pid"):
+            del state[key]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_readers()
+
+    # -- reading ---------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _out_of_range(self, key: int) -> RecordKeyOutOfRangeError:
+        return RecordKeyOutOfRangeError(
+            f"record_key {key} is out of range for ArrayRecordDataSource of length {self._len}"
+        )
+
+    def _read_error(self, file_index: int, keys: Sequence[int], positions: Sequence[int], e):
+        shown = ", ".join(map(str, list(keys)[:8])) + (", ..." if len(keys) > 8 else "")
+        where = ", ".join(map(str, list(positions)[:8])) + (", ..." if len(positions) > 8 else "")
+        noun = "record_key" if len(keys) == 1 else "record_keys"
+        return RuntimeError(
+            f"ArrayRecordDataSource: failed to read {noun} {shown} (position {where} in "
+            f"file {self._filenames[file_index]!r}): {e}"
+        )
+
+    def __getitem__(self, record_key: SupportsIndex) -> bytes:
+        key = operator.index(record_key)
+        if key < 0 or key >= self._len:
+            raise self._out_of_range(key)
+        file_index = bisect.bisect_right(self._ends, key)
+        position = key - self._firsts[file_index] + self._starts[file_index]
+        reader = self._reader(file_index)
+        try:
+            return reader.read([position])[0]
+        except Exception as e:
+            raise self._read_error(file_index, [key], [position], e) from e
+
+    def __getitems__(self, record_keys: Sequence[SupportsIndex]) -> list:
+        """Reads ``[self[k] for k in record_keys]`` with one batched read per file."""
+        keys = np.asarray(record_keys)
+        if keys.size == 0:
+            return []
+        if keys.dtype.kind not in "iu" or keys.ndim != 1:
+            keys = np.array([operator.index(k) for k in record_keys], dtype=np.int64)
+        keys = keys.astype(np.int64, copy=False)
+        bad = (keys < 0) | (keys >= self._len)
+        if bad.any():
+            raise self._out_of_range(int(keys[np.argmax(bad)]))
+        if len(self._filenames) == 1:
+            return self._read_file(0, keys, keys + self._starts[0])
+        ends = np.asarray(self._ends, dtype=np.int64)
+        file_indices = np.searchsorted(ends, keys, side="right")
+        positions = keys - np.asarray(self._firsts, np.int64)[file_indices] + np.asarray(
+            self._starts, np.int64
+        )[file_indices]
+        order = np.argsort(file_indices, kind="stable")
+        sorted_files = file_indices[order]
+        cuts = np.flatnonzero(np.diff(sorted_files)) + 1
+        out: list = [None] * len(keys)
+        for group in np.split(order, cuts):
+            file_index = int(file_indices[group[0]])
+            records = self._read_file(file_index, keys[group], positions[group])
+            for i, record in zip(group.tolist(), records):
+                out[i] = record
+        return out
+
+    def _read_file(self, file_index: int, keys: np.ndarray, positions: np.ndarray) -> list:
+        reader = self._reader(file_index)
+        try:
+            return reader.read(positions.tolist())
+        except Exception as e:
+            # Name the first key that fails on its own, not the whole batch.
+            for key, position in zip(keys.tolist(), positions.tolist()):
+                try:
+                    reader.read([position])
+                except Exception as single:
+                    raise self._read_error(file_index, [key], [position], single) from single
+            raise self._read_error(file_index, keys.tolist(), positions.tolist(), e) from e
+
+    def __iter__(self):
+        for key in range(self._len):
+            yield self[key]
+
+    # -- identity --------------------------------------------------------------
+
+    @property
+    def paths(self) -> list[str]:
+        """The file names, one per path / instruction (as Grain's ``paths``)."""
+        return list(self._filenames)
+
+    def __repr__(self) -> str:
+        # Grain's format: a hash, since the list of paths can be very long. Only the
+        # file names enter it (not skip/take), exactly as in Grain.
+        h = hashlib.sha1()
+        for filename in self._filenames:
+            h.update(filename.encode())
+        return f"ArrayRecordDataSource(hash_of_paths={h.hexdigest()})"

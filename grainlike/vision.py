@@ -1,0 +1,522 @@
+"""Image transforms for DataLoader pipelines, built on OpenCV.
+
+Each transform works on a bare image or, given ``key``, on one entry of a dict
+record (the rest of the record passes through untouched):
+
+    >>> import numpy as np
+    >>> CenterCrop(2).map(np.zeros((4, 6, 3), np.uint8)).shape
+    (2, 2, 3)
+    >>> CenterCrop(2, key="image").map({"image": np.zeros((4, 6, 3), np.uint8), "label": 7})["label"]
+    7
+
+Images are HWC ``numpy`` arrays (HW is accepted for one channel); ``Decode`` turns
+JPEG / PNG bytes into HWC uint8 RGB. The random transforms draw only from the
+record's own generator, so their output depends on the seed and the record's
+index alone, not on worker count, timing or a restore.
+
+``cv2`` is imported inside the calls that need it: importing this module, and
+building or pickling its transforms, costs numpy and the standard library only.
+"""
+
+from __future__ import annotations
+
+import copy
+import numbers
+from collections.abc import Hashable, MutableMapping, Sequence
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+
+from grainlike.core.transforms import MapTransform, RandomMapTransform
+
+__all__ = [
+    "CenterCrop",
+    "Cast",
+    "Decode",
+    "Normalize",
+    "RandomCrop",
+    "RandomFlip",
+    "Resize",
+    "ResizeAndCrop",
+]
+
+Size = Union[int, Sequence[int]]
+
+# OpenCV attribute per interpolation name. Names (not cv2 constants) are what the
+# transforms store, so building and pickling one never needs cv2.
+_INTERPOLATIONS = {
+    "nearest": "INTER_NEAREST",
+    "nearest_exact": "INTER_NEAREST_EXACT",
+    "linear": "INTER_LINEAR",
+    "bilinear": "INTER_LINEAR",
+    "linear_exact": "INTER_LINEAR_EXACT",
+    "cubic": "INTER_CUBIC",
+    "bicubic": "INTER_CUBIC",
+    "area": "INTER_AREA",
+    "lanczos": "INTER_LANCZOS4",
+    "lanczos4": "INTER_LANCZOS4",
+}
+# The values of those constants, stable across OpenCV 4 and 5, so code that passes
+# ``cv2.INTER_AREA`` keeps working.
+_INTERPOLATION_CODES = {0: "nearest", 1: "linear", 2: "cubic", 3: "area", 4: "lanczos4", 5: "linear_exact", 6: "nearest_exact"}
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _parse_size(size: Any, name: str = "size") -> tuple[int, int]:
+    """``int`` or ``(height, width)`` of positive ints -> ``(height, width)``."""
+    if _is_int(size):
+        pair = (size, size)
+    elif isinstance(size, (Sequence, np.ndarray)) and not isinstance(size, (str, bytes)) and len(size) == 2 and all(_is_int(s) for s in size):
+        pair = tuple(size)
+    else:
+        raise ValueError(f"{name} must be a positive int or a (height, width) pair of positive ints, got {size!r}")
+    if pair[0] <= 0 or pair[1] <= 0:
+        raise ValueError(f"{name} must be a positive int or a (height, width) pair of positive ints, got {size!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def _parse_interpolation(interpolation: Union[str, int]) -> str:
+    if isinstance(interpolation, str) and interpolation.lower() in _INTERPOLATIONS:
+        return interpolation.lower()
+    if _is_int(interpolation) and int(interpolation) in _INTERPOLATION_CODES:
+        return _INTERPOLATION_CODES[int(interpolation)]
+    raise ValueError(
+        f"interpolation must be one of {sorted(_INTERPOLATIONS)} or a cv2.INTER_* constant, got {interpolation!r}"
+    )
+
+
+def _check_image(image: Any, op: str) -> np.ndarray:
+    if not isinstance(image, np.ndarray):
+        raise TypeError(f"{op} expects an image as a numpy array (HWC or HW), got {type(image).__name__}")
+    if image.ndim not in (2, 3):
+        raise ValueError(f"{op} expects an HWC or HW image, got an array of shape {image.shape}")
+    return image
+
+
+def _crop(image: np.ndarray, top: int, left: int, height: int, width: int) -> np.ndarray:
+    # A view: Batch copies each record into the batch anyway, so copying here
+    # would only double the work.
+    return image[top : top + height, left : left + width]
+
+
+def _check_crop_fits(image: np.ndarray, height: int, width: int, op: str) -> None:
+    if height > image.shape[0] or width > image.shape[1]:
+        raise ValueError(
+            f"{op} of size (height, width) = ({height}, {width}) does not fit in an image of shape "
+            f"{image.shape}; resize first (e.g. ResizeAndCrop) or crop smaller"
+        )
+
+
+class _ImageTransform:
+    """Shared by every transform here: the ``key`` lookup and a readable repr.
+
+    Subclasses set ``_fields`` to their constructor arguments, which are also
+    their whole configuration (and what ``repr`` shows).
+    """
+
+    _fields: tuple[str, ...] = ()
+    key: Optional[Hashable]
+
+    def _on(self, element: Any, fn: Callable[[Any], Any]) -> Any:
+        key = self.key
+        if key is None:
+            return fn(element)
+        if not isinstance(element, MutableMapping):
+            raise TypeError(f"{type(self).__name__}(key={key!r}) expects a dict record, got {type(element).__name__}")
+        try:
+            value = element[key]
+        except KeyError:
+            raise KeyError(f"{type(self).__name__}: the record has no key {key!r}; its keys are {list(element)}") from None
+        # A shallow copy, not an in-place update: a source may hand out the same
+        # dict object for every read of a record (e.g. an in-memory list), and
+        # writing into it would change what later epochs read.
+        out = element.copy() if type(element) is dict else copy.copy(element)
+        out[key] = fn(value)
+        return out
+
+    def __repr__(self) -> str:
+        args = [f"{f}={getattr(self, f)!r}" for f in self._fields]
+        if self.key is not None:
+            args.append(f"key={self.key!r}")
+        return f"{type(self).__name__}({', '.join(args)})"
+
+    def __eq__(self, other: Any) -> bool:
+        return type(self) is type(other) and repr(self) == repr(other)
+
+    def __hash__(self) -> int:
+        return hash(repr(self))
+
+
+class Decode(_ImageTransform, MapTransform):
+    """Decodes JPEG / PNG (or any format OpenCV reads) bytes to an HWC uint8 RGB image.
+
+    Colour images come out as ``(H, W, 3)`` RGB (not OpenCV's BGR); with
+    ``grayscale=True`` as ``(H, W, 1)``. Alpha is dropped, 16-bit PNGs are scaled to
+    8 bits, and a JPEG's EXIF orientation is applied (OpenCV's defaults).
+
+    Args:
+      grayscale: decode to one channel instead of RGB.
+      key: if given, decode ``element[key]`` of a dict record instead of the element.
+
+    Raises:
+      TypeError: the input is not bytes-like.
+      ValueError: the bytes are not an image OpenCV can decode; the message gives
+        their length and first bytes.
+
+    Example:
+      >>> import cv2, numpy as np
+      >>> png = cv2.imencode(".png", np.zeros((2, 3, 3), np.uint8))[1].tobytes()
+      >>> Decode().map(png).shape
+      (2, 3, 3)
+    """
+
+    _fields = ("grayscale",)
+
+    def __init__(self, grayscale: bool = False, *, key: Optional[Hashable] = None):
+        self.grayscale = bool(grayscale)
+        self.key = key
+
+    def map(self, element: Any) -> Any:
+        return self._on(element, self._decode)
+
+    def _decode(self, data: Any) -> np.ndarray:
+        if isinstance(data, np.ndarray):
+            if data.dtype != np.uint8 or data.ndim != 1:
+                raise TypeError(f"Decode expects encoded bytes or a 1-D uint8 array, got an array of shape {data.shape} and dtype {data.dtype}")
+            buf = data
+        elif isinstance(data, (bytes, bytearray, memoryview)):
+            buf = np.frombuffer(data, dtype=np.uint8)
+        else:
+            raise TypeError(f"Decode expects encoded image bytes, got {type(data).__name__}")
+        if buf.size == 0:
+            raise ValueError("Decode could not decode an image: got 0 bytes")
+        import cv2
+
+        if self.grayscale:
+            image = cv2.imdecode(buf, cv2.IMREAD_GRAYSCALE)
+        else:
+            rgb_flag = getattr(cv2, "IMREAD_COLOR_RGB", None)  # OpenCV >= 4.10
+            image = cv2.imdecode(buf, cv2.IMREAD_COLOR if rgb_flag is None else rgb_flag)
+            if image is not None and rgb_flag is None:
+                image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+        if image is None:
+            head = bytes(buf[:16])
+            raise ValueError(
+                f"Decode could not decode an image from {buf.size} bytes starting {head!r}; "
+                "expected JPEG, PNG or another format OpenCV reads"
+            )
+        return image[:, :, None] if image.ndim == 2 else image
+
+
+class Resize(_ImageTransform, MapTransform):
+    """Resizes an image to an exact size, or its shorter side to ``size`` keeping aspect.
+
+    Args:
+      size: ``(height, width)`` or an int for a square; with ``keep_aspect=True``, an
+        int: the length of the shorter side after resizing (the longer side is
+        scaled by the same factor and rounded to the nearest pixel).
+      keep_aspect: keep the aspect ratio, resizing the shorter side to ``size``.
+      interpolation: ``"nearest"``, ``"linear"`` (``"bilinear"``), ``"cubic"``,
+        ``"area"``, ``"lanczos4"``, ... or a ``cv2.INTER_*`` constant. ``"area"``
+        gives the least aliasing when shrinking.
+      key: if given, resize ``element[key]`` of a dict record.
+
+    Raises:
+      ValueError: a bad ``size`` / ``interpolation``, or an image OpenCV cannot resize.
+
+    Example:
+      >>> import numpy as np
+      >>> Resize((2, 4)).map(np.zeros((10, 10, 3), np.uint8)).shape
+      (2, 4, 3)
+      >>> Resize(5, keep_aspect=True).map(np.zeros((10, 20, 3), np.uint8)).shape
+      (5, 10, 3)
+    """
+
+    _fields = ("size", "keep_aspect", "interpolation")
+
+    def __init__(self, size: Size, keep_aspect: bool = False, interpolation: Union[str, int] = "linear", *, key: Optional[Hashable] = None):
+        if keep_aspect and not (_is_int(size) and size > 0):
+            raise ValueError(f"with keep_aspect=True, size must be a positive int (the shorter side), got {size!r}")
+        self._hw = _parse_size(size)
+        self.size = int(size) if _is_int(size) else self._hw
+        self.keep_aspect = bool(keep_aspect)
+        self.interpolation = _parse_interpolation(interpolation)
+        self.key = key
+
+    def map(self, element: Any) -> Any:
+        return self._on(element, self._resize)
+
+    def _target(self, h: int, w: int) -> tuple[int, int]:
+        if not self.keep_aspect:
+            return self._hw
+        s = self.size
+        if h <= w:
+            return s, max(1, int(w * s / h + 0.5))
+        return max(1, int(h * s / w + 0.5)), s
+
+    def _resize(self, image: Any) -> np.ndarray:
+        image = _check_image(image, "Resize")
+        h, w = image.shape[:2]
+        if h == 0 or w == 0:
+            raise ValueError(f"Resize got an empty image of shape {image.shape}")
+        th, tw = self._target(h, w)
+        if (th, tw) == (h, w):
+            return image
+        import cv2
+
+        try:
+            # cv2 wants positive strides (e.g. not the output of np.flip).
+            out = cv2.resize(np.ascontiguousarray(image), (tw, th), interpolation=getattr(cv2, _INTERPOLATIONS[self.interpolation]))
+        except cv2.error as e:
+            raise ValueError(
+                f"Resize could not resize an image of shape {image.shape} and dtype {image.dtype} to "
+                f"(height, width) = ({th}, {tw}) with {self.interpolation!r}: {e}"
+            ) from e
+        # cv2 drops a trailing channel axis of size 1; keep the input's layout.
+        return out[:, :, None] if image.ndim == 3 and out.ndim == 2 else out
+
+
+class CenterCrop(_ImageTransform, MapTransform):
+    """Crops the centre ``size`` of an image (when the slack is odd, the extra pixel is cut from the bottom / right).
+
+    Args:
+      size: ``(height, width)`` or an int for a square.
+      key: if given, crop ``element[key]`` of a dict record.
+
+    Raises:
+      ValueError: a bad ``size``, or a crop larger than the image.
+
+    Example:
+      >>> import numpy as np
+      >>> CenterCrop(2).map(np.arange(16).reshape(4, 4)).tolist()
+      [[5, 6], [9, 10]]
+    """
+
+    _fields = ("size",)
+
+    def __init__(self, size: Size, *, key: Optional[Hashable] = None):
+        self._hw = _parse_size(size)
+        self.size = int(size) if _is_int(size) else self._hw
+        self.key = key
+
+    def map(self, element: Any) -> Any:
+        return self._on(element, self._center_crop)
+
+    def _center_crop(self, image: Any) -> np.ndarray:
+        image = _check_image(image, "CenterCrop")
+        th, tw = self._hw
+        _check_crop_fits(image, th, tw, "CenterCrop")
+        return _crop(image, (image.shape[0] - th) // 2, (image.shape[1] - tw) // 2, th, tw)
+
+
+class RandomCrop(_ImageTransform, RandomMapTransform):
+    """Crops ``size`` at a uniformly random position drawn from the record's rng.
+
+    Args:
+      size: ``(height, width)`` or an int for a square.
+      key: if given, crop ``element[key]`` of a dict record.
+
+    Raises:
+      ValueError: a bad ``size``, or a crop larger than the image.
+
+    Example:
+      >>> import numpy as np
+      >>> rng = np.random.Generator(np.random.Philox(key=0))
+      >>> RandomCrop((2, 3)).random_map(np.zeros((8, 8, 3), np.uint8), rng).shape
+      (2, 3, 3)
+    """
+
+    _fields = ("size",)
+
+    def __init__(self, size: Size, *, key: Optional[Hashable] = None):
+        self._hw = _parse_size(size)
+        self.size = int(size) if _is_int(size) else self._hw
+        self.key = key
+
+    def random_map(self, element: Any, rng: np.random.Generator) -> Any:
+        return self._on(element, lambda image: self._random_crop(image, rng))
+
+    def _random_crop(self, image: Any, rng: np.random.Generator) -> np.ndarray:
+        image = _check_image(image, "RandomCrop")
+        th, tw = self._hw
+        _check_crop_fits(image, th, tw, "RandomCrop")
+        top = int(rng.integers(0, image.shape[0] - th + 1))
+        left = int(rng.integers(0, image.shape[1] - tw + 1))
+        return _crop(image, top, left, th, tw)
+
+
+class RandomFlip(_ImageTransform, RandomMapTransform):
+    """Flips an image left-right and/or up-down, each with probability ``p``.
+
+    The two flips are decided independently, each by one draw from the record's rng.
+
+    Args:
+      horizontal: maybe flip left-right (along the width axis).
+      vertical: maybe flip up-down (along the height axis).
+      p: probability of each enabled flip, in [0, 1].
+      key: if given, flip ``element[key]`` of a dict record.
+
+    Raises:
+      ValueError: ``p`` outside [0, 1], or neither direction enabled.
+
+    Example:
+      >>> import numpy as np
+      >>> rng = np.random.Generator(np.random.Philox(key=0))
+      >>> RandomFlip(p=1.0).random_map(np.array([[1, 2, 3]]), rng).tolist()
+      [[3, 2, 1]]
+    """
+
+    _fields = ("horizontal", "vertical", "p")
+
+    def __init__(self, horizontal: bool = True, vertical: bool = False, p: float = 0.5, *, key: Optional[Hashable] = None):
+        if not horizontal and not vertical:
+            raise ValueError("RandomFlip needs horizontal=True or vertical=True, got both False")
+        if isinstance(p, bool) or not isinstance(p, (numbers.Real, np.floating, np.integer)) or not 0.0 <= p <= 1.0:
+            raise ValueError(f"p must be a probability in [0, 1], got {p!r}")
+        self.horizontal = bool(horizontal)
+        self.vertical = bool(vertical)
+        self.p = float(p)
+        self.key = key
+
+    def random_map(self, element: Any, rng: np.random.Generator) -> Any:
+        return self._on(element, lambda image: self._random_flip(image, rng))
+
+    def _random_flip(self, image: Any, rng: np.random.Generator) -> np.ndarray:
+        image = _check_image(image, "RandomFlip")
+        if self.horizontal and rng.random() < self.p:
+            image = image[:, ::-1]
+        if self.vertical and rng.random() < self.p:
+            image = image[::-1]
+        # Negative strides would trip later consumers (torch.from_numpy, some cv2
+        # calls); a copy of one image is cheap next to decoding it.
+        return np.ascontiguousarray(image)
+
+
+class Normalize(_ImageTransform, MapTransform):
+    """Computes ``(image - mean) / std`` in a floating ``dtype``.
+
+    Args:
+      mean: a scalar, or one value per channel.
+      std: a scalar, or one value per channel; every value non-zero.
+      dtype: a floating output dtype.
+      key: if given, normalize ``element[key]`` of a dict record.
+
+    Raises:
+      ValueError: a zero std, a non-floating dtype, or per-channel values that do
+        not match the image's channel count.
+
+    Example:
+      >>> import numpy as np
+      >>> Normalize(mean=[0, 10], std=[1, 2]).map(np.array([[[4, 14]]], np.uint8)).tolist()
+      [[[4.0, 2.0]]]
+    """
+
+    _fields = ("mean", "std", "dtype")
+
+    def __init__(self, mean: Union[float, Sequence[float]], std: Union[float, Sequence[float]], dtype: Any = np.float32, *, key: Optional[Hashable] = None):
+        try:
+            dt = np.dtype(dtype)
+        except TypeError as e:
+            raise ValueError(f"dtype must be a floating numpy dtype, got {dtype!r}") from e
+        if not np.issubdtype(dt, np.floating):
+            raise ValueError(f"dtype must be a floating numpy dtype (e.g. np.float32), got {dtype!r}")
+        self._mean = self._values(mean, "mean", dt)
+        self._std = self._values(std, "std", dt)
+        if self._mean.ndim and self._std.ndim and self._mean.size != self._std.size:
+            raise ValueError(f"mean and std must have the same number of channels, got mean={mean!r} and std={std!r}")
+        if np.any(self._std == 0):
+            raise ValueError(f"std must be non-zero, got {std!r}")
+        # Plain floats / tuples keep repr and pickles independent of numpy types.
+        self.mean = float(self._mean) if self._mean.ndim == 0 else tuple(float(m) for m in self._mean)
+        self.std = float(self._std) if self._std.ndim == 0 else tuple(float(s) for s in self._std)
+        self.dtype = dt
+        self.key = key
+
+    @staticmethod
+    def _values(v: Any, name: str, dt: np.dtype) -> np.ndarray:
+        try:
+            arr = np.asarray(v, dtype=dt)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{name} must be a number or a sequence of numbers, got {v!r}") from e
+        if arr.ndim > 1 or arr.size == 0 or not np.all(np.isfinite(arr)):
+            raise ValueError(f"{name} must be a finite number or a non-empty sequence of finite numbers, got {v!r}")
+        return arr
+
+    def map(self, element: Any) -> Any:
+        return self._on(element, self._normalize)
+
+    def _normalize(self, image: Any) -> np.ndarray:
+        image = _check_image(image, "Normalize")
+        n = self._mean.size if self._mean.ndim else self._std.size if self._std.ndim else 1
+        if (self._mean.ndim or self._std.ndim) and (image.ndim != 3 or image.shape[2] != n):
+            raise ValueError(
+                f"Normalize has per-channel mean {self.mean!r} and std {self.std!r}, which do not match an "
+                f"image of shape {image.shape}"
+            )
+        out = np.subtract(image, self._mean, dtype=self.dtype)
+        out /= self._std
+        return out
+
+
+class Cast(_ImageTransform, MapTransform):
+    """Casts an image to ``dtype`` (plain ``astype``: no scaling or clipping).
+
+    Args:
+      dtype: any numpy dtype.
+      key: if given, cast ``element[key]`` of a dict record.
+
+    Example:
+      >>> import numpy as np
+      >>> Cast(np.float32).map(np.array([[1, 2]], np.uint8)).dtype
+      dtype('float32')
+    """
+
+    _fields = ("dtype",)
+
+    def __init__(self, dtype: Any, *, key: Optional[Hashable] = None):
+        try:
+            self.dtype = np.dtype(dtype)
+        except TypeError as e:
+            raise ValueError(f"dtype must be a numpy dtype, got {dtype!r}") from e
+        self.key = key
+
+    def map(self, element: Any) -> Any:
+        return self._on(element, self._cast)
+
+    def _cast(self, image: Any) -> np.ndarray:
+        return np.asarray(image).astype(self.dtype, copy=False)
+
+
+class ResizeAndCrop(_ImageTransform, MapTransform):
+    """Resizes the shorter side to ``size``, then crops the centre ``size`` x ``size`` square.
+
+    The usual preprocessing for square-input image models, as in Grain's DataLoader
+    guide: nothing is stretched, and only the longer side loses pixels.
+
+    Args:
+      size: side of the output square.
+      interpolation: as for :class:`Resize`.
+      key: if given, transform ``element[key]`` of a dict record.
+
+    Example:
+      >>> import numpy as np
+      >>> ResizeAndCrop(4).map(np.zeros((8, 16, 3), np.uint8)).shape
+      (4, 4, 3)
+    """
+
+    _fields = ("size", "interpolation")
+
+    def __init__(self, size: int, interpolation: Union[str, int] = "linear", *, key: Optional[Hashable] = None):
+        if not (_is_int(size) and size > 0):
+            raise ValueError(f"size must be a positive int (the side of the output square), got {size!r}")
+        self.size = int(size)
+        self._resize = Resize(self.size, keep_aspect=True, interpolation=interpolation)
+        self._crop = CenterCrop(self.size)
+        self.interpolation = self._resize.interpolation
+        self.key = key
+
+    def map(self, element: Any) -> Any:
+        return self._on(element, lambda image: self._crop._center_crop(self._resize._resize(image)))

@@ -1,0 +1,140 @@
+"""IndexSampler / SequentialSampler against the reference vectors in shared/spec."""
+
+import builtins
+import json
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from grainlike.core import samplers
+from grainlike.core.record import RecordMetadata
+from grainlike.core.sharding import NoSharding, ShardOptions
+
+SPEC = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "spec")
+VECTORS = json.load(open(os.path.join(SPEC, "index_sampler_vectors.json")))
+
+
+def _shard(spec):
+    if spec == ["none"]:
+        return NoSharding()
+    return ShardOptions(shard_index=spec[0], shard_count=spec[1], drop_remainder=spec[2])
+
+
+def _make(v):
+    return samplers.IndexSampler(
+        num_records=v["num_records"],
+        shard_options=_shard(v["shard"]),
+        shuffle=v["shuffle"],
+        num_epochs=v["num_epochs"],
+        seed=v["seed"],
+    )
+
+
+@pytest.mark.parametrize("v", VECTORS, ids=lambda v: v.get("repr", v.get("error", "")))
+def test_index_sampler_matches_reference_vectors(v):
+    if "error" in v:
+        s = _make(v)
+        with pytest.raises(getattr(builtins, v["error"])):
+            s[0]
+        return
+    s = _make(v)
+    assert len(s) == v["len"]
+    assert repr(s) == v["repr"]
+    indices = np.array([m[0] for m in v["metadata"]], dtype=np.int64)
+    for index, key, draws in v["metadata"]:
+        meta = s[index]
+        assert meta.index == index
+        assert meta.record_key == key
+        assert meta.rng.integers(0, 2**31, size=2).tolist() == draws
+    assert s.record_keys(indices).tolist() == [m[1] for m in v["metadata"]]
+
+
+def test_empty_shard_error_is_zero_division_and_value_error():
+    s = samplers.IndexSampler(1, ShardOptions(1, 3), num_epochs=1, seed=0)
+    with pytest.raises(ZeroDivisionError, match="holds no records"):
+        s[0]
+    with pytest.raises(ValueError):
+        s.record_keys(np.arange(1))
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc",
+    [
+        (dict(num_records=0), ValueError),
+        (dict(num_records=-3), ValueError),
+        (dict(num_records=5, num_epochs=0), ValueError),
+        (dict(num_records=5, shuffle=True), ValueError),
+        (dict(num_records=5, shuffle=True, seed=1.5), TypeError),
+        (dict(num_records=5, seed=-1), ValueError),
+        (dict(num_records=5, seed=2**32), ValueError),
+    ],
+)
+def test_invalid_arguments_raise_reference_exception_types(kwargs, exc):
+    with pytest.raises(exc):
+        samplers.IndexSampler(**kwargs)
+
+
+def test_index_past_end_raises_index_error():
+    s = samplers.IndexSampler(4, num_epochs=2, seed=0)
+    assert s[7].record_key == 3
+    with pytest.raises(IndexError, match="out of bounds"):
+        s[8]
+    with pytest.raises(IndexError):
+        s[-1]
+
+
+def test_infinite_sampler_len_is_maxsize_and_keeps_going():
+    s = samplers.IndexSampler(3, shuffle=True, seed=1)
+    import sys
+
+    assert len(s) == sys.maxsize
+    epochs = [sorted(s[i].record_key for i in range(e * 3, e * 3 + 3)) for e in range(50)]
+    assert all(e == [0, 1, 2] for e in epochs)
+
+
+def test_shuffle_changes_every_epoch_and_is_a_permutation():
+    s = samplers.IndexSampler(100, shuffle=True, num_epochs=3, seed=123)
+    keys = s.record_keys(np.arange(300)).reshape(3, 100)
+    for epoch in keys:
+        assert sorted(epoch.tolist()) == list(range(100))
+    assert keys[0].tolist() != keys[1].tolist()
+
+
+def test_vectorised_keys_equal_per_index_keys_across_epochs_and_shards():
+    for shard in [NoSharding(), ShardOptions(2, 3), ShardOptions(1, 4, True)]:
+        s = samplers.IndexSampler(37, shard, shuffle=True, num_epochs=4, seed=99)
+        idx = np.arange(len(s))
+        assert s.record_keys(idx).tolist() == [s[int(i)].record_key for i in idx]
+
+
+def test_rng_is_lazy_but_draws_equal_eager_philox():
+    s = samplers.IndexSampler(10, num_epochs=1, seed=5)
+    meta = s[3]
+    eager = np.random.Generator(np.random.Philox(key=5 + 3))
+    assert meta.rng.random(4).tolist() == eager.random(4).tolist()
+
+
+def test_no_seed_means_no_rng():
+    assert samplers.IndexSampler(3, num_epochs=1)[0].rng is None
+
+
+def test_sequential_sampler_reads_in_order_with_repr_and_len():
+    s = samplers.SequentialSampler(5, ShardOptions(0, 2, drop_remainder=True), seed=3)
+    assert len(s) == 4
+    assert [s[i].record_key for i in range(4)] == [0, 1, 2, 3]
+    assert repr(s) == (
+        "SequentialSampler(num_records=5, shard_options=ShardOptions(shard_index=0, "
+        "shard_count=2, drop_remainder=True))"
+    )
+    with pytest.raises(IndexError):
+        s[4]
+
+
+def test_samplers_and_metadata_pickle():
+    s = samplers.IndexSampler(10, shuffle=True, num_epochs=1, seed=5)
+    s2 = pickle.loads(pickle.dumps(s))
+    assert repr(s2) == repr(s) and s2[4].record_key == s[4].record_key
+    m = pickle.loads(pickle.dumps(s[2]))
+    assert isinstance(m, RecordMetadata) and m.rng.random() == s[2].rng.random()

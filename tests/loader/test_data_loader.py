@@ -1,0 +1,225 @@
+"""DataLoader in process: order, batching, length, state, errors, lifecycle."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+import grainlike as grain
+
+
+def _loader(n=10, ops=(), epochs=1, shuffle=False, seed=0, **kw):
+    return grain.DataLoader(
+        data_source=grain.RangeDataSource(0, n, 1),
+        sampler=grain.IndexSampler(n, grain.NoSharding(), shuffle=shuffle, num_epochs=epochs, seed=seed),
+        operations=list(ops),
+        **kw,
+    )
+
+
+class Double(grain.MapTransform):
+    def map(self, x):
+        return x * 2
+
+
+class AddIndex(grain.MapWithIndexTransform):
+    def map_with_index(self, index, x):
+        return (index, x)
+
+
+class Even(grain.FilterTransform):
+    def filter(self, x):
+        return x % 2 == 0
+
+
+class Boom(grain.MapTransform):
+    def map(self, x):
+        if x == 4:
+            raise KeyError(f"no such thing as {x}")
+        return x
+
+
+def test_reads_in_order_and_batches():
+    assert [b.tolist() for b in _loader(7, [Double(), grain.Batch(3)])] == [[0, 2, 4], [6, 8, 10], [12]]
+    assert [b.tolist() for b in _loader(7, [grain.Batch(3, drop_remainder=True)])] == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_map_with_index_gets_the_global_index():
+    out = list(_loader(5, [AddIndex()], epochs=2, shuffle=True, seed=1))
+    assert [i for i, _ in out] == list(range(10))
+    assert sorted(x for _, x in out[:5]) == list(range(5))
+
+
+@pytest.mark.parametrize(
+    "ops, expected",
+    [
+        ([], 10),
+        ([grain.Batch(3)], 4),
+        ([grain.Batch(3, drop_remainder=True)], 3),
+        ([grain.Batch(2), grain.Batch(2)], 3),
+    ],
+)
+def test_len_counts_outputs_of_a_finite_loader(ops, expected):
+    loader = _loader(10, ops)
+    assert len(loader) == expected == len(list(loader))
+
+
+def test_len_refuses_infinite_and_filtered_loaders():
+    with pytest.raises(TypeError, match="infinite"):
+        len(_loader(5, epochs=None))
+    with pytest.raises(TypeError, match="FilterTransform"):
+        len(_loader(5, [Even()]))
+
+
+def test_transform_error_keeps_its_type_and_names_record_and_transform():
+    it = iter(_loader(10, [Boom()]))
+    got = [next(it) for _ in range(4)]
+    assert got == [0, 1, 2, 3]
+    with pytest.raises(KeyError) as info:
+        next(it)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "Boom" in notes and "record_key 4" in notes and "global index 4" in notes
+
+
+def test_batch_error_names_the_records():
+    class Ragged(grain.MapTransform):
+        def map(self, x):
+            return np.zeros(x % 2 + 1)
+
+    with pytest.raises(ValueError) as info:
+        list(_loader(4, [Ragged(), grain.Batch(4)]))
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "Batch(batch_size=4" in notes and "[0, 1, 2, 3]" in notes
+
+
+def test_state_roundtrip_mid_epoch_and_across_epochs():
+    loader = _loader(9, [Double(), grain.Batch(2)], epochs=3, shuffle=True, seed=4)
+    full = [b.tolist() for b in loader]
+    for k in [0, 1, 5, 7, len(full)]:
+        it = iter(loader)
+        for _ in range(k):
+            next(it)
+        state = it.get_state()
+        it2 = iter(loader)
+        it2.set_state(state)
+        assert [b.tolist() for b in it2] == full[k:]
+
+
+def test_initial_state_matches_reference_format():
+    state = json.loads(iter(_loader(5)).get_state())
+    assert state == {
+        "version": 2,
+        "last_seen_indices": {"0": -1},
+        "last_worker_index": -1,
+        "worker_count": 0,
+        "sampler": repr(_loader(5).sampler),
+        "data_source": "RangeDataSource(start=0, stop=5, step=1)",
+    }
+
+
+@pytest.mark.parametrize(
+    "mutate, fragment",
+    [
+        (lambda s: b"not json", "not valid JSON"),
+        (lambda s: s[: len(s) // 2], "not valid JSON"),
+        (lambda s: b"[1, 2]", "JSON object"),
+        (lambda s: _edit(s, worker_count=2), "Worker count"),
+        (lambda s: _edit(s, sampler="IndexSampler(other)"), "Sampler in checkpoint"),
+        (lambda s: _edit(s, data_source="Other()"), "DataSource in checkpoint"),
+        (lambda s: _edit(s, version=99), "version 99"),
+        (lambda s: _edit(s, last_seen_indices={"0": 10**6}), "out of range"),
+        (lambda s: _edit(s, last_seen_indices={"0": -5}), "out of range"),
+        (lambda s: _edit(s, last_seen_indices={"0": "x"}), "must be an int"),
+        (lambda s: _edit(s, last_seen_indices={"1": 0}), "last_seen_indices"),
+        (lambda s: _edit(s, last_worker_index=7), "last_worker_index"),
+        (lambda s: _drop(s, "sampler"), "missing"),
+    ],
+)
+def test_bad_state_is_refused_and_iterator_stays_usable(mutate, fragment):
+    loader = _loader(10, epochs=1)
+    it = iter(loader)
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    good = it.get_state()
+    with pytest.raises(ValueError, match=fragment) as info:
+        it.set_state(mutate(good))
+    assert isinstance(info.value, grain.InvalidStateError)
+    assert next(it) == 3
+    assert it.get_state() != good
+
+
+def test_set_state_rejects_non_bytes():
+    with pytest.raises(TypeError, match="bytes"):
+        iter(_loader()).set_state(12)
+
+
+def _edit(state, **changes):
+    d = json.loads(state)
+    d.update(changes)
+    return json.dumps(d).encode()
+
+
+def _drop(state, key):
+    d = json.loads(state)
+    del d[key]
+    return json.dumps(d).encode()
+
+
+def test_iterator_is_a_context_manager_and_close_is_final():
+    loader = _loader(5)
+    with iter(loader) as it:
+        assert next(it) == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        next(it)
+    it.close()  # idempotent
+
+
+def test_iterator_str_shows_state():
+    assert str(iter(_loader(3))).startswith("PyGrainDatasetIterator(state={")
+
+
+def test_worker_count_none_means_cpu_count_and_negative_is_refused():
+    import os
+
+    assert _loader(3, worker_count=None).worker_count == os.cpu_count()
+    with pytest.raises(ValueError):
+        _loader(3, worker_count=-1)
+
+
+def test_missing_shard_options_is_refused_for_samplers_without_them():
+    class MySampler:
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            if i >= 3:
+                raise IndexError(i)
+            return grain.RecordMetadata(index=i, record_key=i)
+
+    with pytest.raises(ValueError, match="shard options"):
+        grain.DataLoader(data_source=[1, 2, 3], sampler=MySampler())
+    loader = grain.DataLoader(data_source=[1, 2, 3], sampler=MySampler(), shard_options=grain.NoSharding())
+    assert list(loader) == [1, 2, 3]
+
+
+def test_non_transform_operation_is_refused_with_its_name():
+    with pytest.raises(TypeError, match=r"operations\[1\] is a function"):
+        _loader(3, [Double(), lambda x: x])
+
+
+def test_import_loads_no_heavy_modules():
+    import subprocess
+
+    code = (
+        "import sys, grainlike, grainlike.python; "
+        "heavy = [m for m in ('jax', 'orbax', 'tensorflow_datasets', 'cv2', 'tensorflow', 'grain') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_grainlike_python_exports_the_same_names():
+    import grainlike.python as gp
+
+    for name in grain.__all__:
+        assert getattr(gp, name) is getattr(grain, name)

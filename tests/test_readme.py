@@ -1,0 +1,20 @@
+"""The README's example runs as written."""
+
+from __future__ import annotations
+
+import os
+
+from tests.test_docs import ROOT, python_blocks
+
+
+def test_readme_example_runs():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    blocks = python_blocks(readme)
+    assert blocks, "README.md has no python example"
+    namespace = {"__name__": "readme"}
+    for i, code in enumerate(blocks):
+        exec(compile(code, f"README.md block {i + 1}", "exec"), namespace)
+    # What the README's comments promise.
+    batch = namespace["batch"]
+    assert batch["x"].shape == (32,) and (batch["x2"] == batch["x"] ** 2).all()
+    assert namespace["state"].startswith(b"{")

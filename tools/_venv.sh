@@ -1,0 +1,24 @@
+# Sourced by tools/test and tools/demo: makes .venv from pyproject.toml when it is
+# missing or pyproject.toml changed since it was made.
+# Usage: ensure_venv EXTRA
+ensure_venv() {
+  local extra="$1"
+  local root
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  local venv="$root/.venv"
+  local stamp="$venv/.grainlike-$extra"
+  local want
+  want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
+  if [ ! -x "$venv/bin/python" ]; then
+    echo "Creating $venv ..." >&2
+    "${PYTHON:-python3}" -m venv "$venv"
+  fi
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    echo "Installing grainlike[$extra] into $venv ..." >&2
+    "$venv/bin/python" -m pip install --quiet --upgrade pip >&2
+    "$venv/bin/python" -m pip install --quiet -e "$root[$extra]" >&2
+    echo "$want" > "$stamp"
+  fi
+  PY="$venv/bin/python"
+  export PY
+}
