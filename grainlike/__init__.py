@@ -40,6 +40,8 @@ _LAZY = {
     "PyGrainCheckpointHandler": "grainlike.checkpoint",
     "PyGrainCheckpointSave": "grainlike.checkpoint",
     "PyGrainCheckpointRestore": "grainlike.checkpoint",
+    "DeviceIterator": "grainlike.device",
+    "make_global_batch": "grainlike.device",
 }
 
 

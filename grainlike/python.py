@@ -7,4 +7,6 @@ from grainlike import __all__  # noqa: F401
 
 def __getattr__(name: str):
     # The Orbax names load lazily, as on the top-level package.
-    return getattr(_grainlike, name)
+    if name in _grainlike._LAZY:
+        return getattr(_grainlike, name)
+    raise AttributeError(f"module 'grainlike.python' has no attribute {name!r}")

@@ -28,6 +28,19 @@ def spec_of(value: Any) -> Any:
     return f"{arr.dtype}{list(arr.shape)}"
 
 
+def shape_spec(value: Any) -> Any:
+    """The structure of ``value`` with leaves replaced by their shapes.
+
+    What must agree for elements to stack (dtypes may differ: ``np.stack``
+    promotes them, as in grain).
+    """
+    if isinstance(value, dict):
+        return {k: shape_spec(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [shape_spec(v) for v in value])
+    return tuple(np.shape(value))
+
+
 def _stack_leaf(leaves: Sequence[Any], alloc: Optional[Allocator]) -> np.ndarray:
     first = leaves[0]
     if alloc is not None and isinstance(first, np.ndarray) and not first.dtype.hasobject:

@@ -102,6 +102,10 @@ class DataLoader:
         self._pipeline = Pipeline(
             data_source, sampler, self._operations, shard_options, read_options
         )
+        if worker_count > 0:
+            from grainlike.loader import workers
+
+            workers.prestart()
 
     @property
     def multiprocessing_options(self) -> MultiprocessingOptions:
@@ -341,6 +345,18 @@ class DataLoaderIterator(Iterator[Any]):
 
     def __str__(self) -> str:
         return f"PyGrainDatasetIterator(state={self.get_state().decode()})"
+
+    async def save(self, directory: Any) -> Any:
+        """Orbax v1 ``StatefulCheckpointable``: the state is read now, written later."""
+        from grainlike import checkpoint  # Only when Orbax calls it.
+
+        return await checkpoint.save_state_async(self, directory)
+
+    async def load(self, directory: Any) -> Any:
+        """Orbax v1 ``StatefulCheckpointable``: restores from ``directory``."""
+        from grainlike import checkpoint
+
+        return await checkpoint.load_state_async(self, directory)
 
 
 PyGrainDatasetIterator = DataLoaderIterator

@@ -31,7 +31,7 @@ from grainlike.core.transforms import (
 from grainlike.loader.options import ReadOptions
 
 # Records read per call to the source's batched read.
-_READ_CHUNK = 64
+_READ_CHUNK = 256
 
 
 def add_note(error: BaseException, note: str) -> None:
@@ -184,9 +184,22 @@ class Pipeline:
             hi = min(lo + chunk, end)
             yield np.arange(lo, hi, dtype=np.int64) * stride + base
 
+    def read_threads(self) -> int:
+        """Read-ahead threads: none for sources already in memory.
+
+        Reading from memory is pure Python under the GIL; threads would only add
+        contention. Sources that wait on I/O (files, remote storage) get
+        ``ReadOptions.num_threads``.
+        """
+        from grainlike.sources import InMemoryDataSource, RangeDataSource
+
+        if isinstance(self.data_source, (list, tuple, np.ndarray, range, RangeDataSource, InMemoryDataSource)):
+            return 0
+        return self.read_options.num_threads
+
     def records(self, worker_index: int, worker_count: int, start: int) -> Iterator[Record]:
         """Yields the worker's records from position ``start`` on, read ahead."""
-        threads = self.read_options.num_threads
+        threads = self.read_threads()
         index_chunks = self._chunks(worker_index, worker_count, start)
         if threads <= 0:
             for idx in index_chunks:
@@ -335,6 +348,10 @@ def _batched(op: Batch, stream: Iterator[Record], pipeline: Pipeline) -> Iterato
                 f"grainlike: in {describe_op(op)} of the records at global indices "
                 f"{idx} (record_keys {keys})",
             )
+            if user_fn is None:
+                odd = _odd_elements(records, _producer(op, pipeline))
+                if odd:
+                    add_note(e, odd)
             raise
         return Record(last.remove_record_key(), data)
 
@@ -345,3 +362,36 @@ def _batched(op: Batch, stream: Iterator[Record], pipeline: Pipeline) -> Iterato
             buf = []
     if buf and not op.drop_remainder:
         yield emit(buf)
+
+
+def _producer(op: Batch, pipeline: Pipeline) -> str:
+    """What made the elements ``op`` batches: the transform before it, or the source."""
+    ops = pipeline.operations
+    at = next((i for i, o in enumerate(ops) if o is op), len(ops))
+    for prev in reversed(ops[:at]):
+        if not isinstance(prev, FilterTransform):
+            return f"transform {describe_op(prev)}"
+    return f"data source {_short_repr(pipeline.data_source)}"
+
+
+def _odd_elements(records: list, producer: str) -> str:
+    """Names the records whose structure or shapes differ from the most common one."""
+    try:
+        specs = [repr(tree.shape_spec(r.data)) for r in records]
+        common, count = collections.Counter(specs).most_common(1)[0]
+        if count == len(specs):
+            return ""
+        odd = [(r, s) for r, s in zip(records, specs) if s != common]
+        lines = [
+            f"  record_key {r.metadata.record_key} (global index {r.metadata.index}): {s}"
+            for r, s in odd[:8]
+        ]
+        if len(odd) > 8:
+            lines.append(f"  ... and {len(odd) - 8} more")
+        return (
+            f"grainlike: {len(odd)} of the {len(records)} elements differ in structure or "
+            f"shape from the other {count}, which are {common} (structure with leaf "
+            f"shapes); the elements were produced by {producer}:\n" + "\n".join(lines)
+        )
+    except Exception:  # Never hide the original error.
+        return ""

@@ -65,6 +65,45 @@ def unlink_prefix(prefix: str) -> int:
     return count
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_orphans(prefix: str = "grainlike_") -> int:
+    """Unlinks segments left by grainlike processes that no longer exist.
+
+    Names carry the creating process's pid (``grainlike_<pid>_...`` and
+    ``grainlike_src_<pid>_...``). Normally the workers remove them when their
+    consumer dies, but if a whole process group is killed at once nobody is left
+    to do it; the next loader in any process does. Returns how many went.
+    """
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return 0
+    count = 0
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        rest = name[len(prefix):]
+        if rest.startswith("src_"):
+            rest = rest[4:]
+        pid_text = rest.split("_", 1)[0]
+        if not pid_text.isdigit():
+            continue
+        pid = int(pid_text)
+        if pid != os.getpid() and not _pid_alive(pid):
+            unlink(name)
+            count += 1
+    return count
+
+
 class ShmLeaf:
     """A message's stand-in for an array in a segment."""
 

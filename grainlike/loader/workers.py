@@ -84,6 +84,24 @@ def _main_module_hidden():
             main.__spec__ = saved_spec
 
 
+def prestart() -> None:
+    """Starts the forkserver now (in the background) so the first workers fork at once.
+
+    Called when a DataLoader with workers is built: booting the server (a fresh
+    interpreter importing numpy and grainlike) then overlaps whatever the program
+    does before its first ``next()``. Later loaders in the process reuse it.
+    """
+    ctx = _forkserver_context()
+    from multiprocessing import forkserver
+
+    try:
+        with _main_module_hidden():
+            forkserver.ensure_running()
+    except Exception:
+        pass  # Starting workers later reports the problem with its context.
+    del ctx
+
+
 def _raise_fd_limit() -> None:
     # Each batch leaf the user holds keeps one mapping (and descriptor) alive.
     try:
@@ -223,6 +241,7 @@ class MultiprocessStream:
             raise RuntimeError("the worker stream is closed")
         self._started = True
         _raise_fd_limit()
+        shm.sweep_orphans()
         ctx = _forkserver_context()
         sd = self._shutdown
         sd.prefix = f"grainlike_{os.getpid()}_{next(_stream_ids)}_{os.urandom(3).hex()}_"

@@ -1,0 +1,299 @@
+"""grainlike against grain 0.2.18 and torch's DataLoader, in one run, interleaved.
+
+Every measurement runs in a fresh subprocess (A, B, C, A, B, C, ...), so the
+libraries see the same machine state; the parent samples the resident memory of
+the subprocess and all its children. Figures are medians over the repetitions;
+the ratios are what to compare across machines.
+
+    tools/bench                    # everything (~10 minutes on 2 cores)
+    tools/bench --quick            # shorter runs, one repetition
+    tools/bench --only W1,W4       # some workloads
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+# (workload, worker counts, batch size)
+PLAN = [
+    ("W1", [0, 2], 128),
+    ("W2", [0, 1, 2], 64),
+    ("W3", [0, 2], 32),
+    ("W4", [0, 2], 128),
+    ("W5", [0, 2], 128),
+]
+DESCRIPTIONS = {
+    "W1": "1e6 small int records, identity map, Batch(128): records/s",
+    "W2": "20k JPEG 96x96 -> decode+resize 64+normalise, crop 56+flip, Batch(64): images/s",
+    "W3": "256 KiB float32 records, Batch(32): MB/s",
+    "W4": "iter() to first batch (W1 pipeline): seconds",
+    "W5": "get_state + set_state + first batch after restore (W1 pipeline): seconds",
+}
+
+
+# -- one measurement (runs in a subprocess) -------------------------------------------
+
+
+def _loader(lib_name: str, workload: str, workers: int, batch: int):
+    from benchmarks import workloads
+
+    if lib_name == "torch":
+        import torch
+        import torch.utils.data
+        from benchmarks import torch_ops
+
+        if workload in ("W1", "W4"):
+            ds = torch_ops.Small(workloads.N_SMALL)
+        elif workload == "W2":
+            ds = torch_ops.Images(workloads.images_path())
+        else:
+            ds = torch_ops.Big(workloads.BigSource())
+        g = torch.Generator()
+        g.manual_seed(0)
+        return torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, generator=g, num_workers=workers)
+
+    if lib_name == "grain":
+        from benchmarks import grain_ops as ops
+
+        lib = ops.lib
+    else:
+        from benchmarks import grainlike_ops as ops
+
+        lib = ops.lib
+    if workload in ("W1", "W4", "W5"):
+        source = lib.RangeDataSource(0, workloads.N_SMALL, 1)
+        operations = [ops.Identity(), lib.Batch(batch)]
+    elif workload == "W2":
+        source = lib.ArrayRecordDataSource(workloads.images_path())
+        operations = [ops.DecodeResize(), ops.CropFlip(), lib.Batch(batch)]
+    else:
+        source = workloads.BigSource()
+        operations = [lib.Batch(batch)]
+    sampler = lib.IndexSampler(len(source), lib.NoSharding(), shuffle=True, num_epochs=1, seed=0)
+    return lib.DataLoader(data_source=source, sampler=sampler, operations=operations, worker_count=workers)
+
+
+def _count(batch) -> tuple[int, int]:
+    """(records, bytes) in a batch of any of the libraries."""
+    import numpy as np
+
+    leaves = list(batch.values()) if isinstance(batch, dict) else [batch]
+    n = int(leaves[0].shape[0])
+    nbytes = sum(int(np.asarray(x).nbytes) if not hasattr(x, "element_size") else x.numel() * x.element_size() for x in leaves)
+    return n, nbytes
+
+
+def measure(lib_name: str, workload: str, workers: int, batch: int, seconds: float) -> dict:
+    loader = _loader(lib_name, workload, workers, batch)
+    t0 = time.perf_counter()
+    it = iter(loader)
+    first = next(it)
+    t_first = time.perf_counter() - t0
+    result = {"first_batch_s": t_first}
+    if workload == "W4":
+        return result
+    if workload == "W5":
+        for _ in range(5):
+            next(it)
+        t0 = time.perf_counter()
+        state = it.get_state()
+        it2 = iter(loader)
+        it2.set_state(state)
+        next(it2)
+        result["restore_s"] = time.perf_counter() - t0
+        return result
+    records = nbytes = 0
+    t0 = time.perf_counter()
+    for b in it:
+        n, nb = _count(b)
+        records += n
+        nbytes += nb
+        if time.perf_counter() - t0 > seconds:
+            break
+    elapsed = time.perf_counter() - t0
+    result.update(records_per_s=records / elapsed, mb_per_s=nbytes / elapsed / 1e6, records=records)
+    del first
+    return result
+
+
+def floors() -> dict:
+    """The machine's limits for W2 and W3, measured on the same data."""
+    import numpy as np
+
+    from benchmarks import workloads
+    from grainlike import ArrayRecordDataSource
+
+    src = ArrayRecordDataSource(workloads.images_path())
+    n = 4000
+    t0 = time.perf_counter()
+    for lo in range(0, n, 256):
+        src.__getitems__(list(range(lo, min(lo + 256, n))))
+    read = n / (time.perf_counter() - t0)
+    records = src.__getitems__(list(range(1000)))
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    for r in records:
+        workloads.crop_flip(workloads.decode_resize_normalise(r), rng)
+    decode = len(records) / (time.perf_counter() - t0)
+    a = np.ones(64 << 20, np.uint8)
+    b = np.empty_like(a)
+    t0 = time.perf_counter()
+    for _ in range(5):
+        np.copyto(b, a)
+    memcpy = 5 * a.nbytes / (time.perf_counter() - t0) / 1e6
+    return {"arrayrecord_read_per_s": read, "decode_per_core_per_s": decode, "memcpy_mb_per_s": memcpy}
+
+
+# -- the parent: interleave, sample memory, report ---------------------------------------
+
+
+def _run_child(args: list[str], timeout: float) -> tuple[dict, float]:
+    import psutil
+
+    proc = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--child", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}, start_new_session=True,
+    )
+    peak = 0
+    deadline = time.monotonic() + timeout
+    ps = psutil.Process(proc.pid)
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            total = ps.memory_info().rss + sum(c.memory_info().rss for c in ps.children(recursive=True))
+            peak = max(peak, total)
+        except psutil.Error:
+            pass
+        time.sleep(0.05)
+    if proc.poll() is None:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        return {"error": "timeout"}, peak / 1e6
+    out, err = proc.communicate()
+    lines = [l for l in out.splitlines() if l.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"error": (err.strip().splitlines() or ["failed"])[-1][:200]}, peak / 1e6
+    return json.loads(lines[-1]), peak / 1e6
+
+
+def _have(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=4.0, help="steady-state time per run")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", default="", help="comma-separated workloads, e.g. W1,W4")
+    parser.add_argument("--libs", default="grainlike,grain,torch")
+    parser.add_argument("--json", default="", help="also write all results here")
+    parser.add_argument("--child", nargs=5, metavar=("LIB", "WORKLOAD", "WORKERS", "BATCH", "SECONDS"))
+    args = parser.parse_args(argv)
+
+    if args.child:
+        lib, workload, workers, batch, seconds = args.child
+        if lib == "floors":
+            print(json.dumps(floors()))
+        else:
+            print(json.dumps(measure(lib, workload, int(workers), int(batch), float(seconds))))
+        return 0
+
+    if args.quick:
+        args.reps, args.seconds = 1, 2.0
+    libs = [l for l in args.libs.split(",") if l == "grainlike" or _have(l)]
+    only = {w.strip() for w in args.only.split(",") if w.strip()}
+    plan = [p for p in PLAN if not only or p[0] in only]
+
+    from benchmarks import workloads
+
+    if any(p[0] == "W2" for p in plan):
+        print(f"preparing {workloads.images_path()} ...", file=sys.stderr)
+    results: dict = {}
+    for rep in range(args.reps):
+        for workload, worker_counts, batch in plan:
+            for w in worker_counts:
+                for lib in libs:
+                    if workload == "W5" and lib == "torch":
+                        continue  # torch's DataLoader has no iterator state
+                    r, peak = _run_child([lib, workload, str(w), str(batch), str(args.seconds)], timeout=180)
+                    r["peak_mb"] = peak
+                    results.setdefault((workload, w, lib), []).append(r)
+                    print(f"[{rep + 1}/{args.reps}] {workload} W={w} {lib}: {r}", file=sys.stderr)
+    floor = _run_child(["floors", "-", "0", "0", "0"], timeout=300)[0] if any(p[0] in ("W2", "W3") for p in plan) else {}
+
+    print(_report(results, libs, plan, floor, args))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"|".join(map(str, k)): v for k, v in results.items()} | {"floors": floor}, f, indent=1)
+    return 0
+
+
+def _median(rs: list, key: str):
+    vals = [r[key] for r in rs if key in r]
+    return statistics.median(vals) if vals else None
+
+
+def _report(results: dict, libs: list, plan: list, floor: dict, args) -> str:
+    import platform
+
+    metric = {"W1": "records_per_s", "W2": "records_per_s", "W3": "mb_per_s", "W4": "first_batch_s", "W5": "restore_s"}
+    lines = [
+        f"machine: {os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}; "
+        f"{args.reps} repetition(s), {args.seconds:g} s per throughput run; medians",
+        "",
+        "| workload | W | " + " | ".join(libs) + " | " + " | ".join(f"grainlike/{l}" for l in libs[1:]) + " | first batch (s) | peak MB |",
+        "|---|---|" + "---|" * (2 * len(libs) - 1) + "---|---|",
+    ]
+    for workload, worker_counts, _ in plan:
+        m = metric[workload]
+        for w in worker_counts:
+            vals = {l: _median(results.get((workload, w, l), []), m) for l in libs}
+            cells = [("-" if vals[l] is None else (f"{vals[l]:.3f}" if workload in ("W4", "W5") else f"{vals[l]:,.0f}")) for l in libs]
+            ratios = []
+            for l in libs[1:]:
+                a, b = vals["grainlike"], vals[l]
+                if a is None or b is None or a == 0 or b == 0:
+                    ratios.append("-")
+                elif workload in ("W4", "W5"):
+                    ratios.append(f"{a / b:.2f}x time")
+                else:
+                    ratios.append(f"{a / b:.2f}x")
+            firsts = " / ".join(
+                "-" if _median(results.get((workload, w, l), []), "first_batch_s") is None
+                else f"{_median(results.get((workload, w, l), []), 'first_batch_s'):.2f}" for l in libs
+            )
+            peaks = " / ".join(
+                "-" if _median(results.get((workload, w, l), []), "peak_mb") is None
+                else f"{_median(results.get((workload, w, l), []), 'peak_mb'):.0f}" for l in libs
+            )
+            lines.append(f"| {workload} | {w} | " + " | ".join(cells) + " | " + " | ".join(ratios) + f" | {firsts} | {peaks} |")
+    lines.append("")
+    for workload, _, _ in plan:
+        lines.append(f"- {workload}: {DESCRIPTIONS[workload]}")
+    if floor and "error" not in floor:
+        lines.append(
+            f"- floors: ArrayRecord batched read {floor['arrayrecord_read_per_s']:,.0f} records/s; "
+            f"decode+resize+crop {floor['decode_per_core_per_s']:,.0f} images/s per core; "
+            f"memcpy {floor['memcpy_mb_per_s']:,.0f} MB/s"
+        )
+    errors = [(k, r["error"]) for k, rs in results.items() for r in rs if "error" in r]
+    for k, e in errors[:10]:
+        lines.append(f"- error in {k}: {e}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,20 @@
+"""The benchmark transforms as grainlike transform classes (importable by workers)."""
+
+import grainlike as lib
+
+from benchmarks.workloads import crop_flip, decode_resize_normalise
+
+
+class Identity(lib.MapTransform):
+    def map(self, x):
+        return x
+
+
+class DecodeResize(lib.MapTransform):
+    def map(self, x):
+        return decode_resize_normalise(x)
+
+
+class CropFlip(lib.RandomMapTransform):
+    def random_map(self, x, rng):
+        return crop_flip(x, rng)

@@ -1,0 +1,49 @@
+"""The benchmark pipelines as torch map-style datasets."""
+
+import numpy as np
+import torch.utils.data
+
+from benchmarks.workloads import crop_flip, decode_resize_normalise
+
+
+class Small(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
+class Images(torch.utils.data.Dataset):
+    def __init__(self, path, seed=0):
+        self.path = path
+        self.seed = seed
+        self._source = None
+
+    def __len__(self):
+        from grainlike import ArrayRecordDataSource
+
+        return len(ArrayRecordDataSource(self.path))
+
+    def __getitem__(self, i):
+        if self._source is None:
+            from grainlike import ArrayRecordDataSource
+
+            self._source = ArrayRecordDataSource(self.path)
+        x = decode_resize_normalise(self._source[i])
+        # A per-record generator, as the other libraries use.
+        return crop_flip(x, np.random.default_rng([self.seed, i]))
+
+
+class Big(torch.utils.data.Dataset):
+    def __init__(self, source):
+        self.source = source
+
+    def __len__(self):
+        return len(self.source)
+
+    def __getitem__(self, i):
+        return self.source[i]
