@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import threading
 import types
 from typing import Any, Awaitable
@@ -143,10 +144,29 @@ def _read_state(filename: Any) -> str:
     return filename.read_text()
 
 
+def _write_file(filename: Any, text: str) -> None:
+    """Writes ``text`` to ``filename`` whole or not at all.
+
+    The text goes to a temporary file beside it, renamed over ``filename`` once
+    complete: a full disk or a crash mid-write raises (or dies) and leaves the file
+    that was there before unchanged, instead of truncated.
+    """
+    tmp = filename.parent / f".{filename.name}.tmp-{os.getpid()}"
+    try:
+        tmp.write_text(text)
+        tmp.replace(filename)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except Exception:  # pylint: disable=broad-except
+            pass
+        raise
+
+
 async def _write_state(directory: Any, state: str) -> None:
     if hasattr(directory, "await_creation"):  # Orbax's PathAwaitingCreation
         directory = await directory.await_creation()
-    await asyncio.to_thread(process_state_path(directory).write_text, state)
+    await asyncio.to_thread(_write_file, process_state_path(directory), state)
 
 
 # -- Orbax v1: StatefulCheckpointable -----------------------------------------------
@@ -246,7 +266,7 @@ def _build_orbax_classes() -> dict[str, type]:
 
             def save(self, directory: Any, item: Any = None, args: Any = None) -> None:
                 item = item if item is not None else args.item
-                process_state_path(directory).write_text(_state_text(item))
+                _write_file(process_state_path(directory), _state_text(item))
 
             def restore(self, directory: Any, item: Any = None, args: Any = None) -> Any:
                 item = item if item is not None else getattr(args, "item", None)

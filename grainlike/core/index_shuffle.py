@@ -241,7 +241,10 @@ class _Plan:
         return (1 << (2 * self.w)) / (self.max_index + 1)
 
     def build_table(self) -> np.ndarray:
-        self.table = _permutation_table(self.max_index, self.seed, self.rounds)
+        """Tabulates the permutation (once: the budget is spent for good)."""
+        if self.table is None:
+            self.table = _permutation_table(self.max_index, self.seed, self.rounds)
+        self.budget = None
         return self.table
 
 

@@ -72,6 +72,15 @@ class Batch:
       drop_remainder: drop a final batch smaller than ``batch_size``.
       batch_fn: optional function from a list of elements to a batch, replacing
         the default stacking.
+      pad: (grainlike only) fill a short final batch up to ``batch_size`` with
+        all-zero elements and add a boolean ``mask`` leaf, True for real elements.
+        Every batch of the loader then has the same structure and shapes, which
+        is what a jitted step needs. A dict element gets a ``"mask"`` key (the
+        element must not have one); any other element ``x`` becomes
+        ``{"data": x, "mask": mask}``. With ``batch_fn`` the padded list of
+        elements is passed to it and the mask is added to its result the same
+        way. Records a padding sampler marks as padding
+        (``grainlike.PaddedEpochSampler``) are zeroed and masked too.
 
     Example:
       >>> Batch(batch_size=32, drop_remainder=True).batch_size
@@ -81,12 +90,20 @@ class Batch:
     batch_size: int
     drop_remainder: bool = False
     batch_fn: Optional[Callable[[Sequence[Any]], Any]] = None
+    pad: bool = False
 
     def __post_init__(self):
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, (int, np.integer)):
             raise TypeError(f"batch_size must be an int, got {self.batch_size!r}")
         if self.batch_size <= 0:
             raise ValueError(f"batch_size must be a positive int, got {self.batch_size}")
+        if not isinstance(self.pad, bool):
+            raise TypeError(f"pad must be a bool, got {self.pad!r}")
+        if self.pad and self.drop_remainder:
+            raise ValueError(
+                "Batch: pad=True pads the final batch, drop_remainder=True drops it; "
+                "choose one (got both True)"
+            )
 
 
 Transformation = Union[Batch, MapTransform, RandomMapTransform, FilterTransform, MapWithIndexTransform]
@@ -95,10 +112,16 @@ Transformations = Sequence[Transformation]
 
 def transform_name(transform: Any) -> str:
     """A readable name for a transform: its class and where it was defined."""
+    wrapped = getattr(transform, "__wrapped__", None)
+    if wrapped is not None and not inspect.isclass(transform):
+        # A transform wrapping a plain function (grainlike's builder): name the function.
+        transform = wrapped
     cls = transform if inspect.isclass(transform) else type(transform)
-    name = getattr(transform, "__qualname__", None) if callable(transform) and inspect.isfunction(transform) else cls.__qualname__
+    is_function = inspect.isfunction(transform)
+    name = getattr(transform, "__qualname__", None) if is_function else cls.__qualname__
     try:
-        where = f"{inspect.getsourcefile(cls)}:{inspect.getsourcelines(cls)[1]}"
+        defined = transform if is_function else cls
+        where = f"{inspect.getsourcefile(defined)}:{inspect.getsourcelines(defined)[1]}"
     except (OSError, TypeError):
         where = None
     return f"{name} ({where})" if where else str(name)

@@ -63,7 +63,8 @@ def _mismatch(values: Sequence[Any], path: str, detail: str) -> ValueError:
     where = f" at {path}" if path else ""
     return ValueError(
         f"Batch: cannot stack the elements{where}: {detail}. All elements of a batch "
-        f"must have the same structure, shapes and dtypes. Got:\n{specs}{more}"
+        "must have the same structure and shapes (differing dtypes are promoted, as "
+        f"np.stack does). Got:\n{specs}{more}"
     )
 
 

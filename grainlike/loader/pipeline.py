@@ -64,7 +64,8 @@ def sampler_size(sampler: Any) -> int:
 
 def describe_op(op: Any) -> str:
     if isinstance(op, Batch):
-        return f"Batch(batch_size={op.batch_size}, drop_remainder={op.drop_remainder})"
+        pad = ", pad=True" if op.pad else ""
+        return f"Batch(batch_size={op.batch_size}, drop_remainder={op.drop_remainder}{pad})"
     return transform_name(op)
 
 
@@ -83,6 +84,7 @@ def check_operations(operations: Sequence[Any]) -> list:
                     batch_size=op.batch_size,
                     drop_remainder=op.drop_remainder,
                     batch_fn=getattr(op, "batch_fn", None),
+                    pad=bool(getattr(op, "pad", False)),
                 )
                 continue
             raise TypeError(
@@ -168,7 +170,9 @@ class Pipeline:
                     f"grainlike: while reading record_key {m.record_key} (global index "
                     f"{m.index}) from data source {_short_repr(source)}",
                 )
-                raise
+                # The records before it are still delivered, then the error.
+                out.append(_ReadFailure(e))
+                return out
             out.append(Record(m, value))
         return out
 
@@ -203,7 +207,7 @@ class Pipeline:
         index_chunks = self._chunks(worker_index, worker_count, start)
         if threads <= 0:
             for idx in index_chunks:
-                yield from self._read_chunk(idx)
+                yield from _delivered(self._read_chunk(idx))
             return
         # Read ahead: keep enough chunk reads in flight to fill the prefetch buffer.
         ahead = max(1, self.read_options.prefetch_buffer_size // _READ_CHUNK)
@@ -216,9 +220,9 @@ class Pipeline:
             for idx in index_chunks:
                 pending.append(pool.submit(self._read_chunk, idx))
                 if len(pending) >= ahead:
-                    yield from pending.popleft().result()
+                    yield from _delivered(pending.popleft().result())
             while pending:
-                yield from pending.popleft().result()
+                yield from _delivered(pending.popleft().result())
         finally:
             for f in pending:
                 f.cancel()
@@ -236,6 +240,8 @@ class Pipeline:
           worker_count: number of workers (0 means one, in process).
           start: the first position to read.
         """
+        if hasattr(self.sampler, "is_padding"):
+            check_padding_sampler(self.sampler, self.operations, worker_count)
         position = [start]
         records = self.records(worker_index, worker_count, start)
 
@@ -252,6 +258,92 @@ class Pipeline:
                 yield position[0], r.data
         finally:
             records.close()
+
+
+def check_padding_sampler(sampler: Any, operations: Sequence[Any], worker_count: int) -> None:
+    """Checks that a sampler padding each epoch (``is_padding``) fits the pipeline.
+
+    Its padding is masked by the first Batch, which must pad with the sampler's
+    batch size, with no filter before it, and with the worker count the sampler was
+    made for (each worker batches its own records, so epochs align with batches
+    only for that count).
+
+    Raises:
+      ValueError: naming the mismatch.
+    """
+    name = type(sampler).__name__
+    batch = None
+    for op in operations:
+        if isinstance(op, FilterTransform) and batch is None:
+            raise ValueError(
+                f"{name} pads each epoch to whole batches; a FilterTransform before the "
+                f"Batch ({describe_op(op)}) would shift batches across epochs. Filter "
+                "after batching, or use IndexSampler."
+            )
+        if isinstance(op, Batch):
+            batch = op
+            break
+    expected_batch = getattr(sampler, "batch_size", None)
+    if batch is None or not batch.pad or batch.batch_size != expected_batch:
+        got = "no Batch" if batch is None else describe_op(batch)
+        raise ValueError(
+            f"{name} needs Batch(batch_size={expected_batch}, pad=True) among the "
+            f"operations to mask its padding records; got {got}"
+        )
+    expected_workers = getattr(sampler, "worker_count", worker_count)
+    if max(expected_workers, 1) != max(worker_count, 1):
+        raise ValueError(
+            f"{name} was made for worker_count={expected_workers}, but the loader runs "
+            f"{worker_count} workers; each worker batches its own records, so pass the "
+            "loader's worker_count to the sampler"
+        )
+
+
+def _zeros_like(value: Any) -> Any:
+    """An element of the same structure, shapes and dtypes as ``value``, all zeros."""
+    if isinstance(value, dict):
+        out = {k: _zeros_like(v) for k, v in value.items()}
+        return out if type(value) is dict else type(value)(out)
+    if isinstance(value, (list, tuple)):
+        items = [_zeros_like(v) for v in value]
+        if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+            return type(value)(*items)
+        return type(value)(items)
+    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    return np.zeros_like(arr)
+
+
+def _with_mask(data: Any, mask: np.ndarray, op: Batch) -> Any:
+    """Adds the ``mask`` leaf: a key of a dict batch, else ``{"data": ..., "mask": ...}``."""
+    if isinstance(data, dict):
+        if "mask" in data:
+            raise ValueError(
+                f"{describe_op(op)}: the elements already have a 'mask' key, where pad=True "
+                "puts the padding mask; rename that key"
+            )
+        if type(data) is dict:
+            return {**data, "mask": mask}
+        out = type(data)(data)
+        out["mask"] = mask
+        return out
+    return {"data": data, "mask": mask}
+
+
+class _ReadFailure:
+    """Ends a chunk whose read failed at this record: the error, raised in order."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def _delivered(chunk: list) -> Iterator[Record]:
+    """The records of a chunk; a failed read raises after the records before it."""
+    if chunk and type(chunk[-1]) is _ReadFailure:
+        yield from chunk[:-1]
+        raise chunk[-1].error
+    yield from chunk
 
 
 def _short_repr(obj: Any, limit: int = 200) -> str:
@@ -330,16 +422,31 @@ def _apply(op: Any, stream: Iterator[Record], pipeline: Pipeline) -> Iterator[Re
 def _batched(op: Batch, stream: Iterator[Record], pipeline: Pipeline) -> Iterator[Record]:
     size = op.batch_size
     user_fn = op.batch_fn
+    pad = op.pad
+    # A padding sampler marks records that fill its epochs up to whole batches.
+    is_padding = getattr(pipeline.sampler, "is_padding", None) if pad else None
     buf: list = []
 
     def emit(records: list) -> Record:
         values = [r.data for r in records]
         last = records[-1].metadata
         try:
+            if pad:
+                mask = np.zeros(size, dtype=bool)
+                mask[: len(values)] = True
+                if is_padding is not None:
+                    flags = is_padding(np.array([r.metadata.index for r in records], np.int64))
+                    for i in np.flatnonzero(flags).tolist():
+                        mask[i] = False
+                        values[i] = _zeros_like(values[i])
+                if len(values) < size:
+                    values.extend([_zeros_like(values[0])] * (size - len(values)))
             if user_fn is not None:
                 data = user_fn(values)
             else:
                 data = tree.stack(values, pipeline.batch_alloc)
+            if pad:
+                data = _with_mask(data, mask, op)
         except Exception as e:
             idx = [r.metadata.index for r in records]
             keys = [r.metadata.record_key for r in records]

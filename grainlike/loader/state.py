@@ -106,7 +106,9 @@ def decode(
         )
     try:
         data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:
+        # ValueError: JSONDecodeError, and also an int literal longer than Python's
+        # int-from-string limit (4300 digits).
         head = text[:60] + ("..." if len(text) > 60 else "")
         raise InvalidStateError(f"state is not valid JSON ({e}): {head!r}") from None
     if not isinstance(data, dict):

@@ -6,10 +6,12 @@ Never imports jax.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -17,6 +19,16 @@ import cloudpickle
 import numpy as np  # noqa: F401  (preloaded for the forked workers)
 
 from grainlike.loader import shm
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _send_error(conn, position: int, error: BaseException) -> None:
@@ -38,6 +50,8 @@ def run(
     shm_prefix: str,
     results,
     control,
+    consumer_pid: int = 0,
+    profile: bool = False,
 ) -> None:
     """Produces one worker's outputs and sends them to the consumer.
 
@@ -55,9 +69,21 @@ def run(
     stop = threading.Event()
     pool_lock = threading.Lock()
 
+    def consumer_gone() -> None:
+        # Nobody will read or unlink what we made.
+        if pool is not None:
+            pool.unlink_all()
+        os._exit(0)
+
     def listen() -> None:
         try:
             while True:
+                # EOF on the control pipe says the consumer died; checking its pid
+                # too covers a pipe end leaked into some other process it forked.
+                if not control.poll(1.0):
+                    if consumer_pid and not _alive(consumer_pid):
+                        consumer_gone()
+                    continue
                 msg = control.recv()
                 if msg[0] == "tick":
                     if msg[1] and pool is not None:
@@ -67,16 +93,16 @@ def run(
                 elif msg[0] == "stop":
                     break
         except (EOFError, OSError):
-            # The consumer is gone: nobody will read or unlink what we made.
-            if pool is not None:
-                pool.unlink_all()
-            os._exit(0)
+            consumer_gone()
         stop.set()
         credits.release()
 
     threading.Thread(target=listen, name="grainlike-control", daemon=True).start()
 
     position = start
+    produced = 0
+    busy = waited = 0.0
+    clock = time.perf_counter
     try:
         pipeline = cloudpickle.loads(pipeline_bytes)
         if pool is not None:
@@ -86,14 +112,20 @@ def run(
                     return pool.alloc(shape, dtype)
 
             pipeline.batch_alloc = alloc
+        t0 = clock()
         for position, output in pipeline.outputs(worker_index, worker_count, start):
             if pool is not None:
                 with pool_lock:
                     output = pool.export(output)
+            t1 = clock()
+            busy += t1 - t0
             credits.acquire()
             if stop.is_set():
                 break
             results.send(("out", position, output))
+            t0 = clock()
+            waited += t0 - t1
+            produced += 1
         else:
             # Trailing records a filter dropped were read too.
             results.send(("end", pipeline.worker_length(worker_index, worker_count)))
@@ -103,6 +135,12 @@ def run(
                 _send_error(results, position, e)
             except Exception:
                 pass
+    if profile:
+        logging.getLogger("grainlike").warning(
+            "grainlike worker %d of %d: %d outputs, %.3f s producing (%.2f ms each), "
+            "%.3f s waiting for the consumer",
+            worker_index, worker_count, produced, busy, 1e3 * busy / max(produced, 1), waited,
+        )
     stop.wait()
     if pool is not None:
         pool.unlink_all()

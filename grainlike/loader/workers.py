@@ -262,6 +262,8 @@ class MultiprocessStream:
                         f"{sd.prefix}{w}_",
                         result_w,
                         control_r,
+                        os.getpid(),
+                        self._options.enable_profiling,
                     ),
                     name=f"grainlike-worker-{w}",
                     daemon=True,
@@ -312,7 +314,22 @@ class MultiprocessStream:
             pass
 
     def __next__(self) -> Any:
-        self.start()
+        before = Positions(list(self.positions.next_positions), self.positions.next_worker)
+        try:
+            self.start()
+            return self._next_output()
+        except StopIteration:
+            raise
+        except BaseException:
+            if not self._closed:
+                # Interrupted (Ctrl-C, or any exception) half way: a message may be
+                # half read, or taken but not returned. Stop the workers; the
+                # iterator restarts them from the last output actually returned.
+                self.positions = before
+                self.close()
+            raise
+
+    def _next_output(self) -> Any:
         while True:
             if all(self._exhausted):
                 raise StopIteration

@@ -82,6 +82,15 @@ def _open_reader(path: str, options: str):
             detail = f" ({e})"
         if _is_local(path) and not os.path.exists(path):
             raise _missing(path)
+        if detail in ("", " ()") and _is_local(path):
+            # The reader gives no reason for a file cut at a block boundary or empty.
+            try:
+                detail = (
+                    f" (its footer could not be read; the file is {os.path.getsize(path)} "
+                    "bytes: truncated, empty, or not an ArrayRecord file)"
+                )
+            except OSError as e:
+                detail = f" ({e})"
         raise ValueError(f"ArrayRecordDataSource: {path!r} is not a readable ArrayRecord file{detail}.")
     return reader
 

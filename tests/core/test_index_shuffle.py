@@ -234,3 +234,19 @@ def test_vectorised_call_on_100k_indices_is_fast():
     index_shuffle(idx, 99_999, 3)
     # Generous bound (a loaded CI machine); a per-element loop takes seconds.
     assert time.process_time() - start < 0.5
+
+
+def test_small_range_table_is_built_at_most_once(monkeypatch):
+    builds = []
+    real = isf._permutation_table
+    monkeypatch.setattr(isf, "_permutation_table", lambda *a: builds.append(a) or real(*a))
+    isf._PLANS.clear()
+    plan = isf._get_plan(19_999, 77, 4)
+    plan.budget = 1  # the next walk spends it, as an element-wise array walk may
+    walked = [isf._walk_scalar(i, plan) for i in range(100)]
+    out = index_shuffle(np.arange(20_000), 19_999, 77)
+    for i in range(100):
+        index_shuffle(i, 19_999, 77)
+    assert len(builds) == 1
+    assert out[:100].tolist() == walked
+    assert np.array_equal(np.sort(out), np.arange(20_000))

@@ -339,3 +339,20 @@ def test_segments_of_dead_processes_are_swept_when_workers_start(no_leaks):
     with iter(_loader(4, workers=1)) as it:
         next(it)
     assert not set(names) & leaks.shm_entries()
+
+
+def test_enable_profiling_reports_per_worker_timings(tmp_path):
+    proc = _run_script(tmp_path, """
+        import grainlike as grain
+        if __name__ == "__main__":
+            loader = grain.DataLoader(
+                data_source=list(range(40)),
+                sampler=grain.IndexSampler(40, grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
+                operations=[grain.Batch(4)], worker_count=2, enable_profiling=True)
+            with iter(loader) as it:
+                assert len(list(it)) == 10
+    """)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "grainlike worker 0 of 2: 5 outputs" in err
+    assert "grainlike worker 1 of 2: 5 outputs" in err

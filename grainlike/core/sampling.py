@@ -1,0 +1,312 @@
+"""Sampling modes for training and evaluation, beyond grain's ``IndexSampler``.
+
+Three ways to go over a data source, each a sampler that ``DataLoader`` accepts
+and whose checkpoint state is, as for every grainlike sampler, the index of the
+next record of each worker (grain's JSON):
+
+- **Independent draws with replacement** (``RandomSampler``): global index ``g``
+  reads record ``start + SplitMix64(seed)[g] % shard_size``, the ``g``-th output of
+  a counter-based generator keyed on ``seed``. A record's key is a pure function
+  of ``(seed, g)``, so the stream is reproducible for any worker count and a
+  restore continues exactly.
+- **Shuffling without replacement, reshuffled every epoch**: ``IndexSampler(...,
+  shuffle=True, num_epochs=n, seed=s)`` already does this (epoch ``e`` is the
+  keyed permutation with key ``s + e``, as in grain); nothing new is needed.
+- **Epoch-exact with masked padding** (``PaddedEpochSampler``): the same
+  permutation per epoch as ``IndexSampler``, with each epoch filled up to whole
+  batches by padding records that ``Batch(..., pad=True)`` zeroes and masks. No
+  batch mixes two epochs, and over an epoch every record has ``mask == True``
+  exactly once.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import numpy as np
+
+from grainlike.core import sharding
+from grainlike.core.index_shuffle import index_shuffle
+from grainlike.core.record import LazyRng, RecordMetadata
+from grainlike.core.samplers import (
+    _SHUFFLE_ROUNDS,
+    EmptyShardError,
+    IndexSampler,
+    _check_num_records,
+    _out_of_range,
+)
+
+__all__ = ["PaddedEpochSampler", "RandomSampler"]
+
+# SplitMix64 (Steele, Lea & Flood 2014): a counter-based generator whose g-th
+# output is mix(state + (g + 1) * GOLDEN).
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def splitmix64(seed: int, indices: np.ndarray) -> np.ndarray:
+    """The ``indices``-th outputs (uint64) of a SplitMix64 generator keyed on ``seed``.
+
+    Example:
+      >>> splitmix64(0, np.array([0, 1])).dtype
+      dtype('uint64')
+    """
+    with np.errstate(over="ignore"):
+        state = _mix64(np.atleast_1d(np.uint64(seed)))
+        g = np.asarray(indices, dtype=np.int64).astype(np.uint64)
+        return _mix64(state + (g + np.uint64(1)) * _GOLDEN)
+
+
+def _check_seed(seed: object) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an int in [0, 2**32), got {seed!r}")
+    if seed < 0 or int(seed).bit_length() > 32:
+        raise ValueError(f"seed must be an int in [0, 2**32), got {seed}")
+    return int(seed)
+
+
+def _check_positive(name: str, value: object, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        none = " or None" if allow_none else ""
+        raise ValueError(f"{name} must be a positive int{none}, got {value!r}")
+
+
+class RandomSampler:
+    """Independent uniform draws with replacement: reproducible and restorable.
+
+    Global index ``g`` reads record ``start + h % shard_size``, where ``h`` is the
+    ``g``-th output of a SplitMix64 generator keyed on ``seed`` and ``[start,
+    start + shard_size)`` is this process's shard of the records (as
+    ``IndexSampler`` splits them). Each draw is a pure function of ``(seed, g)``:
+    the stream is the same for every worker count, and a checkpoint holds indices
+    only. Random transforms get ``Philox(key=seed + g)``, as with ``IndexSampler``.
+
+    Args:
+      num_records: number of records in the data source.
+      shard_options: which shard of the records this process draws from.
+      num_samples: total draws (over all shards); None draws forever.
+        ``num_samples=num_records`` is one "epoch" of the same size as the data.
+      seed: the draws' seed, an int in ``[0, 2**32)``.
+
+    Raises:
+      ValueError: num_records or num_samples not positive, seed out of range.
+      TypeError: seed is not an int.
+
+    Example:
+      >>> s = RandomSampler(num_records=10, num_samples=5, seed=0)
+      >>> keys = [s[i].record_key for i in range(len(s))]
+      >>> keys == [RandomSampler(10, num_samples=5, seed=0)[i].record_key for i in range(5)]
+      True
+    """
+
+    def __init__(
+        self,
+        num_records: int,
+        shard_options: sharding.ShardOptions = sharding.NoSharding(),
+        num_samples: Optional[int] = None,
+        seed: int = 0,
+    ):
+        _check_num_records(num_records)
+        _check_positive("num_samples", num_samples, allow_none=True)
+        self._num_records = int(num_records)
+        self._shard_options = shard_options
+        self._num_samples = None if num_samples is None else int(num_samples)
+        self._seed = _check_seed(seed)
+        self._start, end = sharding.even_split(self._num_records, shard_options)
+        self._shard_size = end - self._start
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @property
+    def num_records(self) -> int:
+        return self._num_records
+
+    @property
+    def num_samples(self) -> Optional[int]:
+        return self._num_samples
+
+    @property
+    def shard_options(self) -> sharding.ShardOptions:
+        return self._shard_options
+
+    def __len__(self) -> int:
+        return sys.maxsize if self._num_samples is None else self._num_samples
+
+    def __repr__(self) -> str:
+        return (
+            f"RandomSampler(num_records={self._num_records}, "
+            f"shard_options={self._shard_options!r}, "
+            f"num_samples={self._num_samples}, "
+            f"seed={self._seed})"
+        )
+
+    def record_keys(self, indices: np.ndarray) -> np.ndarray:
+        """Record keys of many in-range global indices at once (vectorised)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if self._shard_size <= 0:
+            raise EmptyShardError(
+                f"Shard {self._shard_options.shard_index} of "
+                f"{self._shard_options.shard_count} holds no records "
+                f"(num_records={self._num_records})."
+            )
+        draws = splitmix64(self._seed, indices.ravel()) % np.uint64(self._shard_size)
+        return draws.astype(np.int64).reshape(indices.shape) + self._start
+
+    def __getitem__(self, index: int) -> RecordMetadata:
+        if index < 0 or (self._num_samples is not None and index >= self._num_samples):
+            raise _out_of_range(index, self._num_samples)
+        key = int(self.record_keys(np.array([index]))[0])
+        return RecordMetadata(index=index, record_key=key, rng=LazyRng(self._seed + index))
+
+
+class PaddedEpochSampler:
+    """``IndexSampler``'s epochs, each padded to whole batches that never mix epochs.
+
+    Each epoch of this shard is ``shard_size`` real records in ``IndexSampler``'s
+    order (the same permutation for the same seed and epoch), followed by padding
+    up to ``epoch_length``, the next multiple of ``batch_size * max(worker_count,
+    1)`` (computed from the largest shard, so every shard yields as many batches).
+    A padding position re-reads a real record of the same epoch, so transforms see
+    valid input, and ``Batch(batch_size, pad=True)`` zeroes it and sets its
+    ``mask`` to False. Every worker's epoch is then a whole number of batches.
+
+    The loader must use ``Batch(batch_size, pad=True)`` with no ``FilterTransform``
+    before it, and exactly ``worker_count`` workers; the loader checks this when
+    it starts.
+
+    Args:
+      num_records: number of records in the data source.
+      batch_size: the loader's batch size.
+      worker_count: the loader's worker count (0 and 1 are the same here).
+      shard_options: which shard of the records this process reads.
+      shuffle: a new permutation every epoch (needs a seed).
+      num_epochs: number of epochs; None repeats forever.
+      seed: seed of the permutations and of the per-record rngs.
+
+    Example:
+      >>> s = PaddedEpochSampler(num_records=5, batch_size=4)
+      >>> len(s), s.epoch_length, s.batches_per_epoch
+      (8, 8, 2)
+      >>> s.is_padding(np.arange(8)).tolist()
+      [False, False, False, False, False, True, True, True]
+    """
+
+    def __init__(
+        self,
+        num_records: int,
+        batch_size: int,
+        *,
+        worker_count: int = 0,
+        shard_options: sharding.ShardOptions = sharding.NoSharding(),
+        shuffle: bool = False,
+        num_epochs: Optional[int] = 1,
+        seed: Optional[int] = None,
+    ):
+        # IndexSampler validates the shared arguments with grain's messages.
+        inner = IndexSampler(num_records, shard_options, shuffle, num_epochs, seed)
+        _check_positive("batch_size", batch_size)
+        if isinstance(worker_count, bool) or not isinstance(worker_count, int) or worker_count < 0:
+            raise ValueError(f"worker_count must be an int >= 0, got {worker_count!r}")
+        self._num_records = int(num_records)
+        self._batch_size = int(batch_size)
+        self._worker_count = worker_count
+        self._shard_options = shard_options
+        self._shuffle = shuffle
+        self._num_epochs = num_epochs
+        self._seed = inner.seed
+        self._start, end = sharding.even_split(self._num_records, shard_options)
+        self._shard_size = end - self._start
+        s = shard_options.shard_count
+        largest = self._num_records // s
+        if self._num_records % s and not shard_options.drop_remainder:
+            largest += 1
+        multiple = self._batch_size * max(worker_count, 1)
+        self._epoch_length = max(1, -(-largest // multiple)) * multiple
+
+    @property
+    def seed(self) -> Optional[int]:
+        return self._seed
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    @property
+    def worker_count(self) -> int:
+        return self._worker_count
+
+    @property
+    def shard_options(self) -> sharding.ShardOptions:
+        return self._shard_options
+
+    @property
+    def epoch_length(self) -> int:
+        """Records per epoch in this shard, padding included."""
+        return self._epoch_length
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Batches the loader yields per epoch (over all its workers)."""
+        return self._epoch_length // self._batch_size
+
+    def __len__(self) -> int:
+        if self._num_epochs is None:
+            return sys.maxsize
+        return self._num_epochs * self._epoch_length * self._shard_options.shard_count
+
+    def __repr__(self) -> str:
+        return (
+            f"PaddedEpochSampler(num_records={self._num_records}, "
+            f"batch_size={self._batch_size}, "
+            f"worker_count={self._worker_count}, "
+            f"shard_options={self._shard_options!r}, "
+            f"shuffle={self._shuffle}, "
+            f"num_epochs={self._num_epochs}, "
+            f"seed={self._seed})"
+        )
+
+    def is_padding(self, indices: np.ndarray) -> np.ndarray:
+        """True for the global indices that are padding (masked) positions."""
+        local = np.asarray(indices, dtype=np.int64) // self._shard_options.shard_count
+        return local % self._epoch_length >= self._shard_size
+
+    def record_keys(self, indices: np.ndarray) -> np.ndarray:
+        """Record keys of many in-range global indices at once (vectorised)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        n = self._shard_size
+        if n <= 0:
+            raise EmptyShardError(
+                f"Shard {self._shard_options.shard_index} of "
+                f"{self._shard_options.shard_count} holds no records "
+                f"(num_records={self._num_records})."
+            )
+        epochs, pos = np.divmod(indices // self._shard_options.shard_count, self._epoch_length)
+        pos = pos % n  # padding re-reads a real record of the same epoch
+        if self._shuffle:
+            out = np.empty_like(pos)
+            for epoch in np.unique(epochs):
+                sel = epochs == epoch
+                out[sel] = index_shuffle(
+                    pos[sel], n - 1, (self._seed + int(epoch)) % 2**32, _SHUFFLE_ROUNDS
+                )
+            pos = out
+        return pos + self._start
+
+    def __getitem__(self, index: int) -> RecordMetadata:
+        if index < 0 or index >= len(self):
+            raise _out_of_range(index, None if self._num_epochs is None else len(self))
+        key = int(self.record_keys(np.array([index]))[0])
+        rng = None if self._seed is None else LazyRng(self._seed + index)
+        return RecordMetadata(index=index, record_key=key, rng=rng)

@@ -1,0 +1,287 @@
+"""Batches drawn from inside ``jax.jit`` / ``lax.scan``, through an ordered io_callback.
+
+A training loop written as one jitted ``lax.scan`` over many steps can draw its own
+batches: ``InJitIterator.draw()`` is an ordered ``jax.experimental.io_callback``
+that returns the next ``batches_per_call`` batches stacked on a new leading axis, so
+the host is visited once per ``batches_per_call`` steps, not once per step. A
+background thread keeps ``prefetch`` such stacks ready. ``scan`` wraps the usual
+two-level loop (one draw per outer step, an inner scan over its batches).
+
+The position is checkpointable: ``get_state()`` is the wrapped iterator's state
+right after the last batch *delivered to jitted code*; stacks waiting in the
+host-side buffer are not counted, so a restore neither skips nor repeats a batch.
+Because JAX dispatches asynchronously, call ``get_state()`` after the jitted
+computation has finished (``jax.block_until_ready`` on its result).
+
+jax is imported when ``draw`` or ``scan`` is traced; importing this module costs
+numpy only.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+
+from grainlike.core import tree
+from grainlike.device import _Prefetcher, _stop_holder
+
+__all__ = ["InJitIterator"]
+
+_BATCH, _END = "batch", "end"
+# Numeric kinds a device holds: bool, signed, unsigned, float, complex.
+_DEVICE_KINDS = frozenset("biufc")
+
+
+class _Stacks:
+    """Pulls ``k`` batches at a time from an iterator and stacks them (numpy)."""
+
+    def __init__(self, iterator: Iterator[Any], k: int):
+        self._iterator = iterator
+        self._k = k
+
+    def __next__(self) -> Any:
+        batches = []
+        for _ in range(self._k):
+            try:
+                batches.append(next(self._iterator))
+            except StopIteration:
+                if not batches:
+                    raise
+                raise EOFError(
+                    f"InJitIterator: the wrapped iterator ended after {len(batches)} of "
+                    f"the {self._k} batches of a draw; use a loader that repeats "
+                    "(num_epochs=None) or a step count it covers"
+                ) from None
+        return tree.stack([_numeric(b) for b in batches])
+
+
+def _numeric(batch: Any) -> Any:
+    for leaf in _leaves(batch):
+        kind = np.asarray(leaf).dtype.kind
+        if kind not in _DEVICE_KINDS:
+            raise TypeError(
+                f"InJitIterator: batches must hold numeric leaves only, got dtype "
+                f"{np.asarray(leaf).dtype}; drop string/object leaves with a MapTransform"
+            )
+    return batch
+
+
+def _leaves(x: Any) -> list:
+    if isinstance(x, dict):
+        return [leaf for v in x.values() for leaf in _leaves(v)]
+    if isinstance(x, (list, tuple)):
+        return [leaf for v in x for leaf in _leaves(v)]
+    return [x]
+
+
+class InJitIterator:
+    """Feeds batches to jitted code: ``draw()`` returns the next ``k`` batches, stacked.
+
+    Args:
+      iterator: yields numeric batches (pytrees of numpy arrays), usually
+        ``iter(DataLoader)``; if it has ``get_state()/set_state()``, so does this.
+      batches_per_call: ``k``, batches returned by one ``draw()`` (one host round
+        trip); ``scan`` needs ``num_steps`` to be a multiple of it.
+      prefetch: stacks of ``k`` batches prepared ahead in a background thread; 0
+        reads in the callback itself.
+      spec: optional per-batch ``jax.ShapeDtypeStruct`` pytree (e.g.
+        ``element_spec(loader)``); without it the first stack is read when
+        ``draw`` is first traced, to learn the shapes.
+
+    Raises (inside the jitted computation, as a JAX runtime error): EOFError
+    when the wrapped iterator ends. Use a loader that repeats, or a step count
+    the loader covers.
+
+    Example:
+      feed = InJitIterator(iter(loader), batches_per_call=8)
+
+      @jax.jit
+      def train(params):
+          return feed.scan(train_step, params, num_steps=64)  # 8 host visits
+
+      params, losses = train(params)
+      jax.block_until_ready(params)
+      state = feed.get_state()  # after the 64th batch
+    """
+
+    def __init__(self, iterator: Iterator[Any], *, batches_per_call: int = 8,
+                 prefetch: int = 1, spec: Any = None):
+        for name, value, low in (("batches_per_call", batches_per_call, 1), ("prefetch", prefetch, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        self._iterator = iter(iterator)
+        self._k = batches_per_call
+        self._prefetch = prefetch
+        self._spec = spec  # per batch, as given
+        self._chunk_spec: Any = None  # per draw, canonical dtypes
+        self._stacks = _Stacks(self._iterator, batches_per_call)
+        self._lock = threading.RLock()
+        self._state: Any = None  # wrapped state after the last delivered batch
+        self._peeked: Optional[tuple] = None  # a stack read to learn the shapes
+        self._closed = False
+        self._holder: list = [None]
+        self._finalizer = weakref.finalize(self, _stop_holder, self._holder)
+
+    @property
+    def batches_per_call(self) -> int:
+        return self._k
+
+    # -- host side ---------------------------------------------------------------
+
+    def _remember_position(self) -> None:
+        """Before reading ahead of the user for the first time, note where they are."""
+        get_state = getattr(self._iterator, "get_state", None)
+        if get_state is not None and self._state is None:
+            self._state = get_state()
+
+    def _read(self) -> tuple:
+        """The next (stack, wrapped state after it), from the buffer or directly."""
+        if self._closed:
+            raise RuntimeError("InJitIterator is closed")
+        if self._peeked is not None:
+            item, self._peeked = self._peeked, None
+            return item
+        get_state = getattr(self._iterator, "get_state", None)
+        if self._prefetch == 0:
+            self._remember_position()
+            try:
+                stack = next(self._stacks)
+            except StopIteration:
+                raise EOFError("InJitIterator: the wrapped iterator has ended") from None
+            return stack, get_state() if get_state is not None else None
+        prefetcher = self._holder[0]
+        if prefetcher is None:
+            self._remember_position()
+            prefetcher = _Prefetcher(self._stacks, get_state, lambda s: s, self._prefetch)
+            self._holder[0] = prefetcher
+        kind, value, state = prefetcher.get()
+        if kind is _BATCH:
+            return value, state
+        _stop_holder(self._holder)  # the thread ended; a later read starts a new one
+        if kind is _END:
+            raise EOFError("InJitIterator: the wrapped iterator has ended")
+        raise value
+
+    def _host_draw(self) -> Any:
+        """The io_callback: the next stack, cast to the traced dtypes."""
+        import jax
+
+        with self._lock:
+            stack, state = self._read()
+            self._state = state
+        return jax.tree.map(
+            lambda x, s: np.asarray(x, dtype=s.dtype), stack, self._chunk_spec
+        )
+
+    def _spec_of_draw(self) -> Any:
+        import jax
+
+        with self._lock:
+            if self._chunk_spec is None:
+                spec = self._spec
+                if spec is None:
+                    self._remember_position()
+                    self._peeked = self._read()
+                    per_draw = jax.tree.map(
+                        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self._peeked[0]
+                    )
+                else:
+                    per_draw = jax.tree.map(
+                        lambda s: jax.ShapeDtypeStruct((self._k,) + tuple(s.shape), s.dtype), spec
+                    )
+                self._chunk_spec = jax.tree.map(
+                    lambda s: jax.ShapeDtypeStruct(s.shape, jax.dtypes.canonicalize_dtype(s.dtype)),
+                    per_draw,
+                )
+            return self._chunk_spec
+
+    # -- traced side -------------------------------------------------------------
+
+    def draw(self) -> Any:
+        """The next ``batches_per_call`` batches, stacked on a new leading axis.
+
+        Call inside jitted code (or eagerly); each call is one ordered host
+        callback, so draws happen in program order across calls and jits.
+        """
+        from jax.experimental import io_callback
+
+        return io_callback(self._host_draw, self._spec_of_draw(), ordered=True)
+
+    def scan(self, step: Callable[[Any, Any], tuple], carry: Any, num_steps: int) -> tuple:
+        """``lax.scan`` of ``step(carry, batch) -> (carry, out)`` over ``num_steps`` batches.
+
+        One ``draw()`` per ``batches_per_call`` steps. Returns ``(carry, outs)``
+        with ``outs`` stacked over the ``num_steps`` steps.
+
+        Raises:
+          ValueError: num_steps is not a positive multiple of batches_per_call.
+        """
+        import jax
+
+        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps <= 0 \
+                or num_steps % self._k:
+            raise ValueError(
+                f"num_steps must be a positive multiple of batches_per_call={self._k}, "
+                f"got {num_steps!r}"
+            )
+
+        def outer(c: Any, _: Any) -> tuple:
+            return jax.lax.scan(step, c, self.draw())
+
+        carry, outs = jax.lax.scan(outer, carry, None, length=num_steps // self._k)
+        outs = jax.tree.map(lambda x: x.reshape((num_steps,) + x.shape[2:]), outs)
+        return carry, outs
+
+    # -- state -------------------------------------------------------------------
+
+    def _wrapped(self, method: str) -> Callable:
+        fn = getattr(self._iterator, method, None)
+        if fn is None:
+            raise TypeError(
+                f"the wrapped {type(self._iterator).__name__} has no {method}(); "
+                "InJitIterator saves and restores iterators that do (iter(DataLoader))"
+            )
+        return fn
+
+    def get_state(self) -> Any:
+        """The wrapped iterator's state after the last batch delivered to jitted code."""
+        with self._lock:
+            get_state = self._wrapped("get_state")
+            return get_state() if self._state is None else self._state
+
+    def set_state(self, state: Any) -> None:
+        """Restores the wrapped iterator; buffered stacks are dropped.
+
+        An invalid state raises what the wrapped ``set_state`` raises and leaves
+        the position unchanged.
+        """
+        with self._lock:
+            set_state = self._wrapped("set_state")
+            previous = self.get_state()
+            _stop_holder(self._holder)
+            self._peeked = None
+            self._state = None
+            try:
+                set_state(state)
+            except BaseException:
+                set_state(previous)
+                raise
+
+    def close(self) -> None:
+        """Stops the prefetch thread and closes the wrapped iterator. Idempotent."""
+        with self._lock:
+            self._closed = True
+            self._peeked = None
+            _stop_holder(self._holder)
+            close = getattr(self._iterator, "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> "InJitIterator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

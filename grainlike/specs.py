@@ -1,0 +1,101 @@
+"""Shapes and dtypes of a loader's batches, for initialising a model before training.
+
+``element_spec(loader)`` runs the loader's pipeline in the calling process until it
+produces one output (the first batch of worker 0; no worker process starts,
+whatever the loader's ``worker_count``) and describes it as a pytree of
+``jax.ShapeDtypeStruct``. ``zeros_batch(loader)`` is an all-zero batch of the same
+structure, shapes and dtypes. With ``Batch(..., pad=True)`` every batch has this
+structure, including the last, so one compiled step fits all.
+
+jax is imported inside ``element_spec``; ``zeros_batch`` needs numpy only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from grainlike.loader.options import ReadOptions
+from grainlike.loader.pipeline import Pipeline
+
+__all__ = ["element_spec", "first_output", "zeros_batch"]
+
+# Numeric kinds a device holds: bool, signed, unsigned, float, complex.
+_DEVICE_KINDS = frozenset("biufc")
+
+
+def first_output(loader: Any) -> Any:
+    """The loader's first output of worker 0, computed in the calling process.
+
+    Uses the loader's source, sampler, operations and sharding; reads without
+    read-ahead threads, and starts no worker process.
+
+    Raises:
+      ValueError: the pipeline produces no output (e.g. a filter drops every record).
+    """
+    pipeline = Pipeline(
+        loader.data_source,
+        loader.sampler,
+        loader.operations,
+        loader.shard_options,
+        ReadOptions(num_threads=0, prefetch_buffer_size=loader.read_options.prefetch_buffer_size),
+    )
+    outputs = pipeline.outputs(0, loader.worker_count, 0)
+    try:
+        for _, output in outputs:
+            return output
+    finally:
+        outputs.close()
+    raise ValueError(
+        f"the loader produced no output to describe (sampler {loader.sampler!r}, "
+        f"{len(loader.operations)} operations): every record was filtered out or "
+        "worker 0 has no records"
+    )
+
+
+def _map_leaves(fn: Any, value: Any) -> Any:
+    if isinstance(value, dict):
+        out = {k: _map_leaves(fn, v) for k, v in value.items()}
+        return out if type(value) is dict else type(value)(out)
+    if isinstance(value, (list, tuple)):
+        items = [_map_leaves(fn, v) for v in value]
+        if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+            return type(value)(*items)
+        return type(value)(items)
+    return fn(np.asarray(value))
+
+
+def element_spec(loader: Any, *, sharding: Any = None) -> Any:
+    """The structure, shapes and dtypes of the loader's batches.
+
+    Args:
+      loader: a ``DataLoader``.
+      sharding: optional ``jax.sharding.Sharding`` to put in every spec (for
+        ``jax.jit(...).lower(spec)`` of a sharded step).
+
+    Returns:
+      The batch's pytree (dicts, tuples, lists, namedtuples) with each numeric leaf
+      replaced by ``jax.ShapeDtypeStruct(shape, dtype)`` and each non-numeric
+      leaf (strings, objects: they never reach a device) by ``None``.
+
+    Example:
+      spec = element_spec(loader)          # {"image": ShapeDtypeStruct((32, 28, 28), float32), ...}
+      params = model.init(key, zeros_batch(loader)["image"])
+    """
+    import jax
+
+    def spec(x: np.ndarray) -> Any:
+        if x.dtype.kind not in _DEVICE_KINDS:
+            return None
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+    return _map_leaves(spec, first_output(loader))
+
+
+def zeros_batch(loader: Any) -> Any:
+    """An all-zero batch of the loader's structure, shapes and dtypes (numpy).
+
+    Non-numeric leaves are zero-valued too (empty strings). See ``element_spec``.
+    """
+    return _map_leaves(np.zeros_like, first_output(loader))

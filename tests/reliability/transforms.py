@@ -1,0 +1,83 @@
+"""Transforms for the reliability tests.
+
+Kept apart from the test modules so that worker processes, which import the
+module a transform class lives in, import only numpy and grainlike (not pytest or
+hypothesis, which would make every worker start slow).
+"""
+
+import json
+import time
+
+import numpy as np
+
+import grainlike as grain
+
+
+class Plus(grain.MapTransform):
+    def map(self, x):
+        return x + 1000
+
+
+class Decode(grain.MapTransform):
+    """Parses a JSON record."""
+
+    def map(self, record):
+        return {"id": np.int64(json.loads(record)["id"])}
+
+
+class OddShapeAt(grain.MapTransform):
+    def __init__(self, bad):
+        self.bad = bad
+
+    def map(self, x):
+        return {"x": np.zeros(3 if x == self.bad else 2, np.float32), "y": np.int32(x)}
+
+
+class OddStructureAt(grain.MapTransform):
+    def __init__(self, bad):
+        self.bad = bad
+
+    def map(self, x):
+        if x == self.bad:
+            return {"x": np.zeros(2, np.float32)}
+        return {"x": np.zeros(2, np.float32), "y": np.int32(x)}
+
+
+class BigOddShapeAt(grain.MapTransform):
+    """Leaves large enough to be stacked straight into shared memory."""
+
+    def __init__(self, bad):
+        self.bad = bad
+
+    def map(self, x):
+        return np.zeros((129 if x == self.bad else 128, 128), np.float32)
+
+
+class MixedDtypeAt(grain.MapTransform):
+    def __init__(self, bad):
+        self.bad = bad
+
+    def map(self, x):
+        dtype = np.float64 if x == self.bad else np.int32
+        return {"x": np.full((200, 100), x, dtype)}
+
+
+class KeepAll(grain.FilterTransform):
+    def filter(self, x):
+        return True
+
+
+class Slow(grain.MapTransform):
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def map(self, x):
+        time.sleep(self.seconds)
+        return x
+
+
+class Big(grain.MapTransform):
+    """256 KiB float32 records: batches travel through shared memory."""
+
+    def map(self, x):
+        return np.full((256, 256), float(x), np.float32)

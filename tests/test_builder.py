@@ -1,0 +1,136 @@
+"""from_source(...)...build(): the same DataLoader as the explicit constructor."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import grainlike as grain
+from grainlike.builder import LoaderBuilder, from_source
+from grainlike.core.sampling import RandomSampler
+from tests.helpers.leaks import LeakCheck
+
+pytestmark = pytest.mark.timeout(60)
+
+N = 30
+
+
+@pytest.fixture
+def no_leaks():
+    check = LeakCheck()
+    yield check
+    check.assert_clean()
+
+
+def run(loader, stop_at=4):
+    """All outputs, and the state after output ``stop_at``."""
+    with iter(loader) as it:
+        out, state = [], None
+        for i, b in enumerate(it):
+            out.append({k: v.tolist() for k, v in b.items()})
+            if i + 1 == stop_at:
+                state = it.get_state()
+    return out, state
+
+
+@pytest.mark.parametrize("worker_count", [0, 2])
+def test_builder_matches_the_explicit_constructor(worker_count, no_leaks):
+    class Square(grain.MapTransform):
+        def map(self, x):
+            return {"x": np.int64(x), "sq": np.int64(x * x)}
+
+    class Noise(grain.RandomMapTransform):
+        def random_map(self, x, rng):
+            return {**x, "noise": rng.integers(0, 1000)}
+
+    class Odd(grain.FilterTransform):
+        def filter(self, x):
+            return x["x"] % 2 == 1
+
+    explicit = grain.DataLoader(
+        data_source=list(range(N)),
+        sampler=grain.IndexSampler(N, grain.NoSharding(), shuffle=True, num_epochs=2, seed=3),
+        operations=[Square(), Noise(), Odd(), grain.Batch(4)],
+        worker_count=worker_count,
+        worker_buffer_size=2,
+    )
+    built = (
+        from_source(list(range(N)))
+        .shuffle(3)
+        .map(lambda x: {"x": np.int64(x), "sq": np.int64(x * x)})
+        .random_map(lambda x, rng: {**x, "noise": rng.integers(0, 1000)})
+        .filter(lambda x: x["x"] % 2 == 1)
+        .batch(4)
+        .epochs(2)
+        .workers(worker_count)
+        .prefetch(2)
+        .build()
+    )
+    assert repr(built.sampler) == repr(explicit.sampler)
+    assert built.multiprocessing_options == explicit.multiprocessing_options
+    out_e, state_e = run(explicit)
+    out_b, state_b = run(built)
+    assert out_b == out_e
+    assert state_b == state_e
+    # Checkpoints cross between the two.
+    with iter(explicit) as it:
+        it.set_state(state_b)
+        assert [{k: v.tolist() for k, v in b.items()} for b in it] == out_e[4:]
+
+
+def test_builder_accepts_transform_objects_too():
+    class Double(grain.MapTransform):
+        def map(self, x):
+            return x * 2
+
+    loader = from_source(list(range(6))).map(Double()).batch(4, pad=True).build()
+    batches = list(loader)
+    assert batches[-1]["data"].tolist() == [8, 10, 0, 0]
+    assert batches[-1]["mask"].tolist() == [True, True, False, False]
+
+
+def test_builder_is_immutable():
+    base = from_source(list(range(6)))
+    doubled = base.map(lambda x: x * 2)
+    assert base.operations == () and len(doubled.operations) == 1
+    assert [int(x) for x in base.build()] == list(range(6))
+    assert [int(x) for x in doubled] == [0, 2, 4, 6, 8, 10]
+
+
+def test_builder_defaults_to_one_unshuffled_epoch():
+    b = from_source(list(range(3)))
+    assert isinstance(b, LoaderBuilder)
+    assert b.build().sampler.num_epochs == 1 and not b.build().sampler.shuffle
+    assert len(list(b.epochs(3).build())) == 9
+
+
+def test_builder_with_another_sampler():
+    sampler = RandomSampler(10, num_samples=7, seed=0)
+    loader = from_source(list(range(10))).sampler(sampler).build()
+    assert [int(x) for x in loader] == sampler.record_keys(np.arange(7)).tolist()
+
+
+def test_errors_name_the_user_function():
+    def explode(x):
+        raise KeyError("boom")
+
+    loader = from_source(list(range(3))).map(explode).build()
+    with pytest.raises(KeyError) as info:
+        list(loader)
+    assert any("explode" in note for note in getattr(info.value, "__notes__", []))
+
+
+def test_bad_arguments_are_rejected():
+    b = from_source(list(range(3)))
+    with pytest.raises(ValueError, match=r"\.seed\(s\) or \.shuffle\(s\)"):
+        b.random_map(lambda x, rng: x).build()
+    with pytest.raises(TypeError, match="pass an instance"):
+        b.map(grain.MapTransform)
+    with pytest.raises(TypeError, match="not a MapTransform"):
+        b.map(grain.Batch(2))
+    with pytest.raises(TypeError, match="or a function"):
+        b.filter(3)
+    with pytest.raises(ValueError, match="workers must be"):
+        b.workers(-1)
+    with pytest.raises(ValueError, match="epochs must be"):
+        b.epochs(0)

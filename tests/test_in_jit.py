@@ -1,0 +1,140 @@
+"""InJitIterator: batches drawn inside jax.jit / lax.scan through an ordered io_callback."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import grainlike as grain
+from grainlike.in_jit import InJitIterator
+from grainlike.specs import element_spec
+from tests.helpers.leaks import LeakCheck
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def no_leaks():
+    check = LeakCheck()
+    yield check
+    check.assert_clean()
+
+
+def make_loader(worker_count=0, num_epochs=None, num_records=20):
+    class Features(grain.MapTransform):
+        def map(self, x):
+            return {"x": np.int32(x), "v": np.full((2,), x, np.float32)}
+
+    return grain.DataLoader(
+        data_source=list(range(num_records)),
+        sampler=grain.IndexSampler(num_records, grain.NoSharding(), shuffle=True,
+                                   num_epochs=num_epochs, seed=2),
+        operations=[Features(), grain.Batch(3)],
+        worker_count=worker_count,
+    )
+
+
+def plain_run(worker_count, n):
+    """The first n batches' x, and the state after each, iterating normally."""
+    with iter(make_loader(worker_count)) as it:
+        xs, states = [], []
+        for _ in range(n):
+            xs.append(next(it)["x"].tolist())
+            states.append(it.get_state())
+    return xs, states
+
+
+def step(carry, batch):
+    return carry + batch["x"].sum() + batch["v"].sum().astype(jnp.int32), batch["x"]
+
+
+@pytest.mark.parametrize("worker_count, prefetch", [(0, 0), (0, 2), (2, 1)])
+def test_scan_draws_the_loader_batches_in_order(worker_count, prefetch, no_leaks):
+    expected, states = plain_run(worker_count, 12)
+    with InJitIterator(iter(make_loader(worker_count)), batches_per_call=4,
+                       prefetch=prefetch) as feed:
+        train = jax.jit(lambda c: feed.scan(step, c, num_steps=8))
+        carry, xs = train(jnp.int32(0))
+        assert xs.tolist() == expected[:8]
+        assert int(carry) == 3 * sum(map(sum, expected[:8]))
+        assert feed.get_state() == states[7]
+        _, xs = train(carry)  # the same compiled function draws on
+        assert xs.tolist()[:4] == expected[8:12]
+
+
+def test_one_host_visit_per_draw():
+    with InJitIterator(iter(make_loader()), batches_per_call=5) as feed:
+        calls = []
+        host_draw = feed._host_draw
+
+        def counted():
+            calls.append(1)
+            return host_draw()
+
+        feed._host_draw = counted
+        jax.block_until_ready(jax.jit(lambda c: feed.scan(step, c, num_steps=20))(jnp.int32(0)))
+        assert len(calls) == 4
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_restore_after_a_jitted_run_continues_identically(prefetch):
+    expected, _ = plain_run(0, 12)
+    with InJitIterator(iter(make_loader()), batches_per_call=2, prefetch=prefetch) as feed:
+        train = jax.jit(lambda c: feed.scan(step, c, num_steps=4))
+        carry, _ = train(jnp.int32(0))
+        jax.block_until_ready(carry)
+        state = feed.get_state()
+        train(carry)  # runs ahead
+        feed.set_state(state)
+        _, xs = train(carry)
+        assert xs.tolist() == expected[4:8]
+    # A fresh loader iterator restored from it continues there too.
+    with iter(make_loader()) as it:
+        it.set_state(state)
+        assert next(it)["x"].tolist() == expected[4]
+
+
+def test_draw_eagerly_and_with_a_given_spec():
+    loader = make_loader()
+    with InJitIterator(iter(loader), batches_per_call=3, spec=element_spec(loader)) as feed:
+        stack = feed.draw()
+        assert stack["x"].shape == (3, 3) and stack["v"].shape == (3, 3, 2)
+        assert stack["x"].tolist() == plain_run(0, 3)[0]
+
+
+def test_end_of_data_raises_and_keeps_the_delivered_position():
+    # 20 records, batches of 3: 7 batches; draws of 2 end inside the 4th draw.
+    with InJitIterator(iter(make_loader(num_epochs=1)), batches_per_call=2, prefetch=0) as feed:
+        draw = jax.jit(lambda: feed.draw())
+        for _ in range(3):
+            jax.block_until_ready(draw())
+        state = feed.get_state()
+        with pytest.raises(Exception, match="ended after 1 of the 2 batches"):
+            jax.block_until_ready(draw())
+        assert feed.get_state() == state
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(ValueError, match="batches_per_call"):
+        InJitIterator(iter([]), batches_per_call=0)
+    with pytest.raises(ValueError, match="prefetch"):
+        InJitIterator(iter([]), prefetch=-1)
+    feed = InJitIterator(iter(make_loader()), batches_per_call=4)
+    with pytest.raises(ValueError, match="multiple of batches_per_call=4"):
+        feed.scan(step, jnp.int32(0), num_steps=6)
+    feed.close()
+
+
+def test_string_leaves_are_rejected():
+    class Named(grain.MapTransform):
+        def map(self, x):
+            return {"name": f"r{x}"}
+
+    loader = grain.DataLoader(data_source=list(range(4)),
+                              sampler=grain.SequentialSampler(4, grain.NoSharding()),
+                              operations=[Named(), grain.Batch(2)])
+    with InJitIterator(iter(loader), batches_per_call=1, prefetch=0) as feed:
+        with pytest.raises(TypeError, match="numeric leaves only"):
+            feed.draw()
