@@ -7,7 +7,9 @@ standard library only; jax, orbax, tfds and cv2 load when a feature needs them.
 """
 
 from grainlike.core.record import Record, RecordMetadata
+from grainlike.builder import LoaderBuilder, from_source
 from grainlike.core.samplers import IndexSampler, Sampler, SequentialSampler
+from grainlike.core.sampling import PaddedEpochSampler, RandomSampler
 from grainlike.core.sharding import NoSharding, ShardByJaxProcess, ShardOptions
 from grainlike.core.transforms import (
     Batch,
@@ -42,6 +44,10 @@ _LAZY = {
     "PyGrainCheckpointRestore": "grainlike.checkpoint",
     "DeviceIterator": "grainlike.device",
     "make_global_batch": "grainlike.device",
+    "element_spec": "grainlike.specs",
+    "zeros_batch": "grainlike.specs",
+    "evaluate": "grainlike.evaluation",
+    "InJitIterator": "grainlike.in_jit",
 }
 
 
@@ -68,14 +74,17 @@ __all__ = [
     "FilterTransform",
     "InMemoryDataSource",
     "IndexSampler",
+    "LoaderBuilder",
     "InvalidStateError",
     "MapTransform",
     "MapWithIndexTransform",
     "MultiprocessingOptions",
     "NoSharding",
+    "PaddedEpochSampler",
     "PyGrainDatasetIterator",
     "RandomAccessDataSource",
     "RandomMapTransform",
+    "RandomSampler",
     "RangeDataSource",
     "ReadOptions",
     "Record",
@@ -88,6 +97,7 @@ __all__ = [
     "Transformation",
     "TfdsDataSource",
     "Transformations",
+    "from_source",
     "load",
     "tfds_source",
 ]

@@ -113,8 +113,7 @@ class LoaderBuilder:
     read options. Use ``from_source(source)`` to start.
 
     Example:
-      >>> import grainlike
-      >>> loader = grainlike.from_source(list(range(10))).map(lambda x: x * 2).batch(4).build()
+      >>> loader = from_source(list(range(10))).map(lambda x: x * 2).batch(4).build()
       >>> [b.tolist() for b in loader]
       [[0, 2, 4, 6], [8, 10, 12, 14], [16, 18]]
     """

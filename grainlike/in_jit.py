@@ -13,6 +13,10 @@ host-side buffer are not counted, so a restore neither skips nor repeats a batch
 Because JAX dispatches asynchronously, call ``get_state()`` after the jitted
 computation has finished (``jax.block_until_ready`` on its result).
 
+The stacks come back as one host-to-device transfer per draw onto the device the
+computation runs on; for batches sharded over several devices or JAX processes,
+feed the step from a ``DeviceIterator`` instead.
+
 jax is imported when ``draw`` or ``scan`` is traced; importing this module costs
 numpy only.
 """
