@@ -149,6 +149,9 @@ def floors() -> dict:
     read = n / (time.perf_counter() - t0)
     records = src.__getitems__(list(range(1000)))
     rng = np.random.default_rng(0)
+    import cv2
+
+    cv2.setNumThreads(1)  # one core: the floor per core
     t0 = time.perf_counter()
     for r in records:
         workloads.crop_flip(workloads.decode_resize_normalise(r), rng)
@@ -300,7 +303,7 @@ def _report(results: dict, libs: list, plan: list, floor: dict, args) -> str:
     if floor and "error" not in floor:
         lines.append(
             f"- floors: ArrayRecord batched read {floor['arrayrecord_read_per_s']:,.0f} records/s; "
-            f"decode+resize+crop {floor['decode_per_core_per_s']:,.0f} images/s per core; "
+            f"decode+resize+crop {floor['decode_per_core_per_s']:,.0f} images/s on one core (x{os.cpu_count()} cores = {floor['decode_per_core_per_s'] * (os.cpu_count() or 1):,.0f}); "
             f"memcpy {floor['memcpy_mb_per_s']:,.0f} MB/s"
         )
     errors = [(k, r["error"]) for k, rs in results.items() for r in rs if "error" in r]

@@ -65,7 +65,8 @@ def unlink_prefix(prefix: str) -> int:
     return count
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -98,7 +99,7 @@ def sweep_orphans(prefix: str = "grainlike_") -> int:
         if not pid_text.isdigit():
             continue
         pid = int(pid_text)
-        if pid != os.getpid() and not _pid_alive(pid):
+        if pid != os.getpid() and not pid_alive(pid):
             unlink(name)
             count += 1
     return count

@@ -21,16 +21,6 @@ import numpy as np  # noqa: F401  (preloaded for the forked workers)
 from grainlike.loader import shm
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
 def _send_error(conn, position: int, error: BaseException) -> None:
     tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     try:
@@ -81,7 +71,7 @@ def run(
                 # EOF on the control pipe says the consumer died; checking its pid
                 # too covers a pipe end leaked into some other process it forked.
                 if not control.poll(1.0):
-                    if consumer_pid and not _alive(consumer_pid):
+                    if consumer_pid and not shm.pid_alive(consumer_pid):
                         consumer_gone()
                     continue
                 msg = control.recv()
