@@ -209,9 +209,10 @@ class Pipeline:
             for idx in index_chunks:
                 yield from _delivered(self._read_chunk(idx))
             return
-        # Read ahead: keep enough chunk reads in flight to fill the prefetch buffer.
-        ahead = max(1, self.read_options.prefetch_buffer_size // _READ_CHUNK)
-        ahead = min(max(ahead, 1), threads * 2)
+        # Read ahead: keep enough chunk reads in flight to fill the prefetch buffer,
+        # and at least one besides the chunk being consumed, so reads overlap work.
+        ahead = -(-self.read_options.prefetch_buffer_size // _READ_CHUNK)
+        ahead = min(max(ahead, 2), max(threads * 2, 2))
         pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=min(threads, ahead), thread_name_prefix="grainlike-read"
         )
