@@ -43,7 +43,10 @@ class DataLoader:
       worker_buffer_size: finished outputs each worker keeps ready.
       shard_options: which shard of the data this process loads; defaults to the
         sampler's shard options.
-      read_options: read-ahead threads and buffer per process.
+      read_options: read-ahead threads and buffer per process. Left as None,
+        sources in memory and local ArrayRecord files are read without threads
+        (their batched reads are faster alone, see docs/performance.md) and other
+        sources get grain's default of 16 threads.
       enable_profiling: log per-stage timings of the workers.
 
     Example:
@@ -87,6 +90,7 @@ class DataLoader:
                 )
         if not isinstance(shard_options, sharding.ShardOptions):
             raise TypeError(f"shard_options must be a ShardOptions, got {shard_options!r}")
+        threads_chosen = read_options is not None
         if read_options is None:
             read_options = ReadOptions()
         self._data_source = data_source
@@ -102,6 +106,7 @@ class DataLoader:
         self._pipeline = Pipeline(
             data_source, sampler, self._operations, shard_options, read_options
         )
+        self._pipeline.threads_chosen = threads_chosen
         if worker_count > 0:
             from grainlike.loader import workers
 

@@ -223,3 +223,33 @@ def test_grainlike_python_exports_the_same_names():
 
     for name in grain.__all__:
         assert getattr(gp, name) is getattr(grain, name)
+
+
+def test_read_threads_only_where_they_help(tmp_path):
+    import threading
+
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    path = str(tmp_path / "d.array_record")
+    w = ArrayRecordWriter(path, "group_size:1")
+    for i in range(600):
+        w.write(str(i).encode())
+    w.close()
+    source = grain.ArrayRecordDataSource(path)
+    sampler = grain.IndexSampler(600, grain.NoSharding(), shuffle=True, num_epochs=1, seed=0)
+
+    def read_threads_seen(loader):
+        seen = set()
+        for _ in loader:
+            seen |= {t.name for t in threading.enumerate() if t.name.startswith("grainlike-read")}
+        return seen
+
+    default = grain.DataLoader(data_source=source, sampler=sampler)
+    explicit = grain.DataLoader(data_source=source, sampler=sampler, read_options=grain.ReadOptions(num_threads=2))
+    in_memory = grain.DataLoader(data_source=list(range(600)), sampler=sampler, read_options=grain.ReadOptions(num_threads=2))
+    # Local ArrayRecord files and in-memory data: batched reads, no threads.
+    assert read_threads_seen(default) == set()
+    assert read_threads_seen(in_memory) == set()
+    # An explicit ReadOptions is honoured for file sources (e.g. remote storage).
+    assert read_threads_seen(explicit)
+    assert [x for x in default] == [x for x in explicit]
