@@ -134,3 +134,17 @@ def test_bad_arguments_are_rejected():
         b.workers(-1)
     with pytest.raises(ValueError, match="epochs must be"):
         b.epochs(0)
+
+
+def test_grainlike_loader_is_callable_and_still_a_package():
+    import json
+
+    import grainlike
+    import grainlike.loader.workers  # noqa: F401  (submodules still import)
+
+    explicit = grainlike.from_source(list(range(10))).shuffle(3).batch(4).build()
+    called = grainlike.loader(list(range(10))).shuffle(3).batch(4).build()
+    assert [b.tolist() for b in called] == [b.tolist() for b in explicit]
+    it1, it2 = iter(called), iter(explicit)
+    next(it1), next(it2)
+    assert json.loads(it1.get_state()) == json.loads(it2.get_state())
