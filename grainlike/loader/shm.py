@@ -51,18 +51,20 @@ def unlink(name: str) -> None:
         pass
 
 
+def _names(prefix: str) -> list:
+    """Names of the segments in ``/dev/shm`` that start with ``prefix``."""
+    try:
+        return [n for n in os.listdir(SHM_DIR) if n.startswith(prefix)]
+    except OSError:
+        return []
+
+
 def unlink_prefix(prefix: str) -> int:
     """Unlinks every segment whose name starts with ``prefix``; returns how many."""
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return 0
-    count = 0
+    names = _names(prefix)
     for name in names:
-        if name.startswith(prefix):
-            unlink(name)
-            count += 1
-    return count
+        unlink(name)
+    return len(names)
 
 
 def pid_alive(pid: int) -> bool:
@@ -84,14 +86,8 @@ def sweep_orphans(prefix: str = "grainlike_") -> int:
     consumer dies, but if a whole process group is killed at once nobody is left
     to do it; the next loader in any process does. Returns how many went.
     """
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return 0
     count = 0
-    for name in names:
-        if not name.startswith(prefix):
-            continue
+    for name in _names(prefix):
         rest = name[len(prefix):]
         if rest.startswith("src_"):
             rest = rest[4:]
