@@ -48,6 +48,12 @@ class DataLoader:
         (their batched reads are faster alone, see docs/performance.md) and other
         sources get grain's default of 16 threads.
       enable_profiling: log per-stage timings of the workers.
+      warm_start: with workers, compute the first outputs in the calling process
+        while the workers start (same outputs, order and states), so the first
+        batch arrives after one in-process batch rather than a worker start
+        (process start, imports, unpickling the pipeline). False keeps every
+        transform out of the calling process, e.g. for transforms that might
+        crash the interpreter. grainlike only; grain has no such argument.
 
     Example:
       >>> import grainlike as grain
@@ -71,6 +77,7 @@ class DataLoader:
         shard_options: Optional[sharding.ShardOptions] = None,
         read_options: Optional[ReadOptions] = None,
         enable_profiling: bool = False,
+        warm_start: bool = True,
     ):
         worker_count = _determine_worker_count(worker_count)
         if isinstance(worker_buffer_size, bool) or not isinstance(worker_buffer_size, int):
@@ -102,6 +109,7 @@ class DataLoader:
             num_workers=worker_count,
             per_worker_buffer_size=max(worker_buffer_size, 1),
             enable_profiling=enable_profiling,
+            warm_start=bool(warm_start),
         )
         self._pipeline = Pipeline(
             data_source, sampler, self._operations, shard_options, read_options

@@ -43,11 +43,16 @@ class MultiprocessingOptions:
       num_workers: worker processes; 0 runs everything in the calling process.
       per_worker_buffer_size: finished outputs (batches) each worker keeps ready.
       enable_profiling: log per-stage timings of the workers.
+      warm_start: while the workers start, compute their first outputs in the
+        calling process (the same outputs, in the same order, with the same
+        states), so the first batch does not wait for a worker to start. Turn it
+        off to keep every transform out of the calling process. grainlike only.
     """
 
     num_workers: int = 0
     per_worker_buffer_size: int = 1
     enable_profiling: bool = False
+    warm_start: bool = True
 
     def __post_init__(self):
         _check_non_negative_int("num_workers", self.num_workers)

@@ -42,6 +42,7 @@ def run(
     control,
     consumer_pid: int = 0,
     profile: bool = False,
+    hold: bool = False,
 ) -> None:
     """Produces one worker's outputs and sends them to the consumer.
 
@@ -50,6 +51,10 @@ def run(
     (one more output may be sent) and ``("stop",)``. If the consumer's end of the
     control pipe closes (it exited or was killed), the worker removes its
     segments' names and exits at once.
+
+    With ``hold``, the worker sends ``("ready",)`` once its pipeline is loaded and
+    waits for ``("start", position)``: meanwhile the consumer computes this
+    worker's first outputs itself, and only it knows where they end.
     """
     # Ctrl-C goes to the whole process group; the consumer decides what happens,
     # and stops the workers itself.
@@ -57,6 +62,8 @@ def run(
     pool = shm.SegmentPool(shm_prefix) if shm.available() else None
     credits = threading.Semaphore(buffer_size)
     stop = threading.Event()
+    started = threading.Event()
+    start_at = [start]
     pool_lock = threading.Lock()
 
     def consumer_gone() -> None:
@@ -80,11 +87,15 @@ def run(
                         with pool_lock:
                             pool.release(msg[1])
                     credits.release()
+                elif msg[0] == "start":
+                    start_at[0] = msg[1]
+                    started.set()
                 elif msg[0] == "stop":
                     break
         except (EOFError, OSError):
             consumer_gone()
         stop.set()
+        started.set()
         credits.release()
 
     threading.Thread(target=listen, name="grainlike-control", daemon=True).start()
@@ -102,8 +113,14 @@ def run(
                     return pool.alloc(shape, dtype)
 
             pipeline.batch_alloc = alloc
+        if hold:
+            results.send(("ready",))
+            started.wait()
+            position = start = start_at[0]
+        # Stopped while held: nothing to produce.
+        outputs = () if stop.is_set() else pipeline.outputs(worker_index, worker_count, start)
         t0 = clock()
-        for position, output in pipeline.outputs(worker_index, worker_count, start):
+        for position, output in outputs:
             if pool is not None:
                 with pool_lock:
                     output = pool.export(output)
@@ -117,8 +134,9 @@ def run(
             waited += t0 - t1
             produced += 1
         else:
-            # Trailing records a filter dropped were read too.
-            results.send(("end", pipeline.worker_length(worker_index, worker_count)))
+            if not stop.is_set():
+                # Trailing records a filter dropped were read too.
+                results.send(("end", pipeline.worker_length(worker_index, worker_count)))
     except BaseException as e:  # noqa: B902 - everything goes to the consumer
         if not stop.is_set():
             try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import functools
 import itertools
 import multiprocessing
 import multiprocessing.connection
@@ -60,28 +61,49 @@ def _forkserver_context():
         return _context
 
 
+_hidden_lock = threading.Lock()
+_hidden_depth = 0
+_hidden_saved: tuple = ()
+_MISSING = object()
+
+
 @contextlib.contextmanager
 def _main_module_hidden():
-    """Makes multiprocessing believe there is no main module to re-import."""
+    """Makes multiprocessing believe there is no main module to re-import.
+
+    Threads may start workers at the same time (a warm start launches them in
+    the background), so the first to enter hides and the last to leave restores.
+    """
+    global _hidden_depth, _hidden_saved
     main = sys.modules.get("__main__")
     if main is None:
         yield
         return
-    missing = object()
-    saved_file = main.__dict__.get("__file__", missing)
-    saved_spec = main.__dict__.get("__spec__", missing)
+    with _hidden_lock:
+        if _hidden_depth == 0:
+            _hidden_saved = (
+                main,
+                main.__dict__.get("__file__", _MISSING),
+                main.__dict__.get("__spec__", _MISSING),
+            )
+            if _hidden_saved[1] is not _MISSING:
+                del main.__file__
+            main.__spec__ = None
+        _hidden_depth += 1
     try:
-        if saved_file is not missing:
-            del main.__file__
-        main.__spec__ = None
         yield
     finally:
-        if saved_file is not missing:
-            main.__file__ = saved_file
-        if saved_spec is missing:
-            main.__dict__.pop("__spec__", None)
-        else:
-            main.__spec__ = saved_spec
+        with _hidden_lock:
+            _hidden_depth -= 1
+            if _hidden_depth == 0:
+                saved_main, saved_file, saved_spec = _hidden_saved
+                _hidden_saved = ()
+                if saved_file is not _MISSING:
+                    saved_main.__file__ = saved_file
+                if saved_spec is _MISSING:
+                    saved_main.__dict__.pop("__spec__", None)
+                else:
+                    saved_main.__spec__ = saved_spec
 
 
 def prestart() -> None:
@@ -159,12 +181,19 @@ class _Shutdown:
         self.prefix = ""
         self.done = False
         self.lock = threading.Lock()
+        # Set when workers are started from a background thread (warm start).
+        self.launcher: Optional[threading.Thread] = None
+        self.launched = 0
+        self.launch_error: Optional[BaseException] = None
 
     def __call__(self) -> None:
         with self.lock:
             if self.done:
                 return
             self.done = True
+        launcher = self.launcher
+        if launcher is not None and launcher is not threading.current_thread():
+            launcher.join()  # At most one more worker start; then it sees done.
         for conn in self.controls:
             try:
                 conn.send(("stop",))
@@ -208,11 +237,19 @@ def _close_all_at_exit() -> None:
 class MultiprocessStream:
     """Outputs of ``worker_count`` worker processes, taken strictly round-robin.
 
+    Warm start: when ``next()`` has to start the workers (rather than
+    ``start()`` ahead of time) and ``options.warm_start`` is set, each worker
+    is started held. Until worker ``w`` reports that it has loaded its
+    pipeline, the calling process computes ``w``'s outputs itself, with the
+    same code and the same positions; then it tells ``w`` where to go on. The
+    outputs and states are those of the workers alone; the first batch comes
+    after one in-process batch instead of after a worker start.
+
     Args:
       pipeline: the work; worker ``w`` reads positions ``w, w + W, ...``.
       worker_count: number of worker processes (> 0).
       positions: where each worker starts and whose turn is first.
-      options: buffer size per worker.
+      options: buffer size per worker, profiling, warm start.
     """
 
     def __init__(
@@ -230,11 +267,20 @@ class MultiprocessStream:
         self._started = False
         self._exhausted = [False] * worker_count
         self._released = [collections.deque() for _ in range(worker_count)]
+        # Workers started held, and the in-process outputs standing in for them.
+        self._held = [False] * worker_count
+        self._local: dict = {}
         self._shutdown = _Shutdown()
         self._finalizer = weakref.finalize(self, self._shutdown)
         self._closed = False
 
-    def start(self) -> None:
+    def start(self, hold: bool = False) -> None:
+        """Starts the workers; ``hold`` starts them held (see the class doc).
+
+        Held workers are started from a background thread: starting the first
+        workers of a process waits for the forkserver to boot, and the calling
+        process has outputs to compute meanwhile.
+        """
         if self._started:
             return
         if self._closed:
@@ -242,41 +288,26 @@ class MultiprocessStream:
         self._started = True
         _raise_fd_limit()
         shm.sweep_orphans()
-        ctx = _forkserver_context()
         sd = self._shutdown
         sd.prefix = f"grainlike_{os.getpid()}_{next(_stream_ids)}_{os.urandom(3).hex()}_"
         _live.add(self)
-        buffer_size = max(self._options.per_worker_buffer_size, 1)
-        with _main_module_hidden():
-            for w in range(self._w):
-                result_r, result_w = ctx.Pipe(duplex=False)
-                control_r, control_w = ctx.Pipe(duplex=False)
-                proc = ctx.Process(
-                    target=_worker_entry,
-                    args=(
-                        self._payload,
-                        w,
-                        self._w,
-                        self.positions.next_positions[w],
-                        buffer_size,
-                        f"{sd.prefix}{w}_",
-                        result_w,
-                        control_r,
-                        os.getpid(),
-                        self._options.enable_profiling,
-                    ),
-                    name=f"grainlike-worker-{w}",
-                    daemon=True,
-                )
-                proc.start()
-                # Only the worker may hold these ends, so that EOF means its exit.
-                result_w.close()
-                control_r.close()
-                sd.procs.append(proc)
-                sd.results.append(result_r)
-                sd.controls.append(control_w)
-                released = self._released[w]
-                sd.readers.append(shm.SegmentReader(released.append))
+        self._held = [hold] * self._w
+        launch = functools.partial(
+            _launch,
+            sd,
+            self._payload,
+            self._w,
+            list(self.positions.next_positions),
+            max(self._options.per_worker_buffer_size, 1),
+            self._options.enable_profiling,
+            hold,
+            [released.append for released in self._released],
+        )
+        if hold:
+            sd.launcher = threading.Thread(target=launch, name="grainlike-start", daemon=True)
+            sd.launcher.start()
+        else:
+            launch()
 
     def _recv(self, w: int) -> Any:
         sd = self._shutdown
@@ -316,7 +347,7 @@ class MultiprocessStream:
     def __next__(self) -> Any:
         before = Positions(list(self.positions.next_positions), self.positions.next_worker)
         try:
-            self.start()
+            self.start(hold=self._options.warm_start)
             return self._next_output()
         except StopIteration:
             raise
@@ -333,9 +364,16 @@ class MultiprocessStream:
         while True:
             if all(self._exhausted):
                 raise StopIteration
+            if self._local or any(self._held):
+                self._release_ready()
             w = self.positions.next_worker
             if self._exhausted[w]:
                 self.positions.next_worker = (w + 1) % self._w
+                continue
+            if self._held[w]:
+                found, output = self._local_output(w)
+                if found:
+                    return output
                 continue
             try:
                 msg = self._recv(w)
@@ -361,10 +399,110 @@ class MultiprocessStream:
                 raise error
             raise RuntimeError(f"unexpected message from worker {w}: {kind!r}")
 
+    def _release_ready(self) -> None:
+        """Lets every held worker that has loaded its pipeline go on by itself."""
+        sd = self._shutdown
+        if sd.launch_error is not None:
+            raise sd.launch_error
+        for w in range(sd.launched):
+            if not self._held[w] or self._exhausted[w] or not sd.results[w].poll():
+                continue
+            msg = self._recv(w)
+            if msg[0] == "err":  # The pipeline failed to load in the worker.
+                raise _rebuild_error(w, sd.procs[w].pid, msg)
+            if msg[0] != "ready":
+                raise RuntimeError(f"unexpected message from held worker {w}: {msg[0]!r}")
+            local = self._local.pop(w, None)
+            if local is not None:
+                local.close()
+            sd.controls[w].send(("start", self.positions.next_positions[w]))
+            self._held[w] = False
+
+    def _local_output(self, w: int) -> tuple[bool, Any]:
+        """Worker ``w``'s next output, computed here; ``(False, None)`` at its end."""
+        local = self._local.get(w)
+        if local is None:
+            local = self._pipeline.outputs(w, self._w, self.positions.next_positions[w])
+            self._local[w] = local
+        try:
+            position, output = next(local)
+        except StopIteration:
+            # As for a worker's "end": the position stays at the last output.
+            del self._local[w]
+            self._exhausted[w] = True
+            self.positions.next_worker = (w + 1) % self._w
+            return False, None
+        except Exception as e:
+            add_note(
+                e,
+                f"grainlike: raised in the calling process, which computes worker {w}'s "
+                "outputs while it starts (DataLoader(warm_start=False) runs every "
+                "transform in the workers)",
+            )
+            raise
+        self.positions.next_positions[w] = position
+        self.positions.next_worker = (w + 1) % self._w
+        return True, output
+
     def close(self) -> None:
         self._closed = True
         _live.discard(self)
+        for local in self._local.values():
+            try:
+                local.close()
+            except Exception:  # Never let cleanup hide what is being raised.
+                pass
+        self._local.clear()
         self._finalizer()
+
+
+def _launch(
+    sd: _Shutdown,
+    payload: bytes,
+    worker_count: int,
+    starts: list,
+    buffer_size: int,
+    profile: bool,
+    hold: bool,
+    on_release: list,
+) -> None:
+    """Starts the worker processes, registering each with ``sd`` once it runs.
+
+    Stops early if ``sd`` is shutting down; a failure is kept in
+    ``sd.launch_error`` for the consumer to raise (it may run in a thread).
+    """
+    ctx = _forkserver_context()
+    try:
+        with _main_module_hidden():
+            for w in range(worker_count):
+                if sd.done:
+                    return
+                result_r, result_w = ctx.Pipe(duplex=False)
+                control_r, control_w = ctx.Pipe(duplex=False)
+                proc = ctx.Process(
+                    target=_worker_entry,
+                    args=(
+                        payload, w, worker_count, starts[w], buffer_size,
+                        f"{sd.prefix}{w}_", result_w, control_r, os.getpid(), profile, hold,
+                    ),
+                    name=f"grainlike-worker-{w}",
+                    daemon=True,
+                )
+                try:
+                    proc.start()
+                finally:
+                    # Only the worker may hold these ends, so that EOF means its exit.
+                    result_w.close()
+                    control_r.close()
+                sd.procs.append(proc)
+                sd.results.append(result_r)
+                sd.controls.append(control_w)
+                sd.readers.append(shm.SegmentReader(on_release[w]))
+                sd.launched = w + 1
+    except BaseException as e:  # noqa: B902 - handed to the consumer
+        if sd.launcher is None:
+            raise
+        sd.launch_error = e
 
 
 def _worker_entry(*args) -> None:

@@ -55,7 +55,7 @@ def make_ops(lib, names, batch_size=3, drop_remainder=False):
 
 def build(lib, source, *, num_records, num_epochs=1, shuffle=False, seed=0,
           shard=(0, 1, False), ops=(), batch_size=3, drop_remainder=False,
-          worker_count=0, read_threads=None):
+          worker_count=0, read_threads=None, **loader_kwargs):
     shard_options = (
         lib.NoSharding() if shard is None else lib.ShardOptions(shard_index=shard[0], shard_count=shard[1], drop_remainder=shard[2])
     )
@@ -66,7 +66,7 @@ def build(lib, source, *, num_records, num_epochs=1, shuffle=False, seed=0,
         num_epochs=num_epochs,
         seed=seed,
     )
-    kwargs = {}
+    kwargs = dict(loader_kwargs)  # e.g. grainlike's warm_start
     if read_threads is not None:
         kwargs["read_options"] = lib.ReadOptions(num_threads=read_threads)
     return lib.DataLoader(

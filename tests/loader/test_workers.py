@@ -20,12 +20,15 @@ from tests.helpers import leaks
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _loader(n=20, ops=(), workers=2, epochs=1, shuffle=True, seed=3, source=None, **kw):
+def _loader(n=20, ops=(), workers=2, epochs=1, shuffle=True, seed=3, source=None, warm_start=False, **kw):
+    # These tests are about the workers themselves; test_warm_start.py covers the
+    # outputs the calling process computes while they start.
     return grain.DataLoader(
         data_source=list(range(n)) if source is None else source,
         sampler=grain.IndexSampler(n, grain.NoSharding(), shuffle=shuffle, num_epochs=epochs, seed=seed),
         operations=list(ops),
         worker_count=workers,
+        warm_start=warm_start,
         **kw,
     )
 
@@ -294,7 +297,7 @@ def test_main_killed_by_sigkill_workers_exit_and_segments_go(tmp_path):
         loader = grain.DataLoader(
             data_source=list(range(10000)),
             sampler=grain.IndexSampler(10000, grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
-            operations=[Big(), grain.Batch(2)], worker_count=2)
+            operations=[Big(), grain.Batch(2)], worker_count=2, warm_start=False)
         it = iter(loader)
         keep = [next(it) for _ in range(3)]
         print(" ".join(str(p.pid) for p in it._stream._shutdown.procs), flush=True)
@@ -348,7 +351,8 @@ def test_enable_profiling_reports_per_worker_timings(tmp_path):
             loader = grain.DataLoader(
                 data_source=list(range(40)),
                 sampler=grain.IndexSampler(40, grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
-                operations=[grain.Batch(4)], worker_count=2, enable_profiling=True)
+                operations=[grain.Batch(4)], worker_count=2, enable_profiling=True,
+                warm_start=False)
             with iter(loader) as it:
                 assert len(list(it)) == 10
     """)

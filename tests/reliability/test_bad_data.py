@@ -64,6 +64,9 @@ def _loader(source, ops=(), workers=0):
         sampler=grain.IndexSampler(n, grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
         operations=list(ops),
         worker_count=workers,
+        # With workers, every record goes through them (warm start would compute
+        # these small pipelines in process, which the workers=0 cases cover).
+        warm_start=False,
     )
 
 
