@@ -10,6 +10,43 @@ import numpy as np
 T = TypeVar("T")
 
 
+class _NoEntropy(np.random.SeedSequence):
+    """A seed sequence that draws no OS entropy; the caller sets the key after.
+
+    ``Philox(key=k)`` still builds a ``SeedSequence(None)``, which reads
+    ``os.urandom``, only to overwrite what it seeds with ``k``. Spawning from it
+    stays possible (and is deterministic).
+    """
+
+    def generate_state(self, n_words, dtype=np.uint32):
+        return np.zeros(n_words, dtype)
+
+
+_NO_ENTROPY = _NoEntropy(0)
+_ZEROS4 = np.zeros(4, np.uint64)
+_MASK64 = (1 << 64) - 1
+
+
+def philox_generator(key: int) -> np.random.Generator:
+    """``np.random.Generator(np.random.Philox(key=key))``, built about twice as fast.
+
+    The state set here (key, zero counter, empty buffer) is exactly what
+    ``Philox(key=key)`` makes, so the draws are identical.
+    """
+    if not 0 <= key < 1 << 128:
+        return np.random.Generator(np.random.Philox(key=key))  # Its own error.
+    bit_generator = np.random.Philox(seed=_NO_ENTROPY)
+    bit_generator.state = {
+        "bit_generator": "Philox",
+        "state": {"counter": _ZEROS4, "key": np.array([key & _MASK64, key >> 64], np.uint64)},
+        "buffer": _ZEROS4,
+        "buffer_pos": 4,
+        "has_uint32": 0,
+        "uinteger": 0,
+    }
+    return np.random.Generator(bit_generator)
+
+
 class LazyRng:
     """Placeholder for a record's rng, built on first use.
 
@@ -25,9 +62,7 @@ class LazyRng:
         self.key = key
 
     def build(self) -> np.random.Generator:
-        # An explicit counter=0 is the default stream, and builds ~30% faster
-        # than key alone (numpy skips its seeding path).
-        return np.random.Generator(np.random.Philox(counter=0, key=self.key))
+        return philox_generator(self.key)
 
 
 class RecordMetadata:
