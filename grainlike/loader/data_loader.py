@@ -45,8 +45,10 @@ class DataLoader:
         sampler's shard options.
       read_options: read-ahead threads and buffer per process. Left as None,
         sources in memory and local ArrayRecord files are read without threads
-        (their batched reads are faster alone, see docs/performance.md) and other
-        sources get grain's default of 16 threads.
+        (their batched reads are faster alone, see docs/performance.md); other
+        sources get grain's default of 16 threads if reading their first record
+        mostly waited (I/O) rather than computed, and none otherwise. A given
+        ReadOptions is used as it is.
       enable_profiling: log per-stage timings of the workers.
       warm_start: with workers, compute the first outputs in the calling process
         while the workers start (same outputs, order and states), so the first

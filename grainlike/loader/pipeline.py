@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import sys
+import time
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
@@ -30,8 +31,19 @@ from grainlike.core.transforms import (
 )
 from grainlike.loader.options import ReadOptions
 
-# Records read per call to the source's batched read.
+# Records read per call to the source's batched read: at most this many, and
+# about _CHUNK_BYTES worth. Small records gain from big batched reads (ArrayRecord
+# reads 256 keys ~10x faster than one at a time); big records must still be in
+# cache when they are transformed and batched (256 KiB records read 64 MiB at a
+# time ran at half the speed of 8 MiB at a time). The first chunk is one record,
+# to learn the record size before a big read (and not to delay the first batch).
 _READ_CHUNK = 256
+_FIRST_CHUNK = 1
+_CHUNK_BYTES = 8 << 20
+# With the default ReadOptions, a source of unknown kind gets read threads only if
+# its first chunk spent most of its time waiting (I/O), not computing.
+_IO_BOUND_CPU_SHARE = 0.5
+_CHEAP_CHUNK_S = 2e-4
 
 
 def add_note(error: BaseException, note: str) -> None:
@@ -178,24 +190,41 @@ class Pipeline:
             out.append(Record(m, value))
         return out
 
-    def _chunks(self, worker_index: int, worker_count: int, start: int) -> Iterator[list]:
-        """Yields lists of records for positions ``start, start + 1, ...``."""
+    def _chunks(
+        self, worker_index: int, worker_count: int, start: int, size: list
+    ) -> Iterator[np.ndarray]:
+        """Yields the global indices of positions ``start, start + 1, ...`` in chunks.
+
+        ``size[0]`` is the next chunk's length; the reader may change it between
+        chunks.
+        """
         w = max(worker_count, 1)
         end = self.worker_length(worker_index, worker_count)
         s = self.shard_options
         stride = w * s.shard_count
         base = worker_index * s.shard_count + s.shard_index
-        chunk = max(1, min(_READ_CHUNK, self.read_options.prefetch_buffer_size or 1))
-        for lo in range(start, end, chunk):
-            hi = min(lo + chunk, end)
+        lo = start
+        while lo < end:
+            hi = min(lo + max(size[0], 1), end)
             yield np.arange(lo, hi, dtype=np.int64) * stride + base
+            lo = hi
 
-    def read_threads(self) -> int:
-        """Read-ahead threads: none for sources already in memory.
+    def _max_chunk(self) -> int:
+        return max(1, min(_READ_CHUNK, self.read_options.prefetch_buffer_size or 1))
+
+    def _fit_chunk(self, chunk: list, size: list) -> None:
+        """Sets the next chunk length from the size of the records just read."""
+        if chunk and type(chunk[0]) is Record:
+            per_record = max(_approx_nbytes(chunk[0].data), 1)
+            size[0] = max(1, min(self._max_chunk(), _CHUNK_BYTES // per_record))
+
+    def read_threads(self) -> Optional[int]:
+        """Read-ahead threads: 0 for sources already in memory, None for "decide".
 
         Reading from memory is pure Python under the GIL; threads would only add
         contention. Sources that wait on I/O (files, remote storage) get
-        ``ReadOptions.num_threads``.
+        ``ReadOptions.num_threads``. With the default ReadOptions, a source of a
+        kind grainlike does not know gets None: the first chunk's read decides.
         """
         from grainlike.sources import (
             ArrayRecordDataSource,
@@ -207,25 +236,40 @@ class Pipeline:
         source = self.data_source
         if isinstance(source, (list, tuple, np.ndarray, range, RangeDataSource, InMemoryDataSource)):
             return 0
-        if not self.threads_chosen and isinstance(
-            source, (ArrayRecordDataSource, TfdsDataSource)
-        ):
+        if self.threads_chosen or self.read_options.num_threads == 0:
+            return self.read_options.num_threads
+        if isinstance(source, (ArrayRecordDataSource, TfdsDataSource)):
             # Batched reads of local files come from the page cache; read threads
             # only contend for the GIL with the transforms (measured ~10% slower).
             return 0
-        return self.read_options.num_threads
+        return None
 
     def records(self, worker_index: int, worker_count: int, start: int) -> Iterator[Record]:
         """Yields the worker's records from position ``start`` on, read ahead."""
         threads = self.read_threads()
-        index_chunks = self._chunks(worker_index, worker_count, start)
+        size = [min(_FIRST_CHUNK, self._max_chunk())]
+        index_chunks = self._chunks(worker_index, worker_count, start, size)
+        if threads is None:
+            # Read the first chunk here and see whether it waited or computed.
+            idx = next(index_chunks, None)
+            if idx is None:
+                return
+            wall, cpu = time.perf_counter(), time.thread_time()
+            chunk = self._read_chunk(idx)
+            wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+            io_bound = wall > _CHEAP_CHUNK_S and cpu < _IO_BOUND_CPU_SHARE * wall
+            threads = self.read_options.num_threads if io_bound else 0
+            self._fit_chunk(chunk, size)
+            yield from _delivered(chunk)
         if threads <= 0:
             for idx in index_chunks:
-                yield from _delivered(self._read_chunk(idx))
+                chunk = self._read_chunk(idx)
+                self._fit_chunk(chunk, size)
+                yield from _delivered(chunk)
             return
         # Read ahead: keep enough chunk reads in flight to fill the prefetch buffer,
         # and at least one besides the chunk being consumed, so reads overlap work.
-        ahead = -(-self.read_options.prefetch_buffer_size // _READ_CHUNK)
+        ahead = -(-self.read_options.prefetch_buffer_size // self._max_chunk())
         ahead = min(max(ahead, 2), max(threads * 2, 2))
         pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=min(threads, ahead), thread_name_prefix="grainlike-read"
@@ -235,7 +279,9 @@ class Pipeline:
             for idx in index_chunks:
                 pending.append(pool.submit(self._read_chunk, idx))
                 if len(pending) >= ahead:
-                    yield from _delivered(pending.popleft().result())
+                    chunk = pending.popleft().result()
+                    self._fit_chunk(chunk, size)
+                    yield from _delivered(chunk)
             while pending:
                 yield from _delivered(pending.popleft().result())
         finally:
@@ -342,6 +388,19 @@ def _with_mask(data: Any, mask: np.ndarray, op: Batch) -> Any:
         out["mask"] = mask
         return out
     return {"data": data, "mask": mask}
+
+
+def _approx_nbytes(value: Any) -> int:
+    """Roughly how many bytes a record holds (its arrays and byte strings)."""
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, (bytes, bytearray)):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_approx_nbytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_approx_nbytes(v) for v in value[:64])
+    return 8
 
 
 class _ReadFailure:

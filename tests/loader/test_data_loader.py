@@ -253,3 +253,70 @@ def test_read_threads_only_where_they_help(tmp_path):
     # An explicit ReadOptions is honoured for file sources (e.g. remote storage).
     assert read_threads_seen(explicit)
     assert [x for x in default] == [x for x in explicit]
+
+
+class _CountingSource:
+    """Records the size of every batched read; records of ``record_bytes`` bytes."""
+
+    def __init__(self, n, record_bytes=8, read_delay=0.0):
+        self.n, self.record_bytes, self.read_delay = n, record_bytes, read_delay
+        self.reads = []
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, key):
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys):
+        import time
+
+        self.reads.append(len(keys))
+        if self.read_delay:
+            time.sleep(self.read_delay)  # waits like remote storage, using no CPU
+        return [np.full(self.record_bytes, k % 251, np.uint8) for k in keys]
+
+    def __repr__(self):
+        return f"_CountingSource(n={self.n})"
+
+
+def _read_threads_while_iterating(loader):
+    import threading
+
+    seen, out = set(), []
+    for x in loader:
+        seen |= {t.name for t in threading.enumerate() if t.name.startswith("grainlike-read")}
+        out.append(np.asarray(x).tolist())
+    return seen, out
+
+
+@pytest.mark.parametrize("record_bytes, largest_read", [(8, 256), (1 << 20, 8), (4 << 20, 2)])
+def test_reads_are_batched_by_count_for_small_records_and_by_bytes_for_big_ones(record_bytes, largest_read):
+    source = _CountingSource(600, record_bytes)
+    sampler = grain.IndexSampler(600, grain.NoSharding(), shuffle=True, num_epochs=1, seed=0)
+    loader = grain.DataLoader(data_source=source, sampler=sampler, operations=[grain.Batch(8)],
+                              read_options=grain.ReadOptions(num_threads=0))
+    assert sum(1 for _ in loader) == 75
+    assert sum(source.reads) == 600
+    # A small first read, to learn the record size before reading many.
+    assert source.reads[0] <= largest_read
+    assert max(source.reads) == largest_read
+
+
+def test_default_read_options_use_threads_only_for_a_source_that_waits():
+    sampler = grain.IndexSampler(300, grain.NoSharding(), shuffle=True, num_epochs=1, seed=0)
+    waiting = _CountingSource(300, read_delay=0.02)
+    computing = _CountingSource(300, record_bytes=64 << 10)
+    threads_waiting, out_waiting = _read_threads_while_iterating(
+        grain.DataLoader(data_source=waiting, sampler=sampler))
+    threads_computing, out_computing = _read_threads_while_iterating(
+        grain.DataLoader(data_source=computing, sampler=sampler))
+    assert threads_waiting  # I/O-bound: read ahead in threads, as grain does
+    assert threads_computing == set()  # CPU-bound: threads would only contend
+    # An explicit ReadOptions is taken as given.
+    threads_explicit, out_explicit = _read_threads_while_iterating(grain.DataLoader(
+        data_source=_CountingSource(300, record_bytes=64 << 10), sampler=sampler,
+        read_options=grain.ReadOptions(num_threads=2)))
+    assert threads_explicit
+    assert out_explicit == out_computing
+    assert [x[:1] for x in out_waiting] == [x[:1] for x in out_computing]
