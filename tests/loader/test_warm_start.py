@@ -14,6 +14,7 @@ import pytest
 import grainlike as grain
 from grainlike.loader.workers import WorkerDiedError
 from tests.helpers import leaks
+from tests.loader.test_workers import FailAt
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -52,16 +53,6 @@ class Noise(grain.RandomMapTransform):
 class DropMultiplesOf5(grain.FilterTransform):
     def filter(self, x):
         return x["x"] % 5 != 0
-
-
-class FailAt(grain.MapTransform):
-    def __init__(self, bad):
-        self.bad = bad
-
-    def map(self, x):
-        if x == self.bad:
-            raise KeyError(f"record {x} is bad")
-        return x
 
 
 def _loader(source, ops, workers=2, warm_start=True, epochs=1):
