@@ -2,9 +2,8 @@
 
 A Feistel network on the bits of the index, keyed by ``std::seed_seq(seed)`` round
 keys, with cycle-walking so the result stays in ``[0, max_index]``. Evaluated for
-one index or a whole numpy array at once, in O(1) memory per index. See
-``shared/spec/SAMPLER.md`` ("The permutation (index_shuffle)") for the facts this
-reproduces.
+one index or a whole numpy array at once, in O(1) memory per index. The tests
+check it against outputs of grain itself (``tests/data/index_shuffle_vectors.json``).
 
 Three evaluation strategies, all giving the same numbers:
 

@@ -1,8 +1,9 @@
 """Samplers: which record each global index reads, and with which rng.
 
-``IndexSampler`` reproduces grain 0.2.18's record order exactly (see
-``shared/spec/SAMPLER.md``): global index -> shard-local position -> epoch and
-position in epoch -> keyed permutation -> record key.
+``IndexSampler`` reproduces grain 0.2.18's record order exactly (see "Sampler"
+in ``docs/concepts.md``; the tests compare it with grain's own outputs in
+``tests/data/index_sampler_vectors.json``): global index -> shard-local position
+-> epoch and position in epoch -> keyed permutation -> record key.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 ``last_seen_indices[str(i)] = shard_index - G + i * S + next_i * G`` with
 ``G = max(W, 1) * S``; ``last_worker_index`` is the worker that produced last in
-the round-robin cycle, -1 when the next one is worker 0. See
-``shared/spec/CHECKPOINT.md``.
+the round-robin cycle, -1 when the next one is worker 0. See "State" in
+``docs/concepts.md``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
     grainlike-inspect FILE.array_record     record count, writer options and a
         [--record K]                        decoded record (grainlike format)
 
-A state (grain 0.2.18's JSON, see ``shared/spec/CHECKPOINT.md``) stores, for
+A state (grain 0.2.18's JSON, see "State" in ``docs/concepts.md``) stores, for
 each worker ``i``, the last global index it produced: with ``W`` workers
 (``W = 0`` counts as one) and ``S`` shards, ``G = W * S`` and worker ``i`` has
 read ``next_i = (last_i + G - shard_index - i * S) // G`` of the shard's

@@ -1,4 +1,4 @@
-"""index_shuffle against the reference vectors in shared/spec, and its own properties."""
+"""index_shuffle against grain's reference vectors in tests/data, and its own properties."""
 
 import collections
 import json
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from grainlike.core import index_shuffle as isf
 from grainlike.core.index_shuffle import index_shuffle
 
-SPEC = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "spec")
-with open(os.path.join(SPEC, "index_shuffle_vectors.json")) as _f:
+DATA = os.path.join(os.path.dirname(__file__), "..", "data")
+with open(os.path.join(DATA, "index_shuffle_vectors.json")) as _f:
     ROWS = [tuple(r) for r in json.load(_f)["rows"]]  # (index, max_index, seed, rounds, result)
 
 GROUPS = collections.defaultdict(list)

@@ -1,4 +1,4 @@
-"""IndexSampler / SequentialSampler against the reference vectors in shared/spec."""
+"""IndexSampler / SequentialSampler against grain's reference vectors in tests/data."""
 
 import builtins
 import json
@@ -12,8 +12,9 @@ from grainlike.core import samplers
 from grainlike.core.record import RecordMetadata
 from grainlike.core.sharding import NoSharding, ShardOptions
 
-SPEC = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "spec")
-VECTORS = json.load(open(os.path.join(SPEC, "index_sampler_vectors.json")))
+DATA = os.path.join(os.path.dirname(__file__), "..", "data")
+with open(os.path.join(DATA, "index_sampler_vectors.json")) as _f:
+    VECTORS = json.load(_f)
 
 
 def _shard(spec):
