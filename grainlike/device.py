@@ -71,6 +71,8 @@ def _to_device(batch: Any, sharding: Any, copy: Optional[bool], global_batch: bo
     """Puts the numeric leaves of ``batch`` on devices; other leaves stay on the host."""
     import jax
 
+    # jax.tree, not grainlike.core.tree: the batch may already hold jax.Arrays or
+    # pytree nodes registered with JAX, and what comes back is JAX's to consume.
     leaves, treedef = jax.tree.flatten(batch)
     where = [i for i, x in enumerate(leaves) if _is_device_leaf(x, jax.Array)]
     host = [

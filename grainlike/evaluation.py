@@ -120,6 +120,8 @@ def evaluate(
         read_options=read_options,
     )
 
+    # fn's results are JAX pytrees (traced arrays, possibly nodes registered with
+    # JAX), so they are walked with jax.tree rather than grainlike.core.tree.
     def per_record(element: Any) -> Any:
         out = fn(element)
         for leaf in jax.tree.leaves(out):

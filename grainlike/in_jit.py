@@ -63,7 +63,7 @@ class _Stacks:
 
 
 def _numeric(batch: Any) -> Any:
-    for leaf in _leaves(batch):
+    for leaf in tree.flatten(batch):
         kind = np.asarray(leaf).dtype.kind
         if kind not in _DEVICE_KINDS:
             raise TypeError(
@@ -71,14 +71,6 @@ def _numeric(batch: Any) -> Any:
                 f"{np.asarray(leaf).dtype}; drop string/object leaves with a MapTransform"
             )
     return batch
-
-
-def _leaves(x: Any) -> list:
-    if isinstance(x, dict):
-        return [leaf for v in x.values() for leaf in _leaves(v)]
-    if isinstance(x, (list, tuple)):
-        return [leaf for v in x for leaf in _leaves(v)]
-    return [x]
 
 
 class InJitIterator:
@@ -176,6 +168,8 @@ class InJitIterator:
         with self._lock:
             stack, state = self._read()
             self._state = state
+        # The specs are JAX pytrees (possibly the user's, from element_spec), so the
+        # stack is matched to them with JAX's own tree functions.
         return jax.tree.map(
             lambda x, s: np.asarray(x, dtype=s.dtype), stack, self._chunk_spec
         )

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from grainlike.core import tree
 from grainlike.loader.options import ReadOptions
 from grainlike.loader.pipeline import Pipeline
 
@@ -54,18 +55,6 @@ def first_output(loader: Any) -> Any:
     )
 
 
-def _map_leaves(fn: Any, value: Any) -> Any:
-    if isinstance(value, dict):
-        out = {k: _map_leaves(fn, v) for k, v in value.items()}
-        return out if type(value) is dict else type(value)(out)
-    if isinstance(value, (list, tuple)):
-        items = [_map_leaves(fn, v) for v in value]
-        if isinstance(value, tuple) and hasattr(type(value), "_fields"):
-            return type(value)(*items)
-        return type(value)(items)
-    return fn(np.asarray(value))
-
-
 def element_spec(loader: Any, *, sharding: Any = None) -> Any:
     """The structure, shapes and dtypes of the loader's batches.
 
@@ -90,7 +79,7 @@ def element_spec(loader: Any, *, sharding: Any = None) -> Any:
             return None
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
-    return _map_leaves(spec, first_output(loader))
+    return tree.map_structure(lambda x: spec(np.asarray(x)), first_output(loader))
 
 
 def zeros_batch(loader: Any) -> Any:
@@ -98,4 +87,4 @@ def zeros_batch(loader: Any) -> Any:
 
     Non-numeric leaves are zero-valued too (empty strings). See ``element_spec``.
     """
-    return _map_leaves(np.zeros_like, first_output(loader))
+    return tree.zeros_like(first_output(loader))

@@ -1,44 +1,392 @@
-"""Stacking nested structures (dicts, tuples, lists, namedtuples) of arrays into batches."""
+"""Nested structures of arrays ("trees"): walking, mapping, describing and stacking.
+
+The one place in grainlike that knows how records and batches nest. A tree is
+made of these nodes, with every other value a leaf:
+
+- ``dict`` and its subclasses (``OrderedDict``, ``defaultdict``, ...), walked in
+  key order as inserted;
+- ``list`` and ``tuple`` (and their subclasses), including namedtuples;
+- dataclass instances, walked field by field;
+- ``None``, a node without children (as in JAX: it stays ``None``).
+
+numpy arrays, numpy and Python scalars, ``bytes`` and ``str`` are leaves. JAX's
+``jax.tree_util`` agrees on dicts, lists, tuples, namedtuples and ``None``; it
+treats an unregistered dataclass or dict subclass as a leaf, where this module
+walks into it (so a batch of dataclasses is a dataclass of stacked arrays).
+
+numpy and the standard library only.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+import collections
+import copy
+import dataclasses
+import pprint
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
+
+__all__ = [
+    "Allocator",
+    "StructureError",
+    "estimate_nbytes",
+    "flatten",
+    "flatten_with_path",
+    "is_namedtuple",
+    "map_structure",
+    "map_structure_with_path",
+    "shape_spec",
+    "spec_like",
+    "spec_of",
+    "stack",
+    "unflatten_as",
+    "zeros_like",
+]
 
 # Allocates the output of one stacked leaf; workers pass one that returns arrays in
 # shared memory so a batch is written once and never copied again.
 Allocator = Callable[[tuple, np.dtype], np.ndarray]
 
+# Node kinds.
+_LEAF, _DICT, _SEQ, _NAMEDTUPLE, _DATACLASS, _NONE = range(6)
 
-def _is_namedtuple(x: Any) -> bool:
+
+class StructureError(ValueError):
+    """Trees that should have the same structure differ.
+
+    Attributes:
+      path: where they differ, e.g. ``['image'][0]`` (empty at the root).
+      detail: how they differ.
+    """
+
+    def __init__(self, path: str, detail: str):
+        self.path = path
+        self.detail = detail
+        where = f" at {path}" if path else ""
+        super().__init__(f"the structures differ{where}: {detail}")
+
+
+class _Field(str):
+    """A dataclass field name in a path (printed ``.name``, not ``['name']``)."""
+
+    __slots__ = ()
+
+
+def is_namedtuple(x: Any) -> bool:
+    """Whether ``x`` is a namedtuple instance (a tuple whose type has ``_fields``)."""
     return isinstance(x, tuple) and hasattr(type(x), "_fields")
 
 
-def spec_of(value: Any) -> Any:
-    """The structure of ``value`` with leaves replaced by ``dtype[shape]`` strings."""
-    if isinstance(value, dict):
-        return {k: spec_of(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        items = [spec_of(v) for v in value]
-        if _is_namedtuple(value):
-            return type(value)(*items)
-        return type(value)(items)
-    arr = np.asarray(value) if not isinstance(value, np.ndarray) else value
-    return f"{arr.dtype}{list(arr.shape)}"
+def _kind(x: Any) -> int:
+    t = type(x)
+    # Exact types first: these are nearly all the nodes and leaves seen per record.
+    if t is np.ndarray:
+        return _LEAF
+    if t is dict:
+        return _DICT
+    if t is list or t is tuple:
+        return _SEQ
+    if x is None:
+        return _NONE
+    if isinstance(x, dict):
+        return _DICT
+    if isinstance(x, tuple):
+        return _NAMEDTUPLE if hasattr(t, "_fields") else _SEQ
+    if isinstance(x, list):
+        return _SEQ
+    # An instance, not a dataclass type: a class's own type has no such attribute.
+    if hasattr(t, "__dataclass_fields__"):
+        return _DATACLASS
+    return _LEAF
 
 
-def shape_spec(value: Any) -> Any:
-    """The structure of ``value`` with leaves replaced by their shapes.
+def _kind_name(x: Any) -> str:
+    kind = _kind(x)
+    if kind == _LEAF:
+        return f"a leaf ({type(x).__name__})"
+    if kind == _NONE:
+        return "None"
+    return type(x).__name__
+
+
+def _path_str(path: tuple) -> str:
+    return "".join(f".{p}" if type(p) is _Field else f"[{p!r}]" for p in path)
+
+
+def _fields(x: Any) -> list:
+    return [f.name for f in dataclasses.fields(x)]
+
+
+def _rebuild_dict(like: dict, items: list) -> dict:
+    t = type(like)
+    if t is dict:
+        return dict(items)
+    if isinstance(like, collections.defaultdict):
+        out = t(like.default_factory)  # its first argument is the factory
+        out.update(items)
+        return out
+    return t(items)
+
+
+def _rebuild_dataclass(like: Any, names: list, values: list) -> Any:
+    # Neither __init__ nor __post_init__ runs again: stacked fields would fail
+    # checks meant for one record. Works for frozen and slotted dataclasses too.
+    out = copy.copy(like)
+    for name, value in zip(names, values):
+        object.__setattr__(out, name, value)
+    return out
+
+
+def _same_types(trees: Sequence[Any], t: type) -> bool:
+    for v in trees:
+        if type(v) is not t:
+            return False
+    return True
+
+
+def _map(fn: Callable, trees: Sequence[Any], path: tuple, is_leaf: Optional[Callable]) -> Any:
+    """Rebuilds ``trees[0]`` with ``fn(path, leaves)`` at each leaf position.
+
+    ``leaves`` holds the leaf of every tree at that position; all trees must share
+    ``trees[0]``'s structure (else ``StructureError``).
+    """
+    first = trees[0]
+    if is_leaf is not None and is_leaf(first):
+        return fn(path, trees)
+    kind = _kind(first)
+    if kind == _LEAF:
+        if len(trees) > 1 and not _same_types(trees, type(first)):
+            for v in trees:
+                if _kind(v) != _LEAF:
+                    raise StructureError(_path_str(path), f"expected a leaf, got {_kind_name(v)}")
+        return fn(path, trees)
+    if kind == _DICT:
+        keys = first.keys()
+        for v in trees:
+            if not isinstance(v, dict):
+                raise StructureError(_path_str(path), f"expected a dict, got {_kind_name(v)}")
+            if v.keys() != keys:
+                raise StructureError(
+                    _path_str(path), f"dict keys differ: {list(keys)} and {list(v.keys())}"
+                )
+        items = [(k, _map(fn, [v[k] for v in trees], path + (k,), is_leaf)) for k in keys]
+        return _rebuild_dict(first, items)
+    if kind == _NONE:
+        for v in trees:
+            if v is not None:
+                raise StructureError(_path_str(path), f"expected None, got {_kind_name(v)}")
+        return None
+    t = type(first)
+    if kind == _DATACLASS:
+        if not _same_types(trees, t):
+            other = next(v for v in trees if type(v) is not t)
+            raise StructureError(_path_str(path), f"expected {t.__name__}, got {_kind_name(other)}")
+        names = _fields(first)
+        values = [
+            _map(fn, [getattr(v, n) for v in trees], path + (_Field(n),), is_leaf) for n in names
+        ]
+        return _rebuild_dataclass(first, names, values)
+    n = len(first)
+    for v in trees:
+        if type(v) is not t or len(v) != n:
+            raise StructureError(_path_str(path), f"expected {t.__name__} of length {n}")
+    items = [_map(fn, [v[i] for v in trees], path + (i,), is_leaf) for i in range(n)]
+    if kind == _NAMEDTUPLE:
+        return t(*items)
+    if t is list:
+        return items
+    if t is tuple:
+        return tuple(items)
+    return t(items)
+
+
+def map_structure(fn: Callable[..., Any], *trees: Any, is_leaf: Optional[Callable[[Any], bool]] = None) -> Any:
+    """Applies ``fn`` to the leaves of ``trees`` at each position, keeping the structure.
+
+    Args:
+      fn: called as ``fn(leaf_of_tree_0, leaf_of_tree_1, ...)``.
+      *trees: one or more trees with the same structure.
+      is_leaf: optional predicate; a value for which it is true is passed to
+        ``fn`` whole instead of walked into.
+
+    Returns:
+      A tree shaped like ``trees[0]`` holding ``fn``'s results.
+
+    Raises:
+      StructureError: the trees differ in structure; the message names where.
+
+    Example:
+      >>> map_structure(lambda a, b: a + b, {"x": 1, "y": (2, 3)}, {"x": 10, "y": (20, 30)})
+      {'x': 11, 'y': (22, 33)}
+    """
+    if not trees:
+        raise TypeError("map_structure needs at least one tree")
+    return _map(lambda _, leaves: fn(*leaves), trees, (), is_leaf)
+
+
+def map_structure_with_path(fn: Callable[..., Any], *trees: Any) -> Any:
+    """Like ``map_structure``, calling ``fn(path, *leaves)`` with the leaf's path.
+
+    The path is a string such as ``['image'][0]`` or ``.label`` (a dataclass
+    field); ``''`` for a tree that is one leaf.
+    """
+    if not trees:
+        raise TypeError("map_structure_with_path needs at least one tree")
+    return _map(lambda path, leaves: fn(_path_str(path), *leaves), trees, (), None)
+
+
+def _visit(x: Any, path: tuple, out: list, with_path: bool) -> None:
+    kind = _kind(x)
+    if kind == _LEAF:
+        out.append((_path_str(path), x) if with_path else x)
+    elif kind == _DICT:
+        for k, v in x.items():
+            _visit(v, path + (k,), out, with_path)
+    elif kind == _DATACLASS:
+        for name in _fields(x):
+            _visit(getattr(x, name), path + (_Field(name),), out, with_path)
+    elif kind != _NONE:
+        for i, v in enumerate(x):
+            _visit(v, path + (i,), out, with_path)
+
+
+def flatten(tree: Any) -> list:
+    """The leaves of ``tree``, in walking order (dicts in key order as inserted).
+
+    Example:
+      >>> flatten({"a": [1, 2], "b": None, "c": 3})
+      [1, 2, 3]
+    """
+    if _kind(tree) == _LEAF:
+        return [tree]
+    out: list = []
+    _visit(tree, (), out, False)
+    return out
+
+
+def flatten_with_path(tree: Any) -> list[tuple[str, Any]]:
+    """``(path, leaf)`` pairs of ``tree`` in ``flatten``'s order.
+
+    Example:
+      >>> flatten_with_path({"a": [1, 2]})
+      [("['a'][0]", 1), ("['a'][1]", 2)]
+    """
+    out: list = []
+    _visit(tree, (), out, True)
+    return out
+
+
+def unflatten_as(structure: Any, leaves: Sequence[Any]) -> Any:
+    """A tree shaped like ``structure`` holding ``leaves`` in ``flatten``'s order.
+
+    Raises:
+      ValueError: ``leaves`` has more or fewer items than ``structure`` has leaves.
+    """
+    it: Iterator[Any] = iter(leaves)
+    try:
+        out = _map(lambda _, __: next(it), [structure], (), None)
+    except StopIteration:
+        raise ValueError(
+            f"unflatten_as: {len(leaves)} leaves given, fewer than the structure has"
+        ) from None
+    if next(it, it) is not it:
+        raise ValueError(
+            f"unflatten_as: {len(leaves)} leaves given, more than the "
+            f"{len(flatten(structure))} the structure has"
+        )
+    return out
+
+
+def zeros_like(tree: Any) -> Any:
+    """A tree of the same structure, shapes and dtypes as ``tree``, all zeros."""
+    return _map(lambda _, leaves: np.zeros_like(np.asarray(leaves[0])), [tree], (), None)
+
+
+def estimate_nbytes(tree: Any) -> int:
+    """Roughly how many bytes ``tree`` holds: its arrays, byte strings and strings.
+
+    Other leaves count 8 bytes each.
+    """
+    t = type(tree)
+    if t is np.ndarray:
+        return tree.nbytes
+    if t is bytes or t is str:
+        return len(tree)
+    total = 0
+    for leaf in flatten(tree):
+        if isinstance(leaf, np.ndarray):
+            total += leaf.nbytes
+        elif isinstance(leaf, (bytes, bytearray, str)):
+            total += len(leaf)
+        else:
+            total += 8
+    return total
+
+
+def spec_of(tree: Any) -> Any:
+    """``tree`` with each leaf replaced by a ``dtype[shape]`` string, e.g. ``'uint8[28, 28]'``."""
+
+    def describe(_: tuple, leaves: list) -> str:
+        x = leaves[0]
+        arr = x if isinstance(x, np.ndarray) else np.asarray(x)
+        return f"{arr.dtype}{list(arr.shape)}"
+
+    return _map(describe, [tree], (), None)
+
+
+def shape_spec(tree: Any) -> Any:
+    """``tree`` with each leaf replaced by its shape.
 
     What must agree for elements to stack (dtypes may differ: ``np.stack``
     promotes them, as in grain).
     """
-    if isinstance(value, dict):
-        return {k: shape_spec(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, [shape_spec(v) for v in value])
-    return tuple(np.shape(value))
+    return _map(lambda _, leaves: tuple(np.shape(leaves[0])), [tree], (), None)
+
+
+def spec_like(tree: Any) -> Any:
+    """grain's ``tree_lib.spec_like``: ``tree`` with leaves replaced by type-and-shape strings.
+
+    A list or tuple whose items all have the first item's type is one leaf
+    (``'list<int>[3]'``); an array is ``'<dtype>[<shape>]'``; a dataclass leaf
+    names its type and the spec of its fields; other leaves are
+    ``'<type name>[<shape>]'`` (``'int[]'``, ``'bytes[]'``). Used to check that
+    an iterator's state keeps its shape from step to step.
+    """
+
+    def homogeneous(x: Any) -> bool:
+        return isinstance(x, (list, tuple)) and all(isinstance(i, type(x[0])) for i in x)
+
+    def type_of(x: Any) -> Any:
+        if isinstance(x, np.ndarray):
+            return x.dtype
+        if homogeneous(x):
+            return f"{type(x).__name__}<{type(x[0]).__name__ if x else ''}>"
+        if _kind(x) == _DATACLASS:
+            fields = {name: getattr(x, name) for name in _fields(x)}
+            return f"{type(x).__name__}\n{pprint.pformat(spec_like(fields))}"
+        return type(x).__name__
+
+    def shape_of(x: Any) -> Any:
+        try:
+            return list(np.asarray(x).shape)
+        except ValueError:
+            return "[unknown shape]"
+
+    def is_leaf(x: Any) -> bool:
+        # As in grain: homogeneous sequences and dataclasses are described whole.
+        return homogeneous(x) or _kind(x) == _DATACLASS
+
+    return _map(lambda _, leaves: f"{type_of(leaves[0])}{shape_of(leaves[0])}", [tree], (), is_leaf)
+
+
+# -- stacking ------------------------------------------------------------------------
+
+
+class _LeafMismatch(Exception):
+    def __init__(self, path: tuple, detail: str):
+        self.path = path
+        self.detail = detail
 
 
 def _stack_leaf(leaves: Sequence[Any], alloc: Optional[Allocator]) -> np.ndarray:
@@ -68,34 +416,6 @@ def _mismatch(values: Sequence[Any], path: str, detail: str) -> ValueError:
     )
 
 
-def _stack(values: Sequence[Any], alloc: Optional[Allocator], path: str, root: Sequence[Any]) -> Any:
-    first = values[0]
-    if isinstance(first, dict):
-        keys = first.keys()
-        for v in values:
-            if not isinstance(v, dict) or v.keys() != keys:
-                raise _mismatch(root, path, "dict keys differ")
-        return type(first)(
-            (k, _stack([v[k] for v in values], alloc, f"{path}[{k!r}]", root)) for k in keys
-        ) if type(first) is not dict else {
-            k: _stack([v[k] for v in values], alloc, f"{path}[{k!r}]", root) for k in keys
-        }
-    if isinstance(first, (list, tuple)):
-        n = len(first)
-        kind = type(first)
-        for v in values:
-            if type(v) is not kind or len(v) != n:
-                raise _mismatch(root, path, f"expected {kind.__name__} of length {n}")
-        items = [_stack([v[i] for v in values], alloc, f"{path}[{i}]", root) for i in range(n)]
-        if _is_namedtuple(first):
-            return kind(*items)
-        return kind(items)
-    try:
-        return _stack_leaf(values, alloc)
-    except ValueError as e:
-        raise _mismatch(root, path, str(e)) from e
-
-
 def stack(values: Sequence[Any], alloc: Optional[Allocator] = None) -> Any:
     """Stacks a non-empty sequence of equally structured elements leaf by leaf.
 
@@ -116,4 +436,16 @@ def stack(values: Sequence[Any], alloc: Optional[Allocator] = None) -> Any:
     """
     if not values:
         raise ValueError("Batch: cannot stack an empty list of elements.")
-    return _stack(values, alloc, "", values)
+
+    def stack_leaf(path: tuple, leaves: Sequence[Any]) -> np.ndarray:
+        try:
+            return _stack_leaf(leaves, alloc)
+        except ValueError as e:
+            raise _LeafMismatch(path, str(e)) from e
+
+    try:
+        return _map(stack_leaf, values, (), None)
+    except StructureError as e:
+        raise _mismatch(values, e.path, e.detail) from None
+    except _LeafMismatch as e:
+        raise _mismatch(values, _path_str(e.path), e.detail) from e.__cause__

@@ -1,6 +1,7 @@
 """Batch stacking of nested structures."""
 
 import collections
+import dataclasses
 
 import numpy as np
 import pytest
@@ -60,3 +61,176 @@ def test_mismatched_elements_name_the_place_and_show_every_structure(values, fra
 def test_empty_list_is_refused():
     with pytest.raises(ValueError, match="empty"):
         tree.stack([])
+
+
+# -- the walking functions -------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    image: np.ndarray
+    label: int
+
+    def __post_init__(self):
+        # Fails for a stacked label: proves rebuilding does not re-run it.
+        if np.ndim(self.label) != 0:
+            raise ValueError("label must be a scalar")
+
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+class Tagged(dict):
+    pass
+
+
+def _all_kinds(i=0):
+    dd = collections.defaultdict(list)
+    dd["d"] = np.float32(i)
+    return {
+        "arr": np.full((2,), i, np.int16),
+        "seq": [i, (b"x", "s")],
+        "pair": Pair(np.int64(i), None),
+        "ex": Example(np.zeros(3) + i, i),
+        "tagged": Tagged(t=i),
+        "dd": dd,
+        "none": None,
+    }
+
+
+def test_flatten_walks_every_node_kind_in_insertion_order():
+    leaves = tree.flatten(_all_kinds(1))
+    assert [type(x).__name__ for x in leaves] == [
+        "ndarray", "int", "bytes", "str", "int64", "ndarray", "int", "int", "float32",
+    ]
+    paths = [p for p, _ in tree.flatten_with_path(_all_kinds())]
+    assert paths == [
+        "['arr']", "['seq'][0]", "['seq'][1][0]", "['seq'][1][1]", "['pair'][0]",
+        "['ex'].image", "['ex'].label", "['tagged']['t']", "['dd']['d']",
+    ]
+
+
+def test_unflatten_as_inverts_flatten_and_keeps_node_types():
+    t = _all_kinds(2)
+    back = tree.unflatten_as(t, tree.flatten(t))
+    assert type(back["pair"]) is Pair and back["pair"].b is None
+    assert type(back["tagged"]) is Tagged and type(back["ex"]) is Example
+    assert type(back["dd"]) is collections.defaultdict and back["dd"].default_factory is list
+    assert back["seq"] == [2, (b"x", "s")]
+    with pytest.raises(ValueError, match="fewer"):
+        tree.unflatten_as(t, tree.flatten(t)[:-1])
+    with pytest.raises(ValueError, match="more"):
+        tree.unflatten_as(t, tree.flatten(t) + [0])
+
+
+def test_map_structure_zips_trees_and_names_where_they_differ():
+    out = tree.map_structure(lambda a, b: a + b, {"x": [1, 2]}, {"x": [10, 20]})
+    assert out == {"x": [11, 22]}
+    with pytest.raises(tree.StructureError, match=r"at \['x'\]: expected list of length 2"):
+        tree.map_structure(lambda a, b: a, {"x": [1, 2]}, {"x": [1]})
+    with pytest.raises(tree.StructureError, match=r"at \['x'\]\[1\]: expected a leaf, got dict"):
+        tree.map_structure(lambda a, b: a, {"x": [1, 2]}, {"x": [1, {"y": 2}]})
+    with pytest.raises(ValueError, match="dict keys differ"):
+        tree.map_structure(lambda a, b: a, {"x": 1}, {"y": 1})
+    paths = []
+    tree.map_structure_with_path(lambda p, x: paths.append(p), {"a": Example(1, 2)})
+    assert paths == ["['a'].image", "['a'].label"]
+
+
+def test_is_leaf_stops_the_walk():
+    out = tree.map_structure(
+        lambda x: len(x) if isinstance(x, list) else -x,
+        {"a": [1, 2, 3], "b": (4,)},
+        is_leaf=lambda x: isinstance(x, list),
+    )
+    assert out == {"a": 3, "b": (-4,)}
+
+
+def test_zeros_like_keeps_structure_shapes_and_dtypes():
+    z = tree.zeros_like(_all_kinds(5))
+    assert z["arr"].dtype == np.int16 and z["arr"].tolist() == [0, 0]
+    assert z["ex"].image.tolist() == [0, 0, 0] and z["seq"][1][0] == b""
+    assert z["pair"].b is None and type(z["dd"]) is collections.defaultdict
+
+
+def test_estimate_nbytes_counts_arrays_and_strings():
+    assert tree.estimate_nbytes(np.zeros(10, np.float32)) == 40
+    assert tree.estimate_nbytes(b"abc") == 3
+    assert tree.estimate_nbytes({"a": np.zeros(4, np.uint8), "b": [b"xy", 7], "c": None}) == 4 + 2 + 8
+
+
+def test_stack_walks_dataclasses_subclasses_and_keeps_none():
+    out = tree.stack([_all_kinds(i) for i in range(3)])
+    assert type(out["ex"]) is Example and out["ex"].label.tolist() == [0, 1, 2]
+    assert out["ex"].image.shape == (3, 3)
+    assert type(out["tagged"]) is Tagged and out["tagged"]["t"].tolist() == [0, 1, 2]
+    assert type(out["dd"]) is collections.defaultdict and out["dd"]["d"].dtype == np.float32
+    assert out["none"] is None and out["pair"].b is None
+    with pytest.raises(ValueError, match=r"cannot stack the elements at \['none'\]: expected None"):
+        tree.stack([{"none": None}, {"none": 1}])
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    assert doctest.testmod(tree).failed == 0
+
+
+# -- against grain's tree functions -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def grain_tree_lib():
+    import absl.flags
+
+    absl.flags.FLAGS.mark_as_parsed()
+    from grain._src.core import tree_lib
+
+    return tree_lib
+
+
+SPEC_CASES = [
+    {"a": 1, "b": [1, 2, 3], "c": (1, "x"), "d": np.zeros((2, 3), np.float32)},
+    {"next_index": 4, "parent": {"pos": [0, 1], "rng": None}},
+    b'{"version": 2}',
+    [np.int64(3), 2.5, b"x"],
+    {"ex": Example(np.zeros(2), 1), "pair": Pair(1, 2), "empty": []},
+]
+
+
+@pytest.mark.parametrize("value", SPEC_CASES, ids=range(len(SPEC_CASES)))
+def test_spec_like_equals_grains(grain_tree_lib, value):
+    assert tree.spec_like(value) == grain_tree_lib.spec_like(value)
+
+
+PLAIN_CASES = [SPEC_CASES[0], SPEC_CASES[1], SPEC_CASES[3], {"pair": Pair([1, None], 2), "z": []}]
+
+
+@pytest.mark.parametrize("value", PLAIN_CASES, ids=range(len(PLAIN_CASES)))
+def test_flatten_and_map_agree_with_grains_on_plain_trees(grain_tree_lib, value):
+    # grain walks dicts in sorted key order; the cases use sorted keys. (It treats
+    # dataclasses as leaves, where grainlike walks into them.)
+    assert [type(x) for x in tree.flatten(value)] == [type(x) for x in grain_tree_lib.flatten(value)]
+    assert tree.map_structure(str, value) == grain_tree_lib.map_structure(str, value)
+
+
+STACK_CASES = [
+    lambda i: {"b": i, "a": np.full((2,), i, np.float32)},
+    lambda i: {"x": None, "y": [i, (np.int8(i), b"s")]},
+    lambda i: Pair(np.arange(3) + i, "str"),
+    lambda i: [collections.OrderedDict(z=i, y=float(i))],
+]
+
+
+@pytest.mark.parametrize("make", STACK_CASES, ids=range(len(STACK_CASES)))
+def test_stack_equals_grains_make_batch(grain_tree_lib, make):
+    from grain._src.python.dataset.transformations.batch import make_batch
+
+    values = [make(i) for i in range(3)]
+    ours, theirs = tree.stack(values), make_batch(values)
+    assert type(ours) is type(theirs)
+    assert tree.map_structure(lambda x: (x.dtype, x.shape), ours) == tree.map_structure(
+        lambda x: (x.dtype, x.shape), theirs
+    )
+    np.testing.assert_equal(ours, theirs)
+    assert tree.map_structure(type, ours) == tree.map_structure(type, theirs)
