@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from grainlike.core import tree
+from grainlike.core.errors import add_note
 from grainlike.core.record import LazyRng, Record, RecordMetadata
 from grainlike.core.sharding import ShardOptions
 from grainlike.core.transforms import (
@@ -44,19 +45,6 @@ _CHUNK_BYTES = 8 << 20
 # its first chunk spent most of its time waiting (I/O), not computing.
 _IO_BOUND_CPU_SHARE = 0.5
 _CHEAP_CHUNK_S = 2e-4
-
-
-def add_note(error: BaseException, note: str) -> None:
-    """Attaches ``note`` to ``error`` so it prints with the traceback (PEP 678)."""
-    if hasattr(error, "add_note"):
-        error.add_note(note)
-    else:  # Python 3.10: keep the note where 3.11's traceback would look.
-        notes = list(getattr(error, "__notes__", []))
-        notes.append(note)
-        try:
-            error.__notes__ = notes
-        except AttributeError:
-            pass
 
 
 def sampler_size(sampler: Any) -> int:

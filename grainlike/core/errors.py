@@ -1,0 +1,37 @@
+"""Exceptions and exception notes shared by every layer."""
+
+from __future__ import annotations
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """Attaches ``note`` to ``error`` so it prints with the traceback (PEP 678)."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:  # Python 3.10: keep the note where 3.11's traceback would look.
+        notes = list(getattr(error, "__notes__", []))
+        notes.append(note)
+        try:
+            error.__notes__ = notes
+        except AttributeError:
+            pass
+
+
+class InvalidStateError(ValueError):
+    """A state passed to ``set_state`` does not fit the iterator it is set into.
+
+    Raised before anything changes: the iterator keeps its previous state.
+    """
+
+
+class StateKeyError(InvalidStateError, KeyError):
+    """A state lacks a key the iterator needs (a ``KeyError``, as grain raises)."""
+
+    __str__ = BaseException.__str__
+
+
+class StateIndexError(InvalidStateError, IndexError):
+    """A state's position is out of range (an ``IndexError``, as grain raises)."""
+
+
+class ClosedIteratorError(ValueError):
+    """An iterator was used after ``close()`` (a ``ValueError``, as grain raises)."""

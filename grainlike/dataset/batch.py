@@ -1,0 +1,183 @@
+"""Batch stages: consecutive elements stacked leaf by leaf along a new first axis."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional, Sequence
+
+from grainlike.core import tree
+from grainlike.core.errors import add_note
+from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
+from grainlike.dataset.map import note_iterator
+
+
+def _check_batch_size(batch_size: Any) -> None:
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size!r}.")
+
+
+class _Batcher:
+    """Turns a list of elements into a batch: ``batch_fn`` or stacking.
+
+    ``alloc`` (set by a worker before iterating) allocates the stacked leaves, so a
+    batch can be written once into shared memory.
+    """
+
+    def __init__(self, batch_fn: Optional[Callable[[Sequence[Any]], Any]]):
+        self.batch_fn = batch_fn
+        self.alloc: Optional[tree.Allocator] = None
+
+    def __call__(self, values: list) -> Any:
+        if self.batch_fn is not None:
+            return self.batch_fn(values)
+        return tree.stack(values, self.alloc)
+
+
+class BatchMapDataset(MapDataset):
+    """Element ``i`` stacks elements ``[i * b, (i + 1) * b)`` of one parent epoch.
+
+    Each epoch is batched on its own (the last batch of an epoch may be short);
+    repeat before batching to batch across epochs.
+
+    Raises:
+      ValueError: ``batch_size <= 0``, or a filter upstream (a MapDataset cannot
+        batch elements that may be missing; batch after ``to_iter_dataset()``).
+    """
+
+    def __init__(
+        self,
+        parent: MapDataset,
+        batch_size: int,
+        drop_remainder: bool = False,
+        batch_fn: Optional[Callable[[Sequence[Any]], Any]] = None,
+    ):
+        super().__init__(parent)
+        _check_batch_size(batch_size)
+        from grainlike.dataset.filter import FilterMapDataset
+
+        to_check = [parent]
+        while to_check:
+            node = to_check.pop()
+            if isinstance(node, FilterMapDataset):
+                raise ValueError(
+                    "`MapDataset.batch` can not follow `MapDataset.filter` because "
+                    f"`filter` can discard elements ({node}). Convert `MapDataset` to "
+                    "`IterDataset` with `to_iter_dataset()` before calling `batch`."
+                )
+            to_check.extend(getattr(node, "_parents", ()))
+        self._batch_size = batch_size
+        self._drop_remainder = drop_remainder
+        self._batcher = _Batcher(batch_fn)
+        n = len(parent)
+        self._length = n // batch_size if drop_remainder else math.ceil(n / batch_size)
+
+    def set_allocator(self, alloc: Optional[tree.Allocator]) -> None:
+        """Stacks leaves into arrays from ``alloc(shape, dtype)`` (None: numpy)."""
+        self._batcher.alloc = alloc
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __str__(self) -> str:
+        return f"BatchMapDataset(batch_size={self._batch_size}, drop_remainder={self._drop_remainder})"
+
+    def _parent_range(self, index: int) -> range:
+        epoch, in_epoch = divmod(index, self._length)
+        n = len(self._parent)
+        start = in_epoch * self._batch_size
+        stop = min(n, start + self._batch_size)
+        return range(start + epoch * n, stop + epoch * n)
+
+    def _batch(self, values: list, index: int) -> Any:
+        try:
+            return self._batcher(values)
+        except Exception as e:
+            add_note(e, f"grainlike: in {self} while making batch {index}")
+            raise
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.slice(index)
+        return self._batch(list(self._parent._getitems(self._parent_range(index))), index)
+
+    def _getitems(self, indices: Sequence[int]) -> list:
+        ranges = [self._parent_range(i) for i in indices]
+        flat = [j for r in ranges for j in r]
+        values = self._parent._getitems(flat)
+        out, at = [], 0
+        for i, r in zip(indices, ranges):
+            out.append(self._batch(list(values[at : at + len(r)]), i))
+            at += len(r)
+        return out
+
+
+class _BatchDatasetIterator(DatasetIterator):
+    def __init__(self, parent: DatasetIterator, batch_size: int, drop_remainder: bool, batcher: _Batcher):
+        super().__init__(parent)
+        self._batch_size = batch_size
+        self._drop_remainder = drop_remainder
+        self._batcher = batcher
+
+    def __next__(self):
+        values = []
+        parent = self._parent
+        for _ in range(self._batch_size):
+            try:
+                values.append(next(parent))
+            except StopIteration:
+                if self._drop_remainder:
+                    raise
+                break
+        if not values:
+            raise StopIteration
+        try:
+            return self._batcher(values)
+        except Exception as e:
+            note_iterator(e, self, parent)
+            raise
+
+    def get_state(self) -> dict:
+        return self._parent.get_state()
+
+    def set_state(self, state: dict) -> None:
+        self._parent.set_state(state)
+
+    def _get_next_index(self) -> int:
+        return (self._parent._get_next_index() + self._batch_size - 1) // self._batch_size
+
+    def _set_next_index(self, index: int) -> None:
+        self._parent._set_next_index(index * self._batch_size)
+
+    def __str__(self) -> str:
+        return f"BatchDatasetIterator(batch_size={self._batch_size}, drop_remainder={self._drop_remainder})"
+
+
+class BatchIterDataset(IterDataset):
+    """Stacks each ``batch_size`` consecutive elements of an IterDataset.
+
+    Raises:
+      ValueError: ``batch_size <= 0``.
+    """
+
+    def __init__(
+        self,
+        parent: IterDataset,
+        batch_size: int,
+        drop_remainder: bool = False,
+        batch_fn: Optional[Callable[[Sequence[Any]], Any]] = None,
+    ):
+        super().__init__(parent)
+        _check_batch_size(batch_size)
+        self._batch_size = batch_size
+        self._drop_remainder = drop_remainder
+        self._batcher = _Batcher(batch_fn)
+
+    def set_allocator(self, alloc: Optional[tree.Allocator]) -> None:
+        """Stacks leaves into arrays from ``alloc(shape, dtype)`` (None: numpy)."""
+        self._batcher.alloc = alloc
+
+    def __iter__(self) -> DatasetIterator:
+        return _BatchDatasetIterator(self._parent.__iter__(), self._batch_size, self._drop_remainder, self._batcher)
+
+    def __str__(self) -> str:
+        return f"BatchIterDataset(batch_size={self._batch_size}, drop_remainder={self._drop_remainder})"

@@ -1,0 +1,404 @@
+"""Map, random map and map-with-index stages, for MapDataset and IterDataset.
+
+User functions never see ``None`` (an element a filter removed): the stages pass it
+through. An error raised by a user function keeps its type and gets a note naming
+the transform and the element's index (MapDataset) or the pipeline's state after
+reading the element (IterDataset).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from grainlike.core.errors import add_note
+from grainlike.core.record import philox_generator
+from grainlike.core.transforms import (
+    MapTransform,
+    MapWithIndexTransform,
+    RandomMapTransform,
+    transform_name,
+)
+from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
+from grainlike.dataset.state import non_negative_int, require_keys
+
+_ZEROS4 = np.zeros(4, np.uint64)
+
+
+def user_function(transform: Any, cls: type, method: str, stage: str) -> Callable:
+    """``transform.<method>`` for an instance of ``cls``, else ``transform`` itself.
+
+    Raises:
+      TypeError: ``transform`` is neither a ``cls`` nor callable.
+    """
+    if isinstance(transform, cls):
+        return getattr(transform, method)
+    if not callable(transform):
+        raise TypeError(
+            f"{stage} takes a {cls.__name__} or a callable, got {transform!r} "
+            f"of type {type(transform).__name__}"
+        )
+    return transform
+
+
+def note_element(error: BaseException, stage: Any, where: str) -> None:
+    """Notes which transform failed on which element."""
+    add_note(error, f"grainlike: in {stage} on the element at {where}")
+
+
+def note_iterator(error: BaseException, stage: Any, parent: DatasetIterator) -> None:
+    """Notes which transform failed, and where the pipeline stood after reading."""
+    try:
+        state = parent.get_state()
+    except Exception:  # Never hide the original error.
+        state = "unknown"
+    add_note(error, f"grainlike: in {stage}; the pipeline's state after reading the element: {state}")
+
+
+def seed_key(seed: Any, stage: str) -> np.ndarray:
+    """The Philox key that ``np.random.Philox(seed)`` derives (grain's rng seeding)."""
+    try:
+        return np.random.Philox(seed).state["state"]["key"]
+    except (TypeError, ValueError) as e:
+        add_note(e, f"grainlike: {stage} seed must be a non-negative int, got {seed!r}")
+        raise
+
+
+def reset_rng(rng: np.random.Generator, key: np.ndarray, index: int) -> np.random.Generator:
+    """Puts ``rng`` where grain's rng for element ``index`` starts: counter (0, 0, 0, index)."""
+    rng.bit_generator.state = {
+        "bit_generator": "Philox",
+        "state": {"counter": np.array((0, 0, 0, index), np.uint64), "key": key},
+        "buffer": _ZEROS4,
+        "buffer_pos": 4,
+        "has_uint32": 0,
+        "uinteger": 0,
+    }
+    return rng
+
+
+def new_rng(key: np.ndarray) -> np.random.Generator:
+    return philox_generator(int(key[0]) | (int(key[1]) << 64))
+
+
+class _RngPool:
+    """Generators reused across elements; resetting one costs far less than a new one.
+
+    ``list.pop`` / ``list.append`` are atomic, so read threads share the pool
+    without a lock.
+    """
+
+    def __init__(self, key: np.ndarray):
+        self.key = key
+        self._free: list = []
+
+    def __reduce__(self):
+        return (_RngPool, (self.key,))
+
+    def acquire(self, index: int) -> np.random.Generator:
+        try:
+            rng = self._free.pop()
+        except IndexError:
+            rng = new_rng(self.key)
+        return reset_rng(rng, self.key, index)
+
+    def release(self, rng: np.random.Generator) -> None:
+        self._free.append(rng)
+
+
+def _require_seed(seed: Any, default: Any) -> Any:
+    seed = default if seed is None else seed
+    if seed is None:
+        raise ValueError(
+            "`random_map` requires a seed. Please either provide it with "
+            "`ds.seed(seed)` before any random transformations or pass it "
+            "directly with `ds.random_map(transform, seed=seed)`."
+        )
+    return seed
+
+
+class MapMapDataset(MapDataset):
+    """``fn(element)`` for each element."""
+
+    def __init__(self, parent: MapDataset, transform: Any):
+        super().__init__(parent)
+        self._transform = transform
+        self._fn = user_function(transform, MapTransform, "map", "map")
+        self._name = transform_name(transform)
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def __str__(self) -> str:
+        return f"MapMapDataset(transform={self._name})"
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.slice(index)
+        element = self._parent[index]
+        if element is None:
+            return None
+        try:
+            return self._fn(element)
+        except Exception as e:
+            note_element(e, self, f"index {index}")
+            raise
+
+    def _getitems(self, indices: Sequence[int]) -> list:
+        elements = self._parent._getitems(indices)
+        fn = self._fn
+        out: list = []
+        append = out.append
+        try:
+            for x in elements:
+                append(None if x is None else fn(x))
+        except Exception as e:
+            note_element(e, self, f"index {indices[len(out)]}")
+            raise
+        return out
+
+
+class RandomMapMapDataset(MapDataset):
+    """``fn(element, rng)``; the rng of index ``i`` is keyed on the seed, counted by ``i``."""
+
+    def __init__(self, parent: MapDataset, transform: Any, seed: Optional[int] = None):
+        super().__init__(parent)
+        self._transform = transform
+        self._fn = user_function(transform, RandomMapTransform, "random_map", "random_map")
+        self._name = transform_name(transform)
+        self._seed = _require_seed(seed, self._default_seed)
+        self._pool = _RngPool(seed_key(self._seed, "random_map"))
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def __str__(self) -> str:
+        return f"RandomMapMapDataset(transform={self._name})"
+
+    def _one(self, element: Any, index: int) -> Any:
+        if element is None:
+            return None
+        pool = self._pool
+        rng = pool.acquire(index)
+        try:
+            result = self._fn(element, rng)
+        except Exception as e:
+            note_element(e, self, f"index {index}")
+            raise
+        pool.release(rng)
+        return result
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.slice(index)
+        return self._one(self._parent[index], index)
+
+    def _getitems(self, indices: Sequence[int]) -> list:
+        elements = self._parent._getitems(indices)
+        one = self._one
+        return [one(x, i) for x, i in zip(elements, indices)]
+
+
+class MapWithIndexMapDataset(MapDataset):
+    """``fn(index, element)`` for each element."""
+
+    def __init__(self, parent: MapDataset, transform: Any):
+        super().__init__(parent)
+        self._transform = transform
+        self._fn = user_function(transform, MapWithIndexTransform, "map_with_index", "map_with_index")
+        self._name = transform_name(transform)
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def __str__(self) -> str:
+        return f"MapWithIndexMapDataset(transform={self._name})"
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.slice(index)
+        element = self._parent[index]
+        if element is None:
+            return None
+        try:
+            return self._fn(index, element)
+        except Exception as e:
+            note_element(e, self, f"index {index}")
+            raise
+
+    def _getitems(self, indices: Sequence[int]) -> list:
+        elements = self._parent._getitems(indices)
+        fn = self._fn
+        out: list = []
+        append = out.append
+        try:
+            for i, x in zip(indices, elements):
+                append(None if x is None else fn(i, x))
+        except Exception as e:
+            note_element(e, self, f"index {indices[len(out)]}")
+            raise
+        return out
+
+
+class _MapDatasetIterator(DatasetIterator):
+    def __init__(self, parent: DatasetIterator, fn: Callable, name: str):
+        super().__init__(parent)
+        self._fn = fn
+        self._name = name
+
+    def __next__(self):
+        element = next(self._parent)
+        if element is None:
+            return None
+        try:
+            return self._fn(element)
+        except Exception as e:
+            note_iterator(e, self, self._parent)
+            raise
+
+    def get_state(self) -> dict:
+        return self._parent.get_state()
+
+    def set_state(self, state: dict) -> None:
+        self._parent.set_state(state)
+
+    def _get_next_index(self) -> int:
+        return self._parent._get_next_index()
+
+    def _set_next_index(self, index: int) -> None:
+        self._parent._set_next_index(index)
+
+    def __str__(self) -> str:
+        return f"MapDatasetIterator(transform={self._name})"
+
+
+class _RandomMapDatasetIterator(DatasetIterator):
+    """Element ``k`` of worker ``w`` of ``W`` gets the rng counted by ``w + k * W``."""
+
+    def __init__(self, parent: DatasetIterator, fn: Callable, seed: Any, name: str):
+        super().__init__(parent)
+        self._fn = fn
+        self._name = name
+        self._key = seed_key(seed, "random_map")
+        self._rng = new_rng(self._key)
+        self._index_for_rng = 0
+
+    def __next__(self):
+        element = next(self._parent)
+        if element is not None:
+            mp = self._ctx.mp_context
+            reset_rng(self._rng, self._key, mp.process_index + self._index_for_rng * mp.process_count)
+            try:
+                element = self._fn(element, self._rng)
+            except Exception as e:
+                note_iterator(e, self, self._parent)
+                raise
+        self._index_for_rng += 1
+        return element
+
+    def get_state(self) -> dict:
+        return {"parent": self._parent.get_state(), "index_for_rng": self._index_for_rng}
+
+    def set_state(self, state: dict) -> None:
+        require_keys(state, self, ("parent", "index_for_rng"))
+        index = non_negative_int(state, "index_for_rng", self)
+        self._parent.set_state(state["parent"])
+        self._index_for_rng = index
+
+    def _get_next_index(self) -> int:
+        return self._index_for_rng
+
+    def _set_next_index(self, index: int) -> None:
+        self._parent._set_next_index(index)
+        self._index_for_rng = index
+
+    def __str__(self) -> str:
+        return f"RandomMapDatasetIterator(transform={self._name})"
+
+
+class _MapWithIndexDatasetIterator(DatasetIterator):
+    def __init__(self, parent: DatasetIterator, fn: Callable, name: str):
+        super().__init__(parent)
+        self._fn = fn
+        self._name = name
+        self._counter = 0
+
+    def __next__(self):
+        element = next(self._parent)
+        if element is not None:
+            try:
+                element = self._fn(self._counter, element)
+            except Exception as e:
+                note_iterator(e, self, self._parent)
+                raise
+        self._counter += 1
+        return element
+
+    def get_state(self) -> dict:
+        return {"parent": self._parent.get_state(), "counter": self._counter}
+
+    def set_state(self, state: dict) -> None:
+        require_keys(state, self, ("parent", "counter"))
+        counter = non_negative_int(state, "counter", self)
+        self._parent.set_state(state["parent"])
+        self._counter = counter
+
+    def _get_next_index(self) -> int:
+        return self._counter
+
+    def _set_next_index(self, index: int) -> None:
+        self._parent._set_next_index(index)
+        self._counter = index
+
+    def __str__(self) -> str:
+        return f"MapWithIndexDatasetIterator(transform={self._name})"
+
+
+class MapIterDataset(IterDataset):
+    """``fn(element)`` for each element of an IterDataset."""
+
+    def __init__(self, parent: IterDataset, transform: Any):
+        super().__init__(parent)
+        self._transform = transform
+        self._fn = user_function(transform, MapTransform, "map", "map")
+        self._name = transform_name(transform)
+
+    def __iter__(self) -> DatasetIterator:
+        return _MapDatasetIterator(self._parent.__iter__(), self._fn, self._name)
+
+    def __str__(self) -> str:
+        return f"MapIterDataset(transform={self._name})"
+
+
+class RandomMapIterDataset(IterDataset):
+    """``fn(element, rng)`` for each element of an IterDataset."""
+
+    def __init__(self, parent: IterDataset, transform: Any, seed: Optional[int] = None):
+        super().__init__(parent)
+        self._transform = transform
+        self._fn = user_function(transform, RandomMapTransform, "random_map", "random_map")
+        self._name = transform_name(transform)
+        self._seed = _require_seed(seed, self._default_seed)
+
+    def __iter__(self) -> DatasetIterator:
+        return _RandomMapDatasetIterator(self._parent.__iter__(), self._fn, self._seed, self._name)
+
+    def __str__(self) -> str:
+        return f"RandomMapIterDataset(transform={self._name})"
+
+
+class MapWithIndexIterDataset(IterDataset):
+    """``fn(position, element)`` for each element of an IterDataset."""
+
+    def __init__(self, parent: IterDataset, transform: Any):
+        super().__init__(parent)
+        self._transform = transform
+        self._fn = user_function(transform, MapWithIndexTransform, "map_with_index", "map_with_index")
+        self._name = transform_name(transform)
+
+    def __iter__(self) -> DatasetIterator:
+        return _MapWithIndexDatasetIterator(self._parent.__iter__(), self._fn, self._name)
+
+    def __str__(self) -> str:
+        return f"MapWithIndexIterDataset(transform={self._name})"

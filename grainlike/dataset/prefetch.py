@@ -1,0 +1,256 @@
+"""``MapDataset.to_iter_dataset()``: iterating a MapDataset in chunks, read ahead in threads.
+
+The iterator reads consecutive indices in chunks through ``_getitems``, so every
+stage below it handles a list of elements per call and the source gets one batched
+read per chunk. Chunks start at one element (the first element is not delayed) and
+double up to a cap that also keeps a chunk near ``_CHUNK_BYTES``.
+
+With read threads (``num_threads > 0`` and ``prefetch_buffer_size > 0``), chunks are
+read ahead in a thread pool, up to about ``prefetch_buffer_size`` elements in
+flight; the output order is the same as without threads. Whether threads are used
+is decided from the options and the kinds of sources, never from timings.
+
+The state is grain's: ``{"next_index": n}``, the index of the next element read.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+from typing import Any, Optional
+
+import numpy as np
+
+from grainlike.core import tree
+from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
+from grainlike.dataset.options import ReadOptions
+from grainlike.dataset.state import non_negative_int, require_keys
+
+# Chunks never exceed this many elements, nor about this many bytes.
+_MAX_CHUNK = 128
+_CHUNK_BYTES = 8 << 20
+# With threads, one read task holds at most this many elements.
+_MAX_THREAD_CHUNK = 64
+
+
+def in_memory(ds: Any) -> bool:
+    """Whether every source under ``ds`` is already in memory (reads never wait)."""
+    from grainlike.dataset.source import RangeMapDataset, SourceMapDataset
+    from grainlike.sources import InMemoryDataSource, RangeDataSource
+
+    memory_types = (list, tuple, range, np.ndarray, RangeDataSource, InMemoryDataSource)
+    to_visit = [ds]
+    while to_visit:
+        node = to_visit.pop()
+        if isinstance(node, RangeMapDataset):
+            continue
+        if isinstance(node, SourceMapDataset):
+            source = node._source
+            if isinstance(source, MapDataset):
+                to_visit.append(source)
+            elif not isinstance(source, memory_types):
+                return False
+            continue
+        parents = getattr(node, "_parents", ())
+        if not parents:
+            return False  # A leaf grainlike does not know.
+        to_visit.extend(parents)
+    return True
+
+
+class PrefetchIterDataset(IterDataset):
+    """Iterates over a MapDataset in index order, skipping ``None`` unless allowed.
+
+    Args:
+      parent: the MapDataset.
+      read_options: explicit ``ReadOptions`` are honoured as given. None means
+        grain's defaults, except that pipelines whose sources are all in memory
+        are read without threads (threads would only contend for the GIL).
+      allow_nones: also yield the ``None`` of filtered-out elements.
+    """
+
+    def __init__(self, parent: MapDataset, *, read_options: Optional[ReadOptions] = None, allow_nones: bool = False):
+        super().__init__(parent)
+        if read_options is not None and not isinstance(read_options, ReadOptions):
+            # grain's ReadOptions (or any object with the same two fields).
+            try:
+                read_options = ReadOptions(
+                    num_threads=read_options.num_threads,
+                    prefetch_buffer_size=read_options.prefetch_buffer_size,
+                )
+            except AttributeError:
+                raise TypeError(f"read_options must be a ReadOptions, got {read_options!r}") from None
+        self._explicit = read_options is not None
+        self._read_options = read_options or ReadOptions()
+        self._allow_nones = allow_nones
+
+    def set_slice(self, sl: slice) -> None:
+        """Reads only the indices of ``sl`` (a worker's share), in place.
+
+        Only for a copy of the pipeline made for one worker.
+        """
+        self._parents = (self._parent.slice(sl),)
+
+    def read_threads(self) -> int:
+        """The read threads the iterator will use (0: read in the calling thread)."""
+        options = self._read_options
+        if options.num_threads == 0 or options.prefetch_buffer_size == 0:
+            return 0
+        if not self._explicit and in_memory(self._parent):
+            return 0
+        return options.num_threads
+
+    def __str__(self) -> str:
+        return f"PrefetchIterDataset(read_options={self._read_options}, allow_nones={self._allow_nones})"
+
+    def __iter__(self) -> "PrefetchDatasetIterator":
+        return PrefetchDatasetIterator(self._parent, self._read_options, self._allow_nones, self.read_threads())
+
+
+class PrefetchDatasetIterator(DatasetIterator):
+    """Reads its MapDataset in chunks; see the module docstring."""
+
+    def __init__(self, parent: MapDataset, read_options: ReadOptions, allow_nones: bool, threads: int):
+        super().__init__()
+        self._map_parent = parent
+        self._length = len(parent)
+        self._read_options = read_options
+        self._allow_nones = allow_nones
+        self._threads = threads
+        self._next_index = 0  # Index of the next element returned.
+        self._ready: collections.deque = collections.deque()  # Elements from _next_index on.
+        self._error: Optional[BaseException] = None  # Raised once _ready is empty.
+        self._read_until = 0  # Indices below it are read or in flight.
+        self._chunk = 1
+        self._chunk_cap = _MAX_CHUNK
+        self._pending: collections.deque = collections.deque()  # (size, future) in order.
+        self._in_flight = 0
+        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        if threads:
+            self._chunk_cap = max(1, min(_MAX_THREAD_CHUNK, read_options.prefetch_buffer_size // threads))
+
+    # -- reading -------------------------------------------------------------
+
+    def _read(self, start: int, stop: int) -> tuple[list, Optional[BaseException]]:
+        """Elements ``[start, stop)``; on an error, those before it and the error."""
+        parent = self._map_parent
+        try:
+            return list(parent._getitems(range(start, stop))), None
+        except Exception:
+            pass  # Read one at a time: deliver the elements before the failing one.
+        values = []
+        for i in range(start, stop):
+            try:
+                values.append(parent[i])
+            except Exception as e:
+                return values, e
+        return values, None
+
+    def _next_chunk(self) -> tuple[int, int]:
+        start = self._read_until
+        stop = min(self._length, start + self._chunk)
+        self._read_until = stop
+        self._chunk = min(self._chunk * 2, self._chunk_cap)
+        return start, stop
+
+    def _fit_chunk(self, values: list) -> None:
+        """Caps chunks at about ``_CHUNK_BYTES`` once the element size is known."""
+        for v in values:
+            if v is not None:
+                cap = max(1, _CHUNK_BYTES // max(tree.estimate_nbytes(v), 1))
+                if cap < self._chunk_cap:
+                    self._chunk_cap = cap
+                    self._chunk = min(self._chunk, cap)
+                return
+
+    def _submit(self) -> None:
+        """Keeps about ``prefetch_buffer_size`` elements in flight."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self._threads, thread_name_prefix="grainlike-read"
+            )
+        target = max(self._read_options.prefetch_buffer_size, 1)
+        while self._in_flight < target and self._read_until < self._length:
+            start, stop = self._next_chunk()
+            self._pending.append((stop - start, self._pool.submit(self._read, start, stop)))
+            self._in_flight += stop - start
+
+    def _fill(self) -> None:
+        """Moves the next chunk into ``_ready`` (and its error, if any, to ``_error``)."""
+        if self._threads:
+            if not self._pending:
+                self._submit()
+            size, future = self._pending.popleft()
+            self._in_flight -= size
+            values, error = future.result()
+            self._submit()
+        else:
+            values, error = self._read(*self._next_chunk())
+        self._fit_chunk(values)
+        self._ready.extend(values)
+        self._error = error
+
+    def __next__(self):
+        self._assert_not_closed()
+        while True:
+            if not self._ready:
+                if self._error is not None:
+                    error = self._error
+                    # A later next() retries the failing element.
+                    self._restart_at(self._next_index)
+                    raise error
+                if self._next_index >= self._length:
+                    raise StopIteration
+                self._fill()
+                continue
+            value = self._ready.popleft()
+            self._next_index += 1
+            if value is not None or self._allow_nones:
+                return value
+
+    def _restart_at(self, index: int) -> None:
+        """Drops everything read ahead; the next read starts at ``index``."""
+        for _, future in self._pending:
+            future.cancel()
+        self._pending.clear()
+        self._in_flight = 0
+        self._ready.clear()
+        self._error = None
+        self._next_index = self._read_until = index
+        self._chunk = 1
+
+    def start_prefetch(self) -> None:
+        if self._threads and not self._closed and not self._pending and not self._ready:
+            self._submit()
+
+    # -- state ---------------------------------------------------------------
+
+    def get_state(self) -> dict:
+        return {"next_index": self._next_index}
+
+    def set_state(self, state: dict) -> None:
+        require_keys(state, self, ("next_index",))
+        index = non_negative_int(state, "next_index", self, upper=self._length)
+        self._restart_at(index)
+
+    def _get_next_index(self) -> int:
+        return self._next_index
+
+    def _set_next_index(self, index: int) -> None:
+        self.set_state({"next_index": index})
+
+    def close(self) -> None:
+        """Stops the read threads without waiting for a read in progress."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        for _, future in self._pending:
+            future.cancel()
+        self._pending.clear()
+        self._ready.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def __str__(self) -> str:
+        return f"PrefetchDatasetIterator(read_options={self._read_options}, allow_nones={self._allow_nones})"

@@ -1,0 +1,43 @@
+"""``ds.seed(seed)``: the node downstream random stages derive their default seeds from."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
+
+
+class WithSeedMapDataset(MapDataset):
+    """The parent's elements unchanged; holds the seed for ``_default_seed``."""
+
+    def __init__(self, parent: MapDataset, *, seed: int):
+        super().__init__(parent)
+        self._seed_rng_seed = seed
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.slice(index)
+        return self._parent[index]
+
+    def _getitems(self, indices: Sequence[int]) -> Sequence:
+        return self._parent._getitems(indices)
+
+    def __str__(self) -> str:
+        return "WithOptionsMapDataset"
+
+
+class WithSeedIterDataset(IterDataset):
+    """The parent's elements unchanged; holds the seed for ``_default_seed``."""
+
+    def __init__(self, parent: IterDataset, *, seed: int):
+        super().__init__(parent)
+        self._seed_rng_seed = seed
+
+    def __iter__(self) -> DatasetIterator:
+        return self._parent.__iter__()
+
+    def __str__(self) -> str:
+        return "WithOptionsIterDataset"

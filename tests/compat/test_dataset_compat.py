@@ -1,0 +1,197 @@
+"""grainlike's Dataset API against grain 0.2.18: elements, order, states, restores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.compat.dataset_pairs import GRAINLIKE, assert_same, check_pipeline, grain_namespace
+
+
+@pytest.fixture(scope="module")
+def G(grain_ref):
+    return grain_namespace(grain_ref)
+
+
+def _records(n=23):
+    return [{"x": np.arange(3, dtype=np.int32) + i, "y": float(i)} for i in range(n)]
+
+
+PIPELINES = {
+    "range": lambda lib: lib.MapDataset.range(2, 30, 3),
+    "range_stop_only": lambda lib: lib.MapDataset.range(7),
+    "source_list": lambda lib: lib.MapDataset.source(list("abcdefghij")),
+    "map_lambda": lambda lib: lib.MapDataset.range(17).map(lambda x: x * x),
+    "map_iter": lambda lib: lib.MapDataset.range(17).to_iter_dataset().map(lambda x: (x, -x)),
+    "filter_map": lambda lib: lib.MapDataset.range(30).filter(lambda x: x % 3 == 1),
+    "filter_iter": lambda lib: lib.MapDataset.range(30).to_iter_dataset().filter(lambda x: x % 4),
+    "filter_allow_nones": lambda lib: lib.MapDataset.range(9)
+    .filter(lambda x: x % 2)
+    .to_iter_dataset(allow_nones=True),
+    "slice": lambda lib: lib.MapDataset.range(40)[3:31:4],
+    "shard_1_of_3": lambda lib: lib.MapDataset.source(list(range(20)))[1::3],
+    "slice_of_slice": lambda lib: lib.MapDataset.range(50).slice(slice(5, None))[::-3],
+    "batch_map": lambda lib: lib.MapDataset.source(_records()).batch(4),
+    "batch_map_drop": lambda lib: lib.MapDataset.range(23).batch(5, drop_remainder=True),
+    "batch_iter": lambda lib: lib.MapDataset.source(_records()).to_iter_dataset().batch(6),
+    "batch_iter_drop": lambda lib: lib.MapDataset.range(23)
+    .to_iter_dataset()
+    .filter(lambda x: x != 4)
+    .batch(5, drop_remainder=True),
+    "batch_fn": lambda lib: lib.MapDataset.range(10).batch(3, batch_fn=lambda xs: tuple(xs)),
+    "map_with_index_map": lambda lib: lib.MapDataset.source(list("abcdef"))[::-1].map_with_index(
+        lambda i, x: f"{x}{i}"
+    ),
+    "map_with_index_iter": lambda lib: lib.MapDataset.range(30)
+    .to_iter_dataset()
+    .filter(lambda x: x % 3)
+    .map_with_index(lambda i, x: i * 100 + x),
+    "threads": lambda lib: lib.MapDataset.source(list(range(57)))
+    .map(lambda x: x + 1)
+    .to_iter_dataset(lib.ReadOptions(num_threads=3, prefetch_buffer_size=7)),
+    "threads_filtered": lambda lib: lib.MapDataset.source(list(range(57)))
+    .filter(lambda x: x % 5 == 0)
+    .to_iter_dataset(lib.ReadOptions(num_threads=2, prefetch_buffer_size=4)),
+    "default_read_options_source": lambda lib: lib.MapDataset.source(list(range(31))).map(str),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_pipeline_matches_grain(G, name):
+    assert check_pipeline(PIPELINES[name], G)
+
+
+def _classes(lib):
+    class AddTen(lib.Map):
+        def map(self, x):
+            return x + 10
+
+    class Odd(lib.Filter):
+        def filter(self, x):
+            return x % 2 == 1
+
+    class Tag(lib.MapWithIndex):
+        def map_with_index(self, i, x):
+            return (i, x)
+
+    return AddTen(), Odd(), Tag()
+
+
+@pytest.mark.parametrize("kind", ["map", "iter"])
+def test_transform_classes_and_apply_match_grain(G, kind):
+    def build(lib):
+        add, odd, tag = _classes(lib)
+        ds = lib.MapDataset.range(20).map(add).map_with_index(tag)
+        if kind == "iter":
+            ds = ds.to_iter_dataset().map(lambda t: t[1]).filter(odd)
+            return ds.apply([add, lib.Batch(3, drop_remainder=False)])
+        return ds.map(lambda t: t[1]).apply([add, lib.Batch(4, drop_remainder=True)])
+
+    check_pipeline(build, G)
+
+
+def test_getitem_matches_grain(G):
+    for lib_ds in (G, GRAINLIKE):
+        pass
+    g = G.MapDataset.range(5)
+    l = GRAINLIKE.MapDataset.range(5)
+    for i in (0, 4, 5, 7, 123, -1, -6):
+        assert_same(g[i], l[i], f"range[{i}]")
+    gs = G.MapDataset.source([10, 11, 12]).map(lambda x: x * 2)
+    ls = GRAINLIKE.MapDataset.source([10, 11, 12]).map(lambda x: x * 2)
+    for i in (0, 2, 3, 10, -1):
+        assert_same(gs[i], ls[i], f"source[{i}]")
+    gf = G.MapDataset.range(6).filter(lambda x: x > 2)
+    lf = GRAINLIKE.MapDataset.range(6).filter(lambda x: x > 2)
+    assert [gf[i] for i in range(8)] == [lf[i] for i in range(8)]
+    assert_same(G.MapDataset.range(7).batch(3)[2], GRAINLIKE.MapDataset.range(7).batch(3)[2])
+    assert_same(G.MapDataset.range(7).batch(3)[4], GRAINLIKE.MapDataset.range(7).batch(3)[4])
+    gsl, lsl = G.MapDataset.range(10)[2:8:2], GRAINLIKE.MapDataset.range(10)[2:8:2]
+    assert len(gsl) == len(lsl) == 3
+    assert [gsl[i] for i in range(7)] == [lsl[i] for i in range(7)]
+    assert isinstance(lsl, GRAINLIKE.MapDataset)
+
+
+def test_lengths_match_grain(G):
+    def lengths(lib):
+        r = lib.MapDataset.range
+        return [
+            len(r(10)),
+            len(r(3, 10, 2)),
+            len(r(10, 3, -2)),
+            len(r(10)[1::3]),
+            len(r(10)[-4:]),
+            len(r(10).batch(3)),
+            len(r(10).batch(3, drop_remainder=True)),
+            len(r(10).filter(lambda x: x)),
+        ]
+
+    assert lengths(G) == lengths(GRAINLIKE)
+
+
+def _errors(lib):
+    """Each case: a zero-argument function expected to raise."""
+    r = lib.MapDataset.range
+
+    def closed_next():
+        it = iter(r(3).to_iter_dataset())
+        it.close()
+        next(it)
+
+    def state_out_of_range():
+        it = iter(r(3).to_iter_dataset())
+        it.set_state({"next_index": 4})
+
+    def user_error():
+        list(r(3).map(lambda x: {}[x]))
+
+    def user_error_iter():
+        list(r(3).to_iter_dataset().map(lambda x: [][x]))
+
+    return {
+        "batch_size_zero": lambda: r(3).batch(0),
+        "batch_size_zero_iter": lambda: r(3).to_iter_dataset().batch(0),
+        "batch_after_filter": lambda: r(3).filter(bool).map(str).batch(2),
+        "slice_not_slice": lambda: r(3).slice(2),
+        "apply_unknown": lambda: r(3).apply([object()]),
+        "closed_next": closed_next,
+        "state_out_of_range": state_out_of_range,
+        "user_error": user_error,
+        "user_error_iter": user_error_iter,
+        "empty_range_getitem": lambda: r(0)[0],
+    }
+
+
+def test_errors_have_grain_types(G):
+    grain_cases, ours = _errors(G), _errors(GRAINLIKE)
+    for name, case in grain_cases.items():
+        with pytest.raises(Exception) as expected:
+            case()
+        with pytest.raises(expected.type):
+            ours[name]()
+
+
+def test_restores_at_every_step(grain_ref):
+    check = grain_ref.experimental.assert_equal_output_after_checkpoint
+    for name in sorted(PIPELINES):
+        check(PIPELINES[name](GRAINLIKE))
+
+
+def test_next_index_matches_grain(G):
+    def build(lib):
+        return lib.MapDataset.range(20).map(lambda x: x + 1).to_iter_dataset().map_with_index(
+            lambda i, x: (i, x)
+        ).batch(3)
+
+    out = {}
+    for lib in (G, GRAINLIKE):
+        it = iter(build(lib))
+        seen = [lib.get_next_index(it)]
+        next(it)
+        seen.append(lib.get_next_index(it))
+        lib.set_next_index(it, 4)
+        seen.append(lib.get_next_index(it))
+        seen.append(next(it))
+        seen.append(it.get_state())
+        out[lib.name] = seen
+    assert_same(out["grain"], out["grainlike"])

@@ -1,0 +1,221 @@
+"""The stage protocol of grainlike's Dataset API: reads, errors, states, close, str."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from grainlike.core.errors import InvalidStateError, StateIndexError, StateKeyError
+from grainlike.core.transforms import MapTransform
+from grainlike.dataset import IterDataset, MapDataset
+from grainlike.dataset.options import ReadOptions
+from tests.helpers.leaks import LeakCheck
+
+
+class CountingSource:
+    """A source that records its batched reads."""
+
+    def __init__(self, n):
+        self.n = n
+        self.batched_calls = []
+        self.single_calls = 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, key):
+        self.single_calls += 1
+        return key * 10
+
+    def __getitems__(self, keys):
+        self.batched_calls.append(list(keys))
+        return [k * 10 for k in keys]
+
+
+def test_iteration_reads_the_source_in_chunks():
+    source = CountingSource(300)
+    assert list(MapDataset.source(source).map(lambda x: x + 1)) == [k * 10 + 1 for k in range(300)]
+    assert source.single_calls == 0
+    sizes = [len(c) for c in source.batched_calls]
+    assert sum(sizes) == 300
+    assert len(sizes) < 20  # chunks, not one call per record
+    assert sizes[0] == 1  # the first element is not delayed by a big read
+
+
+def test_shuffled_slice_reads_keys_in_batches():
+    source = CountingSource(100)
+    ds = MapDataset.source(source)[1::2].map(lambda x: x)
+    assert list(ds) == [k * 10 for k in range(1, 100, 2)]
+    assert [k for c in source.batched_calls for k in c] == list(range(1, 100, 2))
+
+
+@pytest.mark.parametrize("threads", [0, 3])
+def test_error_in_a_chunk_delivers_the_elements_before_it(threads):
+    def boom(x):
+        if x == 37:
+            raise KeyError("bad record")
+        return x
+
+    options = ReadOptions(num_threads=threads, prefetch_buffer_size=16)
+    it = iter(MapDataset.range(60).map(boom).to_iter_dataset(options))
+    got = [next(it) for _ in range(37)]
+    assert got == list(range(37))
+    with pytest.raises(KeyError) as info:
+        next(it)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "boom" in notes and "index 37" in notes
+    assert it.get_state() == {"next_index": 37}
+    it.close()
+
+
+def test_error_note_names_the_transform_class_and_index():
+    class Explode(MapTransform):
+        def map(self, x):
+            raise ZeroDivisionError(x)
+
+    ds = MapDataset.range(5)[2:].map(Explode())
+    with pytest.raises(ZeroDivisionError) as info:
+        ds[1]
+    notes = "\n".join(info.value.__notes__)
+    assert "Explode" in notes and "index 1" in notes and "MapMapDataset" in notes
+
+
+def test_iterator_error_note_names_the_transform_and_state():
+    def fail_on_three(x):
+        if x == 3:
+            raise RuntimeError("three")
+        return x
+
+    it = iter(MapDataset.range(5).to_iter_dataset().map(fail_on_three))
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(RuntimeError) as info:
+        next(it)
+    notes = "\n".join(info.value.__notes__)
+    assert "fail_on_three" in notes and "{'next_index': 4}" in notes
+
+
+def test_batch_error_names_the_batch():
+    ds = MapDataset.source([np.zeros(2), np.zeros(3)]).batch(2)
+    with pytest.raises(ValueError) as info:
+        ds[0]
+    assert "BatchMapDataset(batch_size=2" in "\n".join(info.value.__notes__)
+
+
+@pytest.mark.parametrize(
+    "state, error",
+    [
+        ({}, StateKeyError),
+        ([3], InvalidStateError),
+        ({"next_index": -1}, InvalidStateError),
+        ({"next_index": "2"}, InvalidStateError),
+        ({"next_index": 11}, StateIndexError),
+    ],
+)
+def test_bad_state_is_rejected_and_changes_nothing(state, error):
+    it = iter(MapDataset.range(10).to_iter_dataset())
+    next(it)
+    with pytest.raises(error) as info:
+        it.set_state(state)
+    assert "PrefetchDatasetIterator" in str(info.value)
+    assert it.get_state() == {"next_index": 1}
+    assert next(it) == 1
+
+
+def test_state_errors_are_grain_types():
+    assert issubclass(StateKeyError, KeyError) and issubclass(StateKeyError, ValueError)
+    assert issubclass(StateIndexError, IndexError) and issubclass(StateIndexError, ValueError)
+    assert str(StateKeyError("lacks 'x'")) == "lacks 'x'"
+
+
+def test_nested_state_validation_keeps_the_parent_unchanged():
+    it = iter(MapDataset.range(10).to_iter_dataset().map_with_index(lambda i, x: x))
+    next(it)
+    before = it.get_state()
+    with pytest.raises(InvalidStateError):
+        it.set_state({"parent": {"next_index": 5}, "counter": -2})
+    assert it.get_state() == before
+
+
+def test_threads_give_the_same_order_and_stop_on_close():
+    leaks = LeakCheck()
+    ds = MapDataset.source(list(range(200))).map(lambda x: x * 3)
+    expected = [x * 3 for x in range(200)]
+    threaded = ds.to_iter_dataset(ReadOptions(num_threads=4, prefetch_buffer_size=20))
+    assert list(threaded) == expected
+    it = iter(threaded)
+    it.start_prefetch()
+    assert next(it) == 0
+    it.close()
+    it.close()  # idempotent
+    with pytest.raises(ValueError, match="closed iterator"):
+        next(it)
+    del it
+    leaks.assert_clean()
+
+
+def test_close_closes_the_parents():
+    it = iter(MapDataset.range(4).to_iter_dataset().map(str).batch(2))
+    prefetch = it._parent._parent
+    it.close()
+    assert prefetch._closed
+    with pytest.raises(ValueError):
+        next(it)
+
+
+def test_default_read_options_use_no_threads_for_sources_in_memory():
+    assert MapDataset.source([1, 2]).map(str).to_iter_dataset().read_threads() == 0
+    assert MapDataset.range(4).to_iter_dataset().read_threads() == 0
+
+    class Remote(MapDataset):
+        def __len__(self):
+            return 3
+
+        def __getitem__(self, i):
+            return i
+
+    assert Remote().to_iter_dataset().read_threads() == 16
+    explicit = ReadOptions(num_threads=2, prefetch_buffer_size=8)
+    assert MapDataset.source([1]).to_iter_dataset(explicit).read_threads() == 2
+
+
+def test_str_names_each_stage():
+    ds = MapDataset.range(3).map(str)[1:].batch(2)
+    assert str(ds) == "BatchMapDataset(batch_size=2, drop_remainder=False)"
+    assert str(ds.parents[0]) == "SliceMapDataset[1:3:1]"
+    assert str(ds.parents[0].parents[0]) == "MapMapDataset(transform=str)"
+    assert str(MapDataset.range(3).filter(bool)) == "FilterMapDataset(transform=bool)"
+    it = iter(MapDataset.source([1]).to_iter_dataset().map(str))
+    assert str(it).startswith("MapDatasetIterator(transform=str")
+    assert "PrefetchDatasetIterator(read_options=ReadOptions(" in str(it._parent)
+
+
+def test_user_defined_datasets_plug_in():
+    class Squares(MapDataset):
+        def __init__(self, parent):
+            super().__init__(parent)
+
+        def __len__(self):
+            return len(self._parent)
+
+        def __getitem__(self, index):
+            return self._parent[index] ** 2
+
+    assert list(Squares(MapDataset.range(4)).map(lambda x: -x)) == [0, -1, -4, -9]
+
+    class Counter(IterDataset):
+        def __iter__(self):
+            return iter(MapDataset.range(3).to_iter_dataset())
+
+    assert list(Counter().map(lambda x: x + 1)) == [1, 2, 3]
+
+
+def test_pipe_and_parents():
+    ds = MapDataset.range(5)
+    piped = ds.pipe(lambda d, k: d.map(lambda x: x * k), 3)
+    assert list(piped) == [0, 3, 6, 9, 12]
+    assert piped.parents == (ds,)
+
+
+def test_non_callable_transform_is_a_type_error():
+    with pytest.raises(TypeError, match=r"map takes a Map(Transform)? or a callable, got 42"):
+        MapDataset.range(3).map(42)
