@@ -53,7 +53,49 @@ PIPELINES = {
     .filter(lambda x: x % 5 == 0)
     .to_iter_dataset(lib.ReadOptions(num_threads=2, prefetch_buffer_size=4)),
     "default_read_options_source": lambda lib: lib.MapDataset.source(list(range(31))).map(str),
+    "shuffle": lambda lib: lib.MapDataset.range(37).shuffle(seed=5),
+    "shuffle_seed_max": lambda lib: lib.MapDataset.source(list(range(11))).shuffle(seed=2**32 - 1).repeat(3),
+    "shuffle_from_ds_seed": lambda lib: lib.MapDataset.range(25).seed(42).shuffle(),
+    "shuffle_repeat_epochs": lambda lib: lib.MapDataset.range(9).shuffle(seed=1).repeat(4),
+    "repeat_infinite_limited": lambda lib: lib.MapDataset.range(7).seed(3).shuffle().repeat()[:40],
+    "repeat_then_shuffle": lambda lib: lib.MapDataset.range(6).repeat(3).shuffle(seed=9),
+    "repeat_no_reseed": lambda lib: lib.MapDataset.range(8)
+    .shuffle(seed=4)
+    .random_map(_draw, seed=11)
+    .repeat(3, reseed_each_epoch=False),
+    "random_map_seeded": lambda lib: lib.MapDataset.range(20).random_map(_draw, seed=123),
+    "random_map_default_seed": lambda lib: lib.MapDataset.range(20).seed(8).random_map(_draw),
+    "random_map_two_default_seeds": lambda lib: lib.MapDataset.range(12)
+    .seed(8)
+    .shuffle()
+    .random_map(_draw)
+    .random_map(lambda t, rng: t + (rng.random(),)),
+    "random_map_reseeded_epochs": lambda lib: lib.MapDataset.range(5).random_map(_draw, seed=2).repeat(3),
+    "random_map_after_filter": lambda lib: lib.MapDataset.range(20)
+    .filter(lambda x: x % 3)
+    .random_map(_draw, seed=6),
+    "random_map_iter": lambda lib: lib.MapDataset.range(15)
+    .to_iter_dataset()
+    .filter(lambda x: x % 4)
+    .random_map(_draw, seed=77),
+    "random_map_iter_default_seed": lambda lib: lib.MapDataset.range(15)
+    .seed(1)
+    .shuffle()
+    .to_iter_dataset()
+    .seed(99)
+    .random_map(_draw),
+    "seed_two_branches": lambda lib: lib.MapDataset.range(10)
+    .seed(5)
+    .map(lambda x: x)
+    .seed(6)
+    .shuffle()
+    .random_map(_draw),
+    "shard_of_shuffled_repeat": lambda lib: lib.MapDataset.range(13).shuffle(seed=0).repeat(2)[2::3],
 }
+
+
+def _draw(x, rng):
+    return (x, rng.integers(1000), float(rng.random()))
 
 
 @pytest.mark.parametrize("name", sorted(PIPELINES))
@@ -124,6 +166,10 @@ def test_lengths_match_grain(G):
             len(r(10).batch(3)),
             len(r(10).batch(3, drop_remainder=True)),
             len(r(10).filter(lambda x: x)),
+            len(r(10).repeat()),
+            len(r(0).repeat()),
+            len(r(10).repeat(3)),
+            len(r(10).shuffle(seed=1).repeat(2)[5:]),
         ]
 
     assert lengths(G) == lengths(GRAINLIKE)
@@ -159,6 +205,14 @@ def _errors(lib):
         "user_error": user_error,
         "user_error_iter": user_error_iter,
         "empty_range_getitem": lambda: r(0)[0],
+        "shuffle_no_seed": lambda: r(3).shuffle(),
+        "shuffle_negative_seed": lambda: r(3).shuffle(seed=-1),
+        "shuffle_seed_too_big": lambda: r(3).shuffle(seed=2**32),
+        "random_map_no_seed": lambda: r(3).random_map(lambda x, rng: x),
+        "random_map_iter_no_seed": lambda: r(3).to_iter_dataset().random_map(lambda x, rng: x),
+        "repeat_zero": lambda: r(3).repeat(0),
+        "repeat_infinite": lambda: r(3).repeat().repeat(2),
+        "empty_shuffle_getitem": lambda: r(0).shuffle(seed=1)[0],
     }
 
 
