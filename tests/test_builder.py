@@ -107,7 +107,7 @@ def test_builder_defaults_to_one_unshuffled_epoch():
 def test_builder_with_another_sampler():
     sampler = RandomSampler(10, num_samples=7, seed=0)
     loader = from_source(list(range(10))).sampler(sampler).build()
-    assert [int(x) for x in loader] == sampler.record_keys(np.arange(7)).tolist()
+    assert [int(x) for x in loader] == sampler.locate(np.arange(7)).keys.tolist()
 
 
 def test_errors_name_the_user_function():

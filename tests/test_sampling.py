@@ -33,19 +33,19 @@ def ids(loader):
 
 def test_random_sampler_keys_are_a_pure_function_of_seed_and_index():
     s = RandomSampler(100, num_samples=1000, seed=7)
-    keys = s.record_keys(np.arange(1000))
+    keys = s.locate(np.arange(1000)).keys
     assert keys.tolist() == [s[i].record_key for i in range(1000)]
-    assert keys.tolist() == RandomSampler(100, num_samples=1000, seed=7).record_keys(np.arange(1000)).tolist()
-    assert keys[500:].tolist() == s.record_keys(np.arange(500, 1000)).tolist()
-    assert keys.tolist() != RandomSampler(100, num_samples=1000, seed=8).record_keys(np.arange(1000)).tolist()
+    assert keys.tolist() == RandomSampler(100, num_samples=1000, seed=7).locate(np.arange(1000)).keys.tolist()
+    assert keys[500:].tolist() == s.locate(np.arange(500, 1000)).keys.tolist()
+    assert keys.tolist() != RandomSampler(100, num_samples=1000, seed=8).locate(np.arange(1000)).keys.tolist()
     assert keys.min() >= 0 and keys.max() < 100
 
 
 def test_random_sampler_draws_uniformly_with_replacement():
-    keys = RandomSampler(10, seed=0).record_keys(np.arange(100_000))
+    keys = RandomSampler(10, seed=0).locate(np.arange(100_000)).keys
     counts = np.bincount(keys, minlength=10)
     assert counts.min() > 9_500 and counts.max() < 10_500
-    first = RandomSampler(50, seed=1).record_keys(np.arange(50))
+    first = RandomSampler(50, seed=1).locate(np.arange(50)).keys
     assert len(set(first.tolist())) < 50  # repeats within one "epoch"
 
 
@@ -62,7 +62,7 @@ def test_random_sampler_length_and_rngs():
 
 
 def test_random_sampler_sharded_draws_from_its_shard():
-    keys = RandomSampler(10, grain.ShardOptions(1, 2), seed=0).record_keys(np.arange(1000))
+    keys = RandomSampler(10, grain.ShardOptions(1, 2), seed=0).locate(np.arange(1000)).keys
     assert set(keys.tolist()) == set(range(5, 10))
 
 
@@ -86,7 +86,7 @@ def test_random_sampler_loader_is_reproducible_and_restores(worker_count, no_lea
         return grain.DataLoader(data_source=list(range(100, 120)), sampler=sampler,
                                 operations=[grain.Batch(4)], worker_count=worker_count)
 
-    expected = sampler.record_keys(np.arange(30)) + 100
+    expected = sampler.locate(np.arange(30)).keys + 100
     batches = ids(make())
     if worker_count == 0:
         assert sum(batches, []) == expected.tolist()
@@ -144,8 +144,8 @@ def padded_loader(worker_count, num_records=10, batch_size=3, num_epochs=2, shuf
 def test_padded_epoch_sampler_lengths_and_padding():
     s = PaddedEpochSampler(10, 3, worker_count=2, num_epochs=2)
     assert s.epoch_length == 12 and s.batches_per_epoch == 4 and len(s) == 24
-    assert s.is_padding(np.arange(24)).nonzero()[0].tolist() == [10, 11, 22, 23]
-    keys = s.record_keys(np.arange(24))
+    assert s.locate(np.arange(24)).padding.nonzero()[0].tolist() == [10, 11, 22, 23]
+    keys = s.locate(np.arange(24)).keys
     assert keys[:10].tolist() == list(range(10))  # unshuffled: IndexSampler's order
     sharded = PaddedEpochSampler(11, 2, shard_options=grain.ShardOptions(1, 2), num_epochs=1)
     # The largest shard (6 records) sets the epoch length of every shard.
@@ -155,7 +155,8 @@ def test_padded_epoch_sampler_lengths_and_padding():
 def test_padded_epoch_sampler_real_records_follow_index_sampler_order():
     s = PaddedEpochSampler(10, 4, shuffle=True, num_epochs=3, seed=9)
     ref = grain.IndexSampler(10, grain.NoSharding(), shuffle=True, num_epochs=3, seed=9)
-    keys, pad = s.record_keys(np.arange(len(s))), s.is_padding(np.arange(len(s)))
+    located = s.locate(np.arange(len(s)))
+    keys, pad = located.keys, located.padding
     assert keys[~pad].tolist() == [ref[i].record_key for i in range(30)]
 
 

@@ -4,12 +4,23 @@
 in ``docs/concepts.md``; the tests compare it with grain's own outputs in
 ``tests/data/index_sampler_vectors.json``): global index -> shard-local position
 -> epoch and position in epoch -> keyed permutation -> record key.
+
+The sampler contract. The loader asks a sampler about many global indices at
+once: ``sampler.locate(indices)`` returns a ``SampledIndices`` with the record
+key of each index, the key of each record's rng (or None) and which positions
+are padding (or None). Every grainlike sampler is a ``BaseSampler`` and
+implements it, vectorised; grain's protocol, ``sampler[index] ->
+RecordMetadata``, follows from it. A sampler written for grain, with
+``__getitem__`` only, is wrapped once by ``as_sampler``.
 """
 
 from __future__ import annotations
 
+import abc
+import dataclasses
+import operator
 import sys
-from typing import Optional, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Optional, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -29,6 +40,43 @@ class Sampler(Protocol):
         """Returns the metadata of the record at global ``index``."""
 
 
+class SampledIndices(NamedTuple):
+    """What a sampler says about a run of global indices (``BaseSampler.locate``).
+
+    Attributes:
+      keys: the record key to read for each index (int64; an object array for a
+        wrapped sampler whose keys are not ints).
+      seeds: for each index, the key of the record's rng,
+        ``np.random.Generator(np.random.Philox(key=seed))`` (uint64); None when
+        the records get no rng.
+      padding: True where the position is padding that ``Batch(..., pad=True)``
+        masks; None when no position is. Only samplers with ``batch_padding``
+        return it.
+      metadata: the ``RecordMetadata`` of each index as a sampler wrapped by
+        ``as_sampler`` made it (its ``rng`` and ``index`` are used as they are);
+        None for grainlike's samplers, whose metadata is built from the fields
+        above.
+    """
+
+    keys: np.ndarray
+    seeds: Optional[np.ndarray] = None
+    padding: Optional[np.ndarray] = None
+    metadata: Optional[list] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPadding:
+    """How a padding sampler's epochs line up with batches.
+
+    Attributes:
+      batch_size: the ``Batch(batch_size, pad=True)`` that masks the padding.
+      worker_count: the loader's worker count the epochs are laid out for.
+    """
+
+    batch_size: int
+    worker_count: int
+
+
 def _out_of_range(index: int, max_index: Optional[int]) -> IndexError:
     return IndexError(
         f"RecordMetadata object index is out of bounds; Got index {index},"
@@ -44,6 +92,14 @@ class EmptyShardError(ZeroDivisionError, ValueError):
     """
 
 
+def empty_shard_error(shard_options: sharding.ShardOptions, num_records: int) -> EmptyShardError:
+    """The error for a shard without records, naming the shard."""
+    return EmptyShardError(
+        f"Shard {shard_options.shard_index} of {shard_options.shard_count} holds no "
+        f"records (num_records={num_records})."
+    )
+
+
 def _check_num_records(num_records: object) -> None:
     if isinstance(num_records, bool) or not isinstance(num_records, (int, np.integer)):
         raise TypeError(f"num_records must be an int, got {num_records!r}")
@@ -55,7 +111,136 @@ def _check_num_records(num_records: object) -> None:
         )
 
 
-class SequentialSampler:
+def _seeds(seed: Optional[int], indices: np.ndarray) -> Optional[np.ndarray]:
+    """Each record's rng key, ``seed + index`` as grain computes it (uint64)."""
+    if seed is None:
+        return None
+    return indices.astype(np.uint64) + np.uint64(seed)
+
+
+def _permute(positions: np.ndarray, epochs: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """grain's shuffle: position ``i`` of epoch ``e`` goes to ``index_shuffle(i, n - 1, seed + e)``."""
+    out = np.empty_like(positions)
+    # Each epoch has its own permutation; a chunk spans one or two epochs.
+    for epoch in np.unique(epochs).tolist():
+        sel = epochs == epoch
+        out[sel] = index_shuffle(positions[sel], n - 1, (seed + epoch) % 2**32, _SHUFFLE_ROUNDS)
+    return out
+
+
+class BaseSampler(abc.ABC):
+    """The sampler contract: many global indices located at once.
+
+    Subclasses implement ``__len__``, ``locate`` and ``_index_bound``;
+    ``__getitem__`` (grain's ``Sampler`` protocol) follows from them. A sampler
+    whose epochs are padded to whole batches sets ``batch_padding``.
+    """
+
+    #: Set by samplers whose ``locate`` returns padding; the loader then checks
+    #: that its operations mask it (see ``BatchPadding``).
+    batch_padding: Optional[BatchPadding] = None
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """Number of global indices; ``sys.maxsize`` when the sampler never ends."""
+
+    @abc.abstractmethod
+    def locate(self, indices: np.ndarray) -> SampledIndices:
+        """Record keys, rng keys and padding flags of many global indices.
+
+        Args:
+          indices: int64 array of global indices, each in ``[0, len(self))``.
+
+        Returns:
+          A ``SampledIndices`` whose arrays have the shape of ``indices``.
+        """
+
+    def _index_bound(self) -> Optional[int]:
+        """The end of the valid indices named in errors (None: unbounded)."""
+        n = len(self)
+        return None if n == sys.maxsize else n
+
+    def __getitem__(self, index: int) -> RecordMetadata:
+        """The ``RecordMetadata`` of global ``index`` (grain's ``Sampler`` protocol).
+
+        Raises:
+          IndexError: ``index`` is negative or past the end, as in grain.
+        """
+        index = operator.index(index)
+        bound = self._index_bound()
+        if index < 0 or (bound is not None and index >= bound):
+            raise _out_of_range(index, bound)
+        located = self.locate(np.array([index], np.int64))
+        rng = None if located.seeds is None else LazyRng(int(located.seeds[0]))
+        return RecordMetadata(index=index, record_key=int(located.keys[0]), rng=rng)
+
+
+class _GrainProtocolSampler(BaseSampler):
+    """A sampler with grain's ``__getitem__ -> RecordMetadata`` only, one index at a time."""
+
+    def __init__(self, sampler: Any):
+        self.sampler = sampler
+        self._size: Optional[int] = None
+
+    def __len__(self) -> int:
+        if self._size is None:
+            self._size = _size_by_probing(self.sampler)
+        return self._size
+
+    def locate(self, indices: np.ndarray) -> SampledIndices:
+        sampler = self.sampler
+        metadata = [sampler[i] for i in np.asarray(indices).tolist()]
+        keys = [m.record_key for m in metadata]
+        try:
+            key_array = np.array(keys, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            key_array = np.array(keys, dtype=object)
+        return SampledIndices(key_array, None, None, metadata)
+
+    def __getitem__(self, index: int) -> RecordMetadata:
+        return self.sampler[index]
+
+    def __repr__(self) -> str:
+        return repr(self.sampler)
+
+
+def _size_by_probing(sampler: Any) -> int:
+    """``len(sampler)``, or the first index it refuses (by bisection) if it has no len."""
+    if hasattr(sampler, "__len__"):
+        return len(sampler)
+    lo, hi = 0, sys.maxsize
+    while lo < hi:
+        mid = (lo + hi) // 2
+        try:
+            sampler[mid]
+            lo = mid + 1
+        except IndexError:
+            hi = mid
+    return lo
+
+
+def as_sampler(sampler: Any) -> BaseSampler:
+    """``sampler`` as the loader uses it: a ``BaseSampler``, wrapped once if needed.
+
+    grainlike's samplers are returned as they are. Any other object with grain's
+    ``__getitem__(index) -> RecordMetadata`` (and optionally ``__len__``) is
+    wrapped so that ``locate`` asks it one index at a time and uses its metadata
+    (record key, rng and index) unchanged.
+
+    Raises:
+      TypeError: ``sampler`` has no ``__getitem__``.
+    """
+    if isinstance(sampler, BaseSampler):
+        return sampler
+    if not hasattr(sampler, "__getitem__"):
+        raise TypeError(
+            f"sampler must map a global index to a RecordMetadata (grain's Sampler "
+            f"protocol: __getitem__), got {type(sampler).__name__}: {sampler!r:.120}"
+        )
+    return _GrainProtocolSampler(sampler)
+
+
+class SequentialSampler(BaseSampler):
     """Reads records ``0, 1, 2, ...`` once, in order.
 
     Args:
@@ -99,12 +284,12 @@ class SequentialSampler:
         rng = None if self._seed is None else LazyRng(self._seed + index)
         return RecordMetadata(index=index, record_key=index, rng=rng)
 
-    def record_keys(self, indices: np.ndarray) -> np.ndarray:
-        """Record keys of many in-range global indices at once."""
-        return np.asarray(indices, dtype=np.int64)
+    def locate(self, indices: np.ndarray) -> SampledIndices:
+        indices = np.asarray(indices, dtype=np.int64)
+        return SampledIndices(indices, _seeds(self._seed, indices))
 
 
-class IndexSampler:
+class IndexSampler(BaseSampler):
     """Shards, shuffles and repeats the records of one data source.
 
     Produces exactly grain 0.2.18's order for the same arguments, so a pipeline
@@ -208,11 +393,7 @@ class IndexSampler:
     def _key(self, index: int) -> int:
         n = self._shard_size
         if n <= 0:
-            raise EmptyShardError(
-                f"Shard {self._shard_options.shard_index} of "
-                f"{self._shard_options.shard_count} holds no records "
-                f"(num_records={self._num_records})."
-            )
+            raise empty_shard_error(self._shard_options, self._num_records)
         epoch, i = divmod(index // self._shard_options.shard_count, n)
         if self._shuffle:
             i = index_shuffle(i, n - 1, (self._seed + epoch) % 2**32, _SHUFFLE_ROUNDS)
@@ -224,30 +405,21 @@ class IndexSampler:
         rng = None if self._seed is None else LazyRng(self._seed + index)
         return RecordMetadata(index=index, record_key=self._key(index), rng=rng)
 
-    def record_keys(self, indices: np.ndarray) -> np.ndarray:
-        """Record keys of many in-range global indices at once (vectorised).
+    def _index_bound(self) -> Optional[int]:
+        return self._max_index
 
-        Args:
-          indices: int64 array of global indices, each in ``[0, len(self))``.
+    def locate(self, indices: np.ndarray) -> SampledIndices:
+        """Record keys and rng keys of many global indices at once (vectorised).
 
-        Returns:
-          int64 array of the same shape: ``self[i].record_key`` for each ``i``.
+        ``locate(i).keys[0] == self[i].record_key`` for every ``i``.
         """
         indices = np.asarray(indices, dtype=np.int64)
         n = self._shard_size
-        if n <= 0 and indices.size:
-            self._key(0)  # raises EmptyShardError
         if n <= 0:
-            return indices.copy()
-        local = indices // self._shard_options.shard_count
-        epochs, pos = np.divmod(local, n)
+            if indices.size:
+                self._key(0)  # raises EmptyShardError
+            return SampledIndices(indices.copy(), _seeds(self._seed, indices))
+        epochs, pos = np.divmod(indices // self._shard_options.shard_count, n)
         if self._shuffle:
-            out = np.empty_like(pos)
-            # Each epoch has its own permutation; a chunk spans one or two epochs.
-            for epoch in np.unique(epochs):
-                sel = epochs == epoch
-                out[sel] = index_shuffle(
-                    pos[sel], n - 1, (self._seed + int(epoch)) % 2**32, _SHUFFLE_ROUNDS
-                )
-            pos = out
-        return pos + self._start
+            pos = _permute(pos, epochs, n, self._seed)
+        return SampledIndices(pos + self._start, _seeds(self._seed, indices))

@@ -27,14 +27,15 @@ from typing import Optional
 import numpy as np
 
 from grainlike.core import sharding
-from grainlike.core.index_shuffle import index_shuffle
-from grainlike.core.record import LazyRng, RecordMetadata
 from grainlike.core.samplers import (
-    _SHUFFLE_ROUNDS,
-    EmptyShardError,
+    BaseSampler,
+    BatchPadding,
     IndexSampler,
+    SampledIndices,
     _check_num_records,
-    _out_of_range,
+    _permute,
+    _seeds,
+    empty_shard_error,
 )
 
 __all__ = ["PaddedEpochSampler", "RandomSampler"]
@@ -81,7 +82,7 @@ def _check_positive(name: str, value: object, allow_none: bool = False) -> None:
         raise ValueError(f"{name} must be a positive int{none}, got {value!r}")
 
 
-class RandomSampler:
+class RandomSampler(BaseSampler):
     """Independent uniform draws with replacement: reproducible and restorable.
 
     Global index ``g`` reads record ``start + h % shard_size``, where ``h`` is the
@@ -152,26 +153,17 @@ class RandomSampler:
             f"seed={self._seed})"
         )
 
-    def record_keys(self, indices: np.ndarray) -> np.ndarray:
-        """Record keys of many in-range global indices at once (vectorised)."""
+    def locate(self, indices: np.ndarray) -> SampledIndices:
+        """Record keys and rng keys of many global indices at once (vectorised)."""
         indices = np.asarray(indices, dtype=np.int64)
         if self._shard_size <= 0:
-            raise EmptyShardError(
-                f"Shard {self._shard_options.shard_index} of "
-                f"{self._shard_options.shard_count} holds no records "
-                f"(num_records={self._num_records})."
-            )
+            raise empty_shard_error(self._shard_options, self._num_records)
         draws = splitmix64(self._seed, indices.ravel()) % np.uint64(self._shard_size)
-        return draws.astype(np.int64).reshape(indices.shape) + self._start
-
-    def __getitem__(self, index: int) -> RecordMetadata:
-        if index < 0 or (self._num_samples is not None and index >= self._num_samples):
-            raise _out_of_range(index, self._num_samples)
-        key = int(self.record_keys(np.array([index]))[0])
-        return RecordMetadata(index=index, record_key=key, rng=LazyRng(self._seed + index))
+        keys = draws.astype(np.int64).reshape(indices.shape) + self._start
+        return SampledIndices(keys, _seeds(self._seed, indices))
 
 
-class PaddedEpochSampler:
+class PaddedEpochSampler(BaseSampler):
     """``IndexSampler``'s epochs, each padded to whole batches that never mix epochs.
 
     Each epoch of this shard is ``shard_size`` real records in ``IndexSampler``'s
@@ -199,7 +191,7 @@ class PaddedEpochSampler:
       >>> s = PaddedEpochSampler(num_records=5, batch_size=4)
       >>> len(s), s.epoch_length, s.batches_per_epoch
       (8, 8, 2)
-      >>> s.is_padding(np.arange(8)).tolist()
+      >>> s.locate(np.arange(8)).padding.tolist()
       [False, False, False, False, False, True, True, True]
     """
 
@@ -252,6 +244,11 @@ class PaddedEpochSampler:
         return self._shard_options
 
     @property
+    def batch_padding(self) -> BatchPadding:
+        """The Batch and worker count this sampler's epochs are padded for."""
+        return BatchPadding(self._batch_size, self._worker_count)
+
+    @property
     def epoch_length(self) -> int:
         """Records per epoch in this shard, padding included."""
         return self._epoch_length
@@ -277,36 +274,22 @@ class PaddedEpochSampler:
             f"seed={self._seed})"
         )
 
-    def is_padding(self, indices: np.ndarray) -> np.ndarray:
-        """True for the global indices that are padding (masked) positions."""
-        local = np.asarray(indices, dtype=np.int64) // self._shard_options.shard_count
-        return local % self._epoch_length >= self._shard_size
+    def _index_bound(self) -> Optional[int]:
+        return None if self._num_epochs is None else len(self)
 
-    def record_keys(self, indices: np.ndarray) -> np.ndarray:
-        """Record keys of many in-range global indices at once (vectorised)."""
+    def locate(self, indices: np.ndarray) -> SampledIndices:
+        """Record keys, rng keys and padding flags of many global indices (vectorised).
+
+        A padding position re-reads a real record of its epoch (so transforms see
+        valid input) and is flagged in ``padding``.
+        """
         indices = np.asarray(indices, dtype=np.int64)
         n = self._shard_size
         if n <= 0:
-            raise EmptyShardError(
-                f"Shard {self._shard_options.shard_index} of "
-                f"{self._shard_options.shard_count} holds no records "
-                f"(num_records={self._num_records})."
-            )
+            raise empty_shard_error(self._shard_options, self._num_records)
         epochs, pos = np.divmod(indices // self._shard_options.shard_count, self._epoch_length)
-        pos = pos % n  # padding re-reads a real record of the same epoch
+        padding = pos >= n
+        pos = pos % n
         if self._shuffle:
-            out = np.empty_like(pos)
-            for epoch in np.unique(epochs):
-                sel = epochs == epoch
-                out[sel] = index_shuffle(
-                    pos[sel], n - 1, (self._seed + int(epoch)) % 2**32, _SHUFFLE_ROUNDS
-                )
-            pos = out
-        return pos + self._start
-
-    def __getitem__(self, index: int) -> RecordMetadata:
-        if index < 0 or index >= len(self):
-            raise _out_of_range(index, None if self._num_epochs is None else len(self))
-        key = int(self.record_keys(np.array([index]))[0])
-        rng = None if self._seed is None else LazyRng(self._seed + index)
-        return RecordMetadata(index=index, record_key=key, rng=rng)
+            pos = _permute(pos, epochs, n, self._seed)
+        return SampledIndices(pos + self._start, _seeds(self._seed, indices), padding)

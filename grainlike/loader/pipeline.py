@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import copy
 import sys
 import time
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -21,6 +22,7 @@ import numpy as np
 from grainlike.core import tree
 from grainlike.core.errors import add_note
 from grainlike.core.record import LazyRng, Record, RecordMetadata
+from grainlike.core.samplers import as_sampler
 from grainlike.core.sharding import ShardOptions
 from grainlike.core.transforms import (
     Batch,
@@ -45,21 +47,6 @@ _CHUNK_BYTES = 8 << 20
 # its first chunk spent most of its time waiting (I/O), not computing.
 _IO_BOUND_CPU_SHARE = 0.5
 _CHEAP_CHUNK_S = 2e-4
-
-
-def sampler_size(sampler: Any) -> int:
-    """``len(sampler)``, or found by bisection for samplers without ``__len__``."""
-    if hasattr(sampler, "__len__"):
-        return len(sampler)
-    lo, hi = 0, sys.maxsize
-    while lo < hi:
-        mid = (lo + hi) // 2
-        try:
-            sampler[mid]
-            lo = mid + 1
-        except IndexError:
-            hi = mid
-    return lo
 
 
 def describe_op(op: Any) -> str:
@@ -100,7 +87,8 @@ class Pipeline:
     Args:
       data_source: random-access source (``len`` and ``[key]``; ``__getitems__``
         is used when present).
-      sampler: maps global indices to ``RecordMetadata``.
+      sampler: a grainlike sampler, or any object with grain's ``__getitem__
+        -> RecordMetadata`` (wrapped by ``as_sampler``).
       operations: the transforms, in order.
       shard_options: which shard this process reads.
       read_options: read-ahead threads and buffer.
@@ -116,10 +104,12 @@ class Pipeline:
     ):
         self.data_source = data_source
         self.sampler = sampler
+        # The sampler contract, asked for a whole chunk of indices at a time.
+        self.locator = as_sampler(sampler)
         self.operations = check_operations(operations)
         self.shard_options = shard_options
         self.read_options = read_options
-        self.local_length = sampler_size(sampler) // shard_options.shard_count
+        self.local_length = len(self.locator) // shard_options.shard_count
         # Hook for workers: allocates stacked batch leaves (in shared memory).
         self.batch_alloc: Optional[tree.Allocator] = None
         # Whether the user passed ReadOptions (the DataLoader sets it).
@@ -139,20 +129,22 @@ class Pipeline:
 
     # -- reading ---------------------------------------------------------------
 
-    def _metadata(self, global_indices: np.ndarray) -> list:
-        sampler = self.sampler
-        fast = getattr(sampler, "record_keys", None)
-        if fast is not None and hasattr(sampler, "seed"):
-            keys = fast(global_indices).tolist()
-            seed = sampler.seed
-            gs = global_indices.tolist()
-            if seed is None:
-                return [RecordMetadata(g, k, None) for g, k in zip(gs, keys)]
-            return [RecordMetadata(g, k, LazyRng(seed + g)) for g, k in zip(gs, keys)]
-        return [sampler[int(g)] for g in global_indices.tolist()]
+    def _metadata(self, global_indices: np.ndarray, padding: Optional[set]) -> list:
+        """The ``RecordMetadata`` of each index; adds the padding positions to ``padding``."""
+        located = self.locator.locate(global_indices)
+        if padding is not None and located.padding is not None and located.padding.any():
+            padding.update(global_indices[located.padding].tolist())
+        if located.metadata is not None:
+            return located.metadata
+        gs = global_indices.tolist()
+        keys = located.keys.tolist()
+        if located.seeds is None:
+            return [RecordMetadata(g, k, None) for g, k in zip(gs, keys)]
+        seeds = located.seeds.tolist()
+        return [RecordMetadata(g, k, LazyRng(s)) for g, k, s in zip(gs, keys, seeds)]
 
-    def _read_chunk(self, global_indices: np.ndarray) -> list:
-        metas = self._metadata(global_indices)
+    def _read_chunk(self, global_indices: np.ndarray, padding: Optional[set] = None) -> list:
+        metas = self._metadata(global_indices, padding)
         source = self.data_source
         keys = [m.record_key for m in metas]
         getitems = getattr(source, "__getitems__", None)
@@ -203,7 +195,7 @@ class Pipeline:
     def _fit_chunk(self, chunk: list, size: list) -> None:
         """Sets the next chunk length from the size of the records just read."""
         if chunk and type(chunk[0]) is Record:
-            per_record = max(_approx_nbytes(chunk[0].data), 1)
+            per_record = max(tree.estimate_nbytes(chunk[0].data), 1)
             size[0] = max(1, min(self._max_chunk(), _CHUNK_BYTES // per_record))
 
     def read_threads(self) -> Optional[int]:
@@ -232,8 +224,14 @@ class Pipeline:
             return 0
         return None
 
-    def records(self, worker_index: int, worker_count: int, start: int) -> Iterator[Record]:
-        """Yields the worker's records from position ``start`` on, read ahead."""
+    def records(
+        self, worker_index: int, worker_count: int, start: int, padding: Optional[set] = None
+    ) -> Iterator[Record]:
+        """Yields the worker's records from position ``start`` on, read ahead.
+
+        Global indices the sampler marks as padding are added to ``padding``
+        (when given) as their records are read.
+        """
         threads = self.read_threads()
         size = [min(_FIRST_CHUNK, self._max_chunk())]
         index_chunks = self._chunks(worker_index, worker_count, start, size)
@@ -243,7 +241,7 @@ class Pipeline:
             if idx is None:
                 return
             wall, cpu = time.perf_counter(), time.thread_time()
-            chunk = self._read_chunk(idx)
+            chunk = self._read_chunk(idx, padding)
             wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
             io_bound = wall > _CHEAP_CHUNK_S and cpu < _IO_BOUND_CPU_SHARE * wall
             threads = self.read_options.num_threads if io_bound else 0
@@ -251,7 +249,7 @@ class Pipeline:
             yield from _delivered(chunk)
         if threads <= 0:
             for idx in index_chunks:
-                chunk = self._read_chunk(idx)
+                chunk = self._read_chunk(idx, padding)
                 self._fit_chunk(chunk, size)
                 yield from _delivered(chunk)
             return
@@ -265,7 +263,7 @@ class Pipeline:
         pending: collections.deque = collections.deque()
         try:
             for idx in index_chunks:
-                pending.append(pool.submit(self._read_chunk, idx))
+                pending.append(pool.submit(self._read_chunk, idx, padding))
                 if len(pending) >= ahead:
                     chunk = pending.popleft().result()
                     self._fit_chunk(chunk, size)
@@ -289,10 +287,13 @@ class Pipeline:
           worker_count: number of workers (0 means one, in process).
           start: the first position to read.
         """
-        if hasattr(self.sampler, "is_padding"):
-            check_padding_sampler(self.sampler, self.operations, worker_count)
+        # Padding positions, from when they are read until the Batch masking them.
+        padding: Optional[set] = None
+        if self.locator.batch_padding is not None:
+            check_padding_sampler(self.locator, self.operations, worker_count)
+            padding = set()
         position = [start]
-        records = self.records(worker_index, worker_count, start)
+        records = self.records(worker_index, worker_count, start, padding)
 
         def counted() -> Iterator[Record]:
             for r in records:
@@ -301,7 +302,7 @@ class Pipeline:
 
         stream: Iterator[Record] = counted()
         for op in self.operations:
-            stream = _apply(op, stream, self)
+            stream = _apply(op, stream, self, padding)
         try:
             for r in stream:
                 yield position[0], r.data
@@ -310,7 +311,7 @@ class Pipeline:
 
 
 def check_padding_sampler(sampler: Any, operations: Sequence[Any], worker_count: int) -> None:
-    """Checks that a sampler padding each epoch (``is_padding``) fits the pipeline.
+    """Checks that a sampler padding each epoch (``batch_padding``) fits the pipeline.
 
     Its padding is masked by the first Batch, which must pad with the sampler's
     batch size, with no filter before it, and with the worker count the sampler was
@@ -332,34 +333,21 @@ def check_padding_sampler(sampler: Any, operations: Sequence[Any], worker_count:
         if isinstance(op, Batch):
             batch = op
             break
-    expected_batch = getattr(sampler, "batch_size", None)
+    layout = sampler.batch_padding
+    expected_batch = layout.batch_size
     if batch is None or not batch.pad or batch.batch_size != expected_batch:
         got = "no Batch" if batch is None else describe_op(batch)
         raise ValueError(
             f"{name} needs Batch(batch_size={expected_batch}, pad=True) among the "
             f"operations to mask its padding records; got {got}"
         )
-    expected_workers = getattr(sampler, "worker_count", worker_count)
+    expected_workers = layout.worker_count
     if max(expected_workers, 1) != max(worker_count, 1):
         raise ValueError(
             f"{name} was made for worker_count={expected_workers}, but the loader runs "
             f"{worker_count} workers; each worker batches its own records, so pass the "
             "loader's worker_count to the sampler"
         )
-
-
-def _zeros_like(value: Any) -> Any:
-    """An element of the same structure, shapes and dtypes as ``value``, all zeros."""
-    if isinstance(value, dict):
-        out = {k: _zeros_like(v) for k, v in value.items()}
-        return out if type(value) is dict else type(value)(out)
-    if isinstance(value, (list, tuple)):
-        items = [_zeros_like(v) for v in value]
-        if isinstance(value, tuple) and hasattr(type(value), "_fields"):
-            return type(value)(*items)
-        return type(value)(items)
-    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
-    return np.zeros_like(arr)
 
 
 def _with_mask(data: Any, mask: np.ndarray, op: Batch) -> Any:
@@ -372,23 +360,10 @@ def _with_mask(data: Any, mask: np.ndarray, op: Batch) -> Any:
             )
         if type(data) is dict:
             return {**data, "mask": mask}
-        out = type(data)(data)
+        out = copy.copy(data)  # keeps the subclass (and a defaultdict's factory)
         out["mask"] = mask
         return out
     return {"data": data, "mask": mask}
-
-
-def _approx_nbytes(value: Any) -> int:
-    """Roughly how many bytes a record holds (its arrays and byte strings)."""
-    if isinstance(value, np.ndarray):
-        return value.nbytes
-    if isinstance(value, (bytes, bytearray)):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(_approx_nbytes(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_approx_nbytes(v) for v in value[:64])
-    return 8
 
 
 class _ReadFailure:
@@ -422,7 +397,9 @@ def _fail(e: BaseException, op: Any, r: Record) -> None:
     add_note(e, f"grainlike: in transform {describe_op(op)} on the record at global index {m.index}{key}")
 
 
-def _apply(op: Any, stream: Iterator[Record], pipeline: Pipeline) -> Iterator[Record]:
+def _apply(
+    op: Any, stream: Iterator[Record], pipeline: Pipeline, padding: Optional[set]
+) -> Iterator[Record]:
     if isinstance(op, MapTransform):
         fn = op.map
 
@@ -477,16 +454,21 @@ def _apply(op: Any, stream: Iterator[Record], pipeline: Pipeline) -> Iterator[Re
 
         return filtered()
     if isinstance(op, Batch):
-        return _batched(op, stream, pipeline)
-    raise TypeError(f"unsupported operation {op!r}")
+        return _batched(op, stream, pipeline, padding)
+    # A legacy grain Operation: a function of the whole stream of records.
+    return iter(op(stream))
 
 
-def _batched(op: Batch, stream: Iterator[Record], pipeline: Pipeline) -> Iterator[Record]:
+def _batched(
+    op: Batch, stream: Iterator[Record], pipeline: Pipeline, padding: Optional[set]
+) -> Iterator[Record]:
     size = op.batch_size
     user_fn = op.batch_fn
     pad = op.pad
-    # A padding sampler marks records that fill its epochs up to whole batches.
-    is_padding = getattr(pipeline.sampler, "is_padding", None) if pad else None
+    # A padding sampler marks records that fill its epochs up to whole batches; the
+    # first padded Batch masks them (check_padding_sampler makes it the first Batch).
+    if not pad:
+        padding = None
     buf: list = []
 
     def emit(records: list) -> Record:
@@ -496,13 +478,14 @@ def _batched(op: Batch, stream: Iterator[Record], pipeline: Pipeline) -> Iterato
             if pad:
                 mask = np.zeros(size, dtype=bool)
                 mask[: len(values)] = True
-                if is_padding is not None:
-                    flags = is_padding(np.array([r.metadata.index for r in records], np.int64))
-                    for i in np.flatnonzero(flags).tolist():
-                        mask[i] = False
-                        values[i] = _zeros_like(values[i])
+                if padding:
+                    for i, r in enumerate(records):
+                        if r.metadata.index in padding:
+                            padding.discard(r.metadata.index)
+                            mask[i] = False
+                            values[i] = tree.zeros_like(values[i])
                 if len(values) < size:
-                    values.extend([_zeros_like(values[0])] * (size - len(values)))
+                    values.extend([tree.zeros_like(values[0])] * (size - len(values)))
             if user_fn is not None:
                 data = user_fn(values)
             else:
