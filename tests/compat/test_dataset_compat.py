@@ -91,7 +91,60 @@ PIPELINES = {
     .shuffle()
     .random_map(_draw),
     "shard_of_shuffled_repeat": lambda lib: lib.MapDataset.range(13).shuffle(seed=0).repeat(2)[2::3],
+    "mix_uniform": lambda lib: lib.MapDataset.mix([lib.MapDataset.range(5), lib.MapDataset.range(100, 108)]),
+    "mix_weights": lambda lib: lib.MapDataset.mix(
+        [
+            lib.MapDataset.range(30).shuffle(seed=1),
+            lib.MapDataset.source(list("abcdefghij")),
+            lib.MapDataset.range(-20, 0),
+        ],
+        weights=[0.5, 0.2, 0.3],
+    ),
+    "mix_repeated_limited": lambda lib: lib.MapDataset.mix(
+        [lib.MapDataset.range(3).repeat(), lib.MapDataset.range(10, 12).repeat()], [3, 1]
+    )[:30],
+    "mix_then_shuffle_batch": lambda lib: lib.MapDataset.mix(
+        [lib.MapDataset.range(9), lib.MapDataset.range(50, 59)], [1, 2]
+    )
+    .seed(3)
+    .shuffle()
+    .batch(4),
+    "concatenate": lambda lib: lib.MapDataset.concatenate(
+        [lib.MapDataset.range(3), lib.MapDataset.source(["x", "y"]), lib.MapDataset.range(40, 45)]
+    ),
+    "concatenate_epochs": lambda lib: lib.MapDataset.concatenate(
+        [lib.MapDataset.range(3).shuffle(seed=2), lib.MapDataset.range(10, 14).shuffle(seed=3)]
+    ).repeat(3),
+    "select_from_datasets": lambda lib: lib.MapDataset.select_from_datasets(
+        [lib.MapDataset.range(10), lib.MapDataset.source(list("pqrst"))], _alternate(lib)
+    ),
+    "iter_mix": lambda lib: lib.IterDataset.mix(
+        [lib.MapDataset.range(6).to_iter_dataset(), lib.MapDataset.range(100, 110).to_iter_dataset()]
+    ),
+    "iter_mix_weights": lambda lib: lib.IterDataset.mix(
+        (
+            lib.MapDataset.range(20).to_iter_dataset().filter(lambda x: x % 2),
+            lib.MapDataset.range(100, 130).to_iter_dataset(),
+            lib.MapDataset.source(list("abcdefghijkl")).to_iter_dataset(),
+        ),
+        [0.2, 0.5, 0.3],
+    ),
+    "iter_mix_mapping": lambda lib: lib.IterDataset.mix(
+        {"zeta": lib.MapDataset.range(8).to_iter_dataset(), "alpha": lib.MapDataset.range(50, 70).to_iter_dataset()},
+        {"zeta": 1.0, "alpha": 3.0},
+    ),
 }
+
+
+def _alternate(lib):
+    class Alternate(lib.DatasetSelectionMap):
+        def __len__(self):
+            return 9
+
+        def __getitem__(self, index):
+            return (index % 2, (index // 2) * 3)
+
+    return Alternate()
 
 
 def _draw(x, rng):
@@ -213,6 +266,12 @@ def _errors(lib):
         "repeat_zero": lambda: r(3).repeat(0),
         "repeat_infinite": lambda: r(3).repeat().repeat(2),
         "empty_shuffle_getitem": lambda: r(0).shuffle(seed=1)[0],
+        "mix_zero_weight": lambda: lib.MapDataset.mix([r(3), r(4)], [1, 0]),
+        "mix_empty_dataset": lambda: lib.MapDataset.mix([r(3), r(0)]),
+        "mix_weight_count": lambda: lib.MapDataset.mix([r(3), r(4)], [1, 2, 3]),
+        "iter_mix_zero_weight": lambda: lib.IterDataset.mix([r(3).to_iter_dataset()], [0]),
+        "concatenate_infinite": lambda: lib.MapDataset.concatenate([r(3), r(2).repeat()]),
+        "empty_concatenate_getitem": lambda: lib.MapDataset.concatenate([r(0)])[0],
     }
 
 
