@@ -129,6 +129,12 @@ PIPELINES = {
         ),
         [0.2, 0.5, 0.3],
     ),
+    "random_map_threads": lambda lib: lib.MapDataset.source(list(range(80)))
+    .random_map(_draw, seed=31)
+    .to_iter_dataset(lib.ReadOptions(num_threads=4, prefetch_buffer_size=9)),
+    "source_of_dataset": lambda lib: lib.MapDataset.source(lib.MapDataset.range(12).map(lambda x: x * 2)).shuffle(
+        seed=3
+    ),
     "iter_mix_mapping": lambda lib: lib.IterDataset.mix(
         {"zeta": lib.MapDataset.range(8).to_iter_dataset(), "alpha": lib.MapDataset.range(50, 70).to_iter_dataset()},
         {"zeta": 1.0, "alpha": 3.0},
@@ -308,3 +314,37 @@ def test_next_index_matches_grain(G):
         seen.append(it.get_state())
         out[lib.name] = seen
     assert_same(out["grain"], out["grainlike"])
+
+
+def test_random_map_in_a_worker_offsets_its_counter_like_grain(G, grain_ref):
+    from grain._src.python.dataset import base as grain_base
+
+    from grainlike.dataset.base import MultiprocessingContext
+
+    def build(lib):
+        return lib.MapDataset.range(10).to_iter_dataset().random_map(_draw, seed=5)
+
+    g_it, l_it = iter(build(G)), iter(build(GRAINLIKE))
+    g_it._ctx.mp_context = grain_base.MultiprocessingContext(process_index=1, process_count=3)
+    l_it._ctx.mp_context = MultiprocessingContext(process_index=1, process_count=3)
+    assert_same([next(g_it) for _ in range(6)], [next(l_it) for _ in range(6)])
+
+
+def test_mix_mapping_restores_components_by_name(G):
+    def build(lib, names):
+        return lib.IterDataset.mix({n: lib.MapDataset.range(i * 100, i * 100 + 20).to_iter_dataset() for i, n in enumerate(names)})
+
+    results = {}
+    for lib in (G, GRAINLIKE):
+        it = iter(build(lib, ["a", "b"]))
+        for _ in range(7):
+            next(it)
+        state = it.get_state()
+        grown = iter(build(lib, ["a", "b", "c"]))
+        grown.set_state(state)
+        results[lib.name] = (state, [next(grown) for _ in range(9)], grown.get_state())
+    assert_same(results["grain"], results["grainlike"])
+    # States cross over too.
+    it = iter(build(GRAINLIKE, ["a", "b", "c"]))
+    it.set_state(results["grain"][0])
+    assert_same(results["grain"][1], [next(it) for _ in range(9)])

@@ -219,3 +219,90 @@ def test_pipe_and_parents():
 def test_non_callable_transform_is_a_type_error():
     with pytest.raises(TypeError, match=r"map takes a Map(Transform)? or a callable, got 42"):
         MapDataset.range(3).map(42)
+
+
+def test_str_of_random_and_mixing_stages():
+    r = MapDataset.range
+    assert str(r(3).shuffle(seed=1)) == "ShuffleMapDataset"
+    assert str(r(3).repeat(2)) == "RepeatMapDataset(num_epochs=2)"
+    assert str(r(3).seed(1)) == "WithOptionsMapDataset"
+    assert str(r(3).to_iter_dataset().seed(1)) == "WithOptionsIterDataset"
+    assert str(MapDataset.mix([r(3), r(4)])) == "MixedMapDataset[2 parents]"
+    assert repr(MapDataset.mix([r(3), r(4)], [1, 2])) == (
+        "MixedMapDataset(parent_lengths=[3, 4], selection_map="
+        "SelectionWithProportionsMap(proportions=(100, 200), length=6))"
+    )
+    mixed = IterDataset.mix([r(2).to_iter_dataset(), r(2).to_iter_dataset()], [1, 3])
+    assert str(mixed) == "MixedIterDataset([2 parents], proportions=[100, 300])"
+    assert str(iter(mixed)) == "MixedDatasetIterator([2 parents], proportions=(100, 300))"
+    text = str(r(3).random_map(lambda x, rng: x, seed=1))
+    assert text.startswith("RandomMapMapDataset(transform=") and "<lambda>" in text and "test_stages.py:" in text
+
+
+def test_mix_reads_each_source_in_batches_and_close_reaches_every_parent():
+    a, b = CountingSource(40), CountingSource(40)
+    ds = MapDataset.mix([MapDataset.source(a).shuffle(seed=1), MapDataset.source(b)], [1, 3])
+    assert len(list(ds)) == 53
+    assert a.single_calls == b.single_calls == 0
+    assert len(a.batched_calls) < 10 and len(b.batched_calls) < 10
+    it = iter(IterDataset.mix([MapDataset.range(3).to_iter_dataset(), MapDataset.range(3).to_iter_dataset()]))
+    next(it)
+    it.close()
+    assert all(p._closed for p in it._parents)
+
+
+def test_mix_error_names_the_component_and_stops():
+    def fail(x):
+        raise OSError("unreadable")
+
+    it = iter(IterDataset.mix({"good": MapDataset.range(5).to_iter_dataset(), "bad": MapDataset.range(5).to_iter_dataset().map(fail)}))
+    with pytest.raises(OSError) as info:
+        next(it)  # "bad" sorts first, as in grain
+    assert "reading dataset 'bad'" in "\n".join(info.value.__notes__)
+    with pytest.raises(StopIteration):
+        next(it)
+    assert it.get_state()["stop"] is True
+
+
+def test_mix_bad_state_leaves_every_component_as_it_was():
+    it = iter(IterDataset.mix([MapDataset.range(5).to_iter_dataset(), MapDataset.range(5).to_iter_dataset()]))
+    next(it)
+    before = it.get_state()
+    with pytest.raises(InvalidStateError):
+        it.set_state({"parents": [{"next_index": 3}, {"next_index": 9}], "index": 4, "stop": False})
+    assert it.get_state() == before
+    with pytest.raises(InvalidStateError):
+        it.set_state({"parents": [{"next_index": 3}], "index": 4, "stop": False})
+    assert it.get_state() == before
+
+
+def test_batch_allocator_receives_every_stacked_leaf():
+    shapes = []
+
+    def alloc(shape, dtype):
+        shapes.append((shape, np.dtype(dtype)))
+        return np.empty(shape, dtype)
+
+    ds = MapDataset.source([{"a": np.ones(3, np.float32) * i, "b": np.int64(i)} for i in range(4)]).to_iter_dataset().batch(2)
+    ds.set_allocator(alloc)
+    batches = list(ds)
+    assert batches[1]["a"].tolist() == [[2, 2, 2], [3, 3, 3]]
+    assert ((2, 3), np.dtype(np.float32)) in shapes
+
+
+def test_mp_prefetch_without_workers_is_the_dataset_itself():
+    from grainlike.dataset.options import MultiprocessingOptions
+
+    ds = MapDataset.range(3).to_iter_dataset()
+    assert ds.mp_prefetch(MultiprocessingOptions(num_workers=0)) is ds
+    with pytest.warns(DeprecationWarning):
+        assert ds.prefetch(MultiprocessingOptions(num_workers=0)) is ds
+
+
+def test_random_map_builds_generators_only_for_present_elements():
+    seen = []
+    ds = MapDataset.range(10).filter(lambda x: x % 5 == 0).random_map(lambda x, rng: seen.append(x) or x, seed=3)
+    assert list(ds) == [0, 5]
+    assert seen == [0, 5]
+    # The pool reuses generators instead of building one per element.
+    assert len(ds._pool._free) == 1
