@@ -35,6 +35,21 @@ def _spec(state: Any) -> Any:
     return tree.spec_like(state)
 
 
+def _comparable(value: Any) -> Any:
+    """``value`` with array-likes that are not numpy arrays (``jax.Array``) as numpy.
+
+    ``np.testing.assert_equal`` compares numpy arrays element-wise but would ask
+    other arrays for a single truth value.
+    """
+
+    def leaf(x: Any) -> Any:
+        if not isinstance(x, np.ndarray) and hasattr(x, "__array__") and hasattr(x, "shape"):
+            return np.asarray(x)
+        return x
+
+    return tree.map_structure(leaf, value)
+
+
 def _close(iterator: Any) -> None:
     close = getattr(iterator, "close", None)
     if close is not None:
@@ -76,7 +91,8 @@ def assert_equal_output_after_checkpoint(ds: Any, *, check_states_after_restore:
     Args:
       ds: anything whose ``iter()`` has ``get_state()`` and ``set_state()``: a
         ``MapDataset`` / ``IterDataset``, a ``DataLoader`` (whose states are JSON
-        bytes), or an iterable of your own.
+        bytes), or an iterable of your own. Outputs may hold numpy arrays or
+        other arrays (``jax.Array``), compared as numpy arrays.
       check_states_after_restore: also compare the states reported after each
         output of a restored iterator (grainlike only; grain checks the first).
 
@@ -116,7 +132,7 @@ def assert_equal_output_after_checkpoint(ds: Any, *, check_states_after_restore:
             except StopIteration:
                 break
             checkpoints.append(state)
-            expected.append(value)
+            expected.append(_comparable(value))
             step += 1
         final_state = state
     finally:
@@ -139,7 +155,7 @@ def assert_equal_output_after_checkpoint(ds: Any, *, check_states_after_restore:
             values = []
             for j, after in enumerate(states_after[i:], start=i):
                 try:
-                    values.append(next(restored))
+                    values.append(_comparable(next(restored)))
                 except StopIteration:
                     break
                 if check_states_after_restore:
@@ -150,7 +166,7 @@ def assert_equal_output_after_checkpoint(ds: Any, *, check_states_after_restore:
                         f"After restoring the state of step {i}, the state after step {j} "
                         f"differs from the original run's. Expected: {after}, Actual: {now}",
                     )
-            values.extend(restored)
+            values.extend(_comparable(v) for v in restored)
         finally:
             _close(restored)
         np.testing.assert_equal(

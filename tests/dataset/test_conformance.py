@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import grainlike as grain
+from grainlike.dataset import MapDataset
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
 
 
@@ -103,7 +104,7 @@ def test_empty_dataset_and_iterators_without_state_are_refused():
 def test_checks_grains_own_datasets_and_grain_checks_grainlikes(grain_ref, grains_check):
     theirs = grain_ref.MapDataset.range(9).shuffle(seed=3).map(lambda x: x + 1).to_iter_dataset().batch(2)
     assert_equal_output_after_checkpoint(theirs)
-    ours = grain.MapDataset.range(9).shuffle(seed=3).map(lambda x: x + 1).to_iter_dataset().batch(2)
+    ours = MapDataset.range(9).shuffle(seed=3).map(lambda x: x + 1).to_iter_dataset().batch(2)
     grains_check(ours)
 
 
