@@ -29,10 +29,13 @@ _ZEROS4 = np.zeros(4, np.uint64)
 def user_function(transform: Any, cls: type, method: str, stage: str) -> Callable:
     """``transform.<method>`` for an instance of ``cls``, else ``transform`` itself.
 
+    A non-callable object with that method (grain's own transform classes) counts
+    as a ``cls``.
+
     Raises:
       TypeError: ``transform`` is neither a ``cls`` nor callable.
     """
-    if isinstance(transform, cls):
+    if isinstance(transform, cls) or (not callable(transform) and callable(getattr(transform, method, None))):
         return getattr(transform, method)
     if not callable(transform):
         raise TypeError(

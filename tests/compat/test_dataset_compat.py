@@ -348,3 +348,10 @@ def test_mix_mapping_restores_components_by_name(G):
     it = iter(build(GRAINLIKE, ["a", "b", "c"]))
     it.set_state(results["grain"][0])
     assert_same(results["grain"][1], [next(it) for _ in range(9)])
+
+
+def test_grains_transform_objects_work_in_grainlike_pipelines(G):
+    add, odd, tag = _classes(G)
+    ours = GRAINLIKE.MapDataset.range(10).map(add).filter(odd).map_with_index(tag)
+    theirs = G.MapDataset.range(10).map(add).filter(odd).map_with_index(tag)
+    assert_same(list(theirs), list(ours))
