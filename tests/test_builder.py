@@ -140,7 +140,7 @@ def test_grainlike_loader_is_callable_and_still_a_package():
     import json
 
     import grainlike
-    import grainlike.loader.workers  # noqa: F401  (submodules still import)
+    import grainlike.loader.data_loader  # noqa: F401  (submodules still import)
 
     explicit = grainlike.from_source(list(range(10))).shuffle(3).batch(4).build()
     called = grainlike.loader(list(range(10))).shuffle(3).batch(4).build()

@@ -53,9 +53,9 @@ class DataLoader:
       warm_start: with workers, compute the first outputs in the calling process
         while the workers start (same outputs, order and states), so the first
         batch arrives after one in-process batch rather than a worker start
-        (process start, imports, unpickling the pipeline). False keeps every
-        transform out of the calling process, e.g. for transforms that might
-        crash the interpreter. grainlike only; grain has no such argument.
+        (process start, imports, unpickling the pipeline). Off by default: with
+        workers, transforms run only in the workers. grainlike only; grain has
+        no such argument.
 
     Example:
       >>> import grainlike as grain
@@ -79,7 +79,7 @@ class DataLoader:
         shard_options: Optional[sharding.ShardOptions] = None,
         read_options: Optional[ReadOptions] = None,
         enable_profiling: bool = False,
-        warm_start: bool = True,
+        warm_start: bool = False,
     ):
         worker_count = _determine_worker_count(worker_count)
         if isinstance(worker_buffer_size, bool) or not isinstance(worker_buffer_size, int):
@@ -118,7 +118,7 @@ class DataLoader:
         )
         self._pipeline.threads_chosen = threads_chosen
         if worker_count > 0:
-            from grainlike.loader import workers
+            from grainlike.dataset import workers
 
             workers.prestart()
 
@@ -211,9 +211,9 @@ class DataLoader:
     def _open_stream(self, positions: state_lib.Positions):
         if self.worker_count == 0:
             return _InProcessStream(self._pipeline, positions)
-        from grainlike.loader.workers import MultiprocessStream
+        from grainlike.loader.pipeline_task import PipelineWorkers
 
-        return MultiprocessStream(
+        return PipelineWorkers(
             self._pipeline,
             worker_count=self.worker_count,
             positions=positions,

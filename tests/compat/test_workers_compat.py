@@ -38,7 +38,7 @@ def test_workers_match_reference(grain_ref, case):
     rest_g = take(ig, 1000)
     end_state_g = ig.get_state()  # after exhaustion
 
-    # Without warm start the workers compute everything; with it (the default)
+    # Without warm start (the default) the workers compute everything; with it
     # this small pipeline is mostly computed in process while they start.
     for warm_start in (False, True):
         ll = build(grainlike, list(range(n)), warm_start=warm_start, **kw)

@@ -1,4 +1,4 @@
-"""Checks that a test left no worker process, thread or shared-memory segment."""
+"""Checks that a test left no worker process, thread, fd or shared-memory segment."""
 
 from __future__ import annotations
 
@@ -14,6 +14,15 @@ def shm_entries(prefix: str = "grainlike_") -> set:
         return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
     except OSError:
         return set()
+
+
+def own_shm_entries() -> set:
+    """Segments named for this process (``grainlike_<pid>_...``, ``grainlike_src_<pid>_...``).
+
+    Other test runs on the machine create and remove their own segments meanwhile.
+    """
+    pid = os.getpid()
+    return shm_entries(f"grainlike_{pid}_") | shm_entries(f"grainlike_src_{pid}_")
 
 
 def _helper_process(p: psutil.Process) -> bool:
@@ -41,6 +50,47 @@ def grainlike_threads() -> set:
     return {t.name for t in threading.enumerate() if t.name.startswith("grainlike")}
 
 
+def open_fds() -> dict:
+    """This process's open file descriptors: fd -> what it refers to."""
+    out = {}
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for name in names:
+        try:
+            out[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            pass  # Closed meanwhile (e.g. the listing's own descriptor).
+    return out
+
+
+def _long_lived_fds() -> set:
+    # multiprocessing's forkserver and resource tracker keep one pipe each open for
+    # the life of the process once started (by whichever test came first).
+    from multiprocessing import forkserver, resource_tracker
+
+    fds = {
+        getattr(forkserver._forkserver, "_forkserver_alive_fd", None),
+        getattr(resource_tracker._resource_tracker, "_fd", None),
+    }
+    return {fd for fd in fds if fd is not None}
+
+
+# What the worker machinery opens: pipes and sockets to workers, shared memory.
+# Files a source still held by the test keeps open are not leaks.
+_WORKER_FD_KINDS = ("pipe:", "socket:", "anon_inode:", "/dev/shm/")
+
+
+def new_fds(before: dict) -> dict:
+    """Pipes, sockets and shared-memory descriptors open now but not in ``before``."""
+    keep = _long_lived_fds()
+    return {
+        fd: target for fd, target in open_fds().items()
+        if before.get(fd) != target and fd not in keep and target.startswith(_WORKER_FD_KINDS)
+    }
+
+
 def wait_until(predicate, timeout: float = 5.0, interval: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -54,9 +104,10 @@ class LeakCheck:
     """Snapshot before; ``assert_clean()`` after (waits a little for exits)."""
 
     def __init__(self):
-        self.shm = shm_entries()
+        self.shm = own_shm_entries()
         self.children = worker_children()
         self.threads = grainlike_threads()
+        self.fds = open_fds()
 
     def assert_clean(self, timeout: float = 5.0) -> None:
         import gc
@@ -65,9 +116,12 @@ class LeakCheck:
         assert wait_until(lambda: worker_children() <= self.children, timeout), (
             f"worker processes left: {worker_children() - self.children}"
         )
-        assert wait_until(lambda: shm_entries() <= self.shm, timeout), (
-            f"shared-memory segments left: {shm_entries() - self.shm}"
+        assert wait_until(lambda: own_shm_entries() <= self.shm, timeout), (
+            f"shared-memory segments left: {own_shm_entries() - self.shm}"
         )
         assert wait_until(lambda: grainlike_threads() <= self.threads, timeout), (
             f"threads left: {grainlike_threads() - self.threads}"
+        )
+        assert wait_until(lambda: not new_fds(self.fds), timeout), (
+            f"file descriptors left: {new_fds(self.fds)}"
         )

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import grainlike as grain
-from grainlike.loader.workers import WorkerDiedError
+from grainlike.dataset.workers import WorkerDiedError
 from tests.helpers import leaks
 from tests.loader.test_workers import FailAt
 
@@ -163,7 +163,7 @@ def test_a_worker_killed_while_it_starts_is_reported_and_next_resumes(no_leaks):
     got = [_plain(next(it))]
     sd = it._stream._shutdown
     assert leaks.wait_until(lambda: sd.launched == 2, timeout=30)
-    victim = sd.procs[1].pid
+    victim = it._stream.pids[1]
     os.kill(victim, signal.SIGKILL)
     deadline = time.monotonic() + 10
     with pytest.raises(WorkerDiedError, match=r"worker 1 of 2 .*SIGKILL"):
@@ -182,7 +182,18 @@ def test_start_prefetch_starts_workers_that_compute_everything(no_leaks):
         assert all((b["pid"] != os.getpid()).all() for b in it)
 
 
-def test_warm_start_false_runs_no_transform_in_the_calling_process(no_leaks):
-    loader = _loader(SlowToLoad(30, delay=0.5), [WithPid(), grain.Batch(2)], 2, warm_start=False)
+@pytest.mark.parametrize("explicit", [True, False], ids=["warm_start=False", "default"])
+def test_without_warm_start_no_transform_runs_in_the_calling_process(no_leaks, explicit):
+    source, ops = SlowToLoad(30, delay=0.5), [WithPid(), grain.Batch(2)]
+    if explicit:
+        loader = _loader(source, ops, 2, warm_start=False)
+    else:
+        loader = grain.DataLoader(
+            data_source=source,
+            sampler=grain.IndexSampler(30, grain.NoSharding(), shuffle=True, num_epochs=1, seed=5),
+            operations=ops,
+            worker_count=2,
+        )
+        assert loader.multiprocessing_options.warm_start is False
     pids = {int(p) for b in loader for p in np.asarray(b["pid"]).ravel()}
     assert pids and os.getpid() not in pids

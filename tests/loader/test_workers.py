@@ -14,21 +14,21 @@ import numpy as np
 import pytest
 
 import grainlike as grain
-from grainlike.loader.workers import WorkerDiedError
+from grainlike.dataset.workers import WorkerDiedError
 from tests.helpers import leaks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _loader(n=20, ops=(), workers=2, epochs=1, shuffle=True, seed=3, source=None, warm_start=False, **kw):
-    # These tests are about the workers themselves; test_warm_start.py covers the
-    # outputs the calling process computes while they start.
+def _loader(n=20, ops=(), workers=2, epochs=1, shuffle=True, seed=3, source=None, **kw):
+    # Without warm start (the default) the workers compute everything;
+    # test_warm_start.py covers the outputs the calling process computes while
+    # they start.
     return grain.DataLoader(
         data_source=list(range(n)) if source is None else source,
         sampler=grain.IndexSampler(n, grain.NoSharding(), shuffle=shuffle, num_epochs=epochs, seed=seed),
         operations=list(ops),
         worker_count=workers,
-        warm_start=warm_start,
         **kw,
     )
 
@@ -207,7 +207,7 @@ def test_killed_worker_raises_quickly_and_next_resumes(no_leaks):
         expected = list(reference)
     it = iter(loader)
     got = [next(it) for _ in range(6)]
-    victim = it._stream._shutdown.procs[1].pid
+    victim = it._stream.pids[1]
     os.kill(victim, signal.SIGKILL)
     start = time.monotonic()
     with pytest.raises(WorkerDiedError, match=r"worker 1 of 2 .*SIGKILL"):
@@ -238,7 +238,7 @@ def test_keyboard_interrupt_during_next_leaves_iterator_usable(no_leaks):
 def test_garbage_collected_iterator_stops_its_workers(no_leaks):
     it = iter(_loader(50, [Slow(0.01)], workers=2))
     next(it)
-    pids = {p.pid for p in it._stream._shutdown.procs}
+    pids = set(it._stream.pids)
     del it
     gc.collect()
     assert leaks.wait_until(lambda: not (pids & leaks.worker_children()))
@@ -260,8 +260,9 @@ def _run_script(tmp_path, body, timeout=60, env=None):
     )
 
 
-def test_unguarded_script_runs_once_and_exits_without_warnings(tmp_path):
-    proc = _run_script(tmp_path, """
+@pytest.mark.parametrize("warm_start", [False, True])
+def test_unguarded_script_runs_once_and_exits_without_warnings(tmp_path, warm_start):
+    proc = _run_script(tmp_path, f"""
         import grainlike as grain
         print("top-level ran")
 
@@ -272,7 +273,7 @@ def test_unguarded_script_runs_once_and_exits_without_warnings(tmp_path):
         loader = grain.DataLoader(
             data_source=list(range(10)),
             sampler=grain.IndexSampler(10, grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
-            operations=[Triple(), grain.Batch(5)], worker_count=2)
+            operations=[Triple(), grain.Batch(5)], worker_count=2, warm_start={warm_start})
         print(sorted(v for b in loader for v in b.tolist()))
         it = iter(loader); next(it)  # left open: interpreter exit must clean up
     """)
@@ -297,10 +298,10 @@ def test_main_killed_by_sigkill_workers_exit_and_segments_go(tmp_path):
         loader = grain.DataLoader(
             data_source=list(range(10000)),
             sampler=grain.IndexSampler(10000, grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
-            operations=[Big(), grain.Batch(2)], worker_count=2, warm_start=False)
+            operations=[Big(), grain.Batch(2)], worker_count=2)
         it = iter(loader)
         keep = [next(it) for _ in range(3)]
-        print(" ".join(str(p.pid) for p in it._stream._shutdown.procs), flush=True)
+        print(" ".join(str(p) for p in it._stream.pids), flush=True)
         time.sleep(60)
     """)
     line = proc.stdout.readline()
@@ -351,8 +352,7 @@ def test_enable_profiling_reports_per_worker_timings(tmp_path):
             loader = grain.DataLoader(
                 data_source=list(range(40)),
                 sampler=grain.IndexSampler(40, grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
-                operations=[grain.Batch(4)], worker_count=2, enable_profiling=True,
-                warm_start=False)
+                operations=[grain.Batch(4)], worker_count=2, enable_profiling=True)
             with iter(loader) as it:
                 assert len(list(it)) == 10
     """)

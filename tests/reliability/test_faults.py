@@ -20,8 +20,8 @@ import psutil
 import pytest
 
 import grainlike as grain
-from grainlike.loader import shm
-from grainlike.loader.workers import WorkerDiedError
+from grainlike.dataset import shm
+from grainlike.dataset.workers import WorkerDiedError
 from tests.helpers import leaks
 from tests.reliability.transforms import Big, Slow
 
@@ -108,7 +108,7 @@ def test_worker_killed_with_shared_memory_batches_in_flight(no_leaks, then):
         assert _firsts(held) + rest == expected
     it.close()
     del held
-    assert leaks.wait_until(lambda: not leaks.shm_entries() - no_leaks.shm)
+    assert leaks.wait_until(lambda: not leaks.own_shm_entries() - no_leaks.shm)
 
 
 # -- main process killed -------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The body of a worker process.
+"""The body of a worker process: runs one worker's share of a ``WorkerTask``.
 
 Preloaded by the forkserver, so forking a worker does not import anything new.
 Never imports jax.
@@ -18,24 +18,28 @@ from typing import Any
 import cloudpickle
 import numpy as np  # noqa: F401  (preloaded for the forked workers)
 
-from grainlike.loader import shm
+from grainlike.dataset import shm
 
 
-def _send_error(conn, position: int, error: BaseException) -> None:
+def _send_error(conn, state: Any, error: BaseException) -> None:
     tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     try:
         payload = cloudpickle.dumps(error)
         cloudpickle.loads(payload)  # Some exceptions pickle but cannot be rebuilt.
     except Exception:
         payload = None
-    conn.send(("err", position, payload, type(error).__qualname__, str(error), tb))
+    try:
+        text = str(error)
+    except Exception:  # An exception whose __str__ fails still reaches the consumer.
+        text = f"<{type(error).__qualname__} that cannot be printed>"
+    conn.send(("err", state, payload, type(error).__qualname__, text, tb))
 
 
 def run(
-    pipeline_bytes: bytes,
+    task_bytes: bytes,
     worker_index: int,
     worker_count: int,
-    start: int,
+    start: Any,
     buffer_size: int,
     shm_prefix: str,
     results,
@@ -43,18 +47,20 @@ def run(
     consumer_pid: int = 0,
     profile: bool = False,
     hold: bool = False,
+    idle: bool = False,
 ) -> None:
     """Produces one worker's outputs and sends them to the consumer.
 
-    Messages out: ``("out", position, payload)``, ``("err", position, ...)`` and
-    finally ``("end", position)``. Messages in: ``("tick", released_segment_ids)``
+    Messages out: ``("out", state, payload)``, ``("err", state, ...)`` and
+    finally ``("end", state)``. Messages in: ``("tick", released_segment_ids)``
     (one more output may be sent) and ``("stop",)``. If the consumer's end of the
     control pipe closes (it exited or was killed), the worker removes its
     segments' names and exits at once.
 
-    With ``hold``, the worker sends ``("ready",)`` once its pipeline is loaded and
-    waits for ``("start", position)``: meanwhile the consumer computes this
-    worker's first outputs itself, and only it knows where they end.
+    With ``hold``, the worker sends ``("ready",)`` once its task is loaded and
+    waits for ``("start", state)``: meanwhile the consumer computes this
+    worker's first outputs itself, and only it knows where they end. An ``idle``
+    worker (already exhausted) produces nothing and waits to be stopped.
     """
     # Ctrl-C goes to the whole process group; the consumer decides what happens,
     # and stops the workers itself.
@@ -100,27 +106,29 @@ def run(
 
     threading.Thread(target=listen, name="grainlike-control", daemon=True).start()
 
-    position = start
+    state = start
     produced = 0
     busy = waited = 0.0
     clock = time.perf_counter
+    alloc = None
+    if pool is not None:
+
+        def alloc(shape, dtype):
+            with pool_lock:
+                return pool.alloc(shape, dtype)
+
     try:
-        pipeline = cloudpickle.loads(pipeline_bytes)
-        if pool is not None:
-
-            def alloc(shape, dtype):
-                with pool_lock:
-                    return pool.alloc(shape, dtype)
-
-            pipeline.batch_alloc = alloc
+        if idle:
+            stop.wait()
+        task = None if stop.is_set() else cloudpickle.loads(task_bytes)
         if hold:
             results.send(("ready",))
             started.wait()
-            position = start = start_at[0]
+            state = start = start_at[0]
         # Stopped while held: nothing to produce.
-        outputs = () if stop.is_set() else pipeline.outputs(worker_index, worker_count, start)
+        outputs = () if stop.is_set() else task.outputs(worker_index, worker_count, start, alloc)
         t0 = clock()
-        for position, output in outputs:
+        for state, output in outputs:
             if pool is not None:
                 with pool_lock:
                     output = pool.export(output)
@@ -129,18 +137,17 @@ def run(
             credits.acquire()
             if stop.is_set():
                 break
-            results.send(("out", position, output))
+            results.send(("out", state, output))
             t0 = clock()
             waited += t0 - t1
             produced += 1
         else:
             if not stop.is_set():
-                # Trailing records a filter dropped were read too.
-                results.send(("end", pipeline.worker_length(worker_index, worker_count)))
+                results.send(("end", task.end_state(worker_index, worker_count, state)))
     except BaseException as e:  # noqa: B902 - everything goes to the consumer
         if not stop.is_set():
             try:
-                _send_error(results, position, e)
+                _send_error(results, state, e)
             except Exception:
                 pass
     if profile:

@@ -17,9 +17,11 @@ import collections
 import mmap
 import os
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import numpy as np
+
+from grainlike.core import tree
 
 try:
     import _posixshmem
@@ -120,20 +122,6 @@ class _Segment:
         self.seg_id, self.name, self.size, self.mm = seg_id, name, size, mm
 
 
-def map_tree(fn: Callable[[Any], Any], tree: Any) -> Any:
-    """Applies ``fn`` to the leaves of nested dicts / lists / tuples / namedtuples."""
-    if isinstance(tree, dict):
-        return type(tree)((k, map_tree(fn, v)) for k, v in tree.items()) if type(tree) is not dict else {
-            k: map_tree(fn, v) for k, v in tree.items()
-        }
-    if isinstance(tree, (list, tuple)):
-        items = [map_tree(fn, v) for v in tree]
-        if isinstance(tree, tuple) and hasattr(type(tree), "_fields"):
-            return type(tree)(*items)
-        return type(tree)(items)
-    return fn(tree)
-
-
 class SegmentPool:
     """A worker's segments: allocated for batch leaves, reused once released.
 
@@ -190,7 +178,7 @@ class SegmentPool:
         self._pending[id(arr)] = (arr, seg)
         return arr
 
-    def export(self, tree: Any) -> Any:
+    def export(self, batch: Any) -> Any:
         """Replaces large array leaves with ``ShmLeaf``s (copying those not yet in a segment)."""
 
         def leaf(x: Any) -> Any:
@@ -208,7 +196,7 @@ class SegmentPool:
             self._lent[seg.seg_id] = seg
             return ShmLeaf(seg.seg_id, seg.name, seg.size, x.shape, x.dtype.str)
 
-        out = map_tree(leaf, tree)
+        out = tree.map_structure(leaf, batch)
         # Leaves allocated but not part of the output (a batch_fn dropped them).
         for arr, seg in self._pending.values():
             self._free[seg.size].append(seg)
@@ -257,8 +245,9 @@ class SegmentReader:
         count = int(np.prod(leaf.shape, dtype=np.int64))
         return np.frombuffer(mm, dtype=dtype, count=count).reshape(leaf.shape)
 
-    def materialize(self, tree: Any) -> Any:
-        return map_tree(lambda x: self.array(x) if type(x) is ShmLeaf else x, tree)
+    def materialize(self, batch: Any) -> Any:
+        """``batch`` with every ``ShmLeaf`` replaced by its array."""
+        return tree.map_structure(lambda x: self.array(x) if type(x) is ShmLeaf else x, batch)
 
     def close(self) -> None:
         """Closes the cached descriptors; arrays already handed out stay valid."""

@@ -1,0 +1,659 @@
+"""The worker pool: processes that each compute one worker's share of a task.
+
+A task is any picklable object with the ``WorkerTask`` methods. Worker ``w`` of
+``W`` starts at a state (JSON-able: an int, a dict of indices) and yields
+``(state after this output, output)``; the pool takes the workers' outputs
+strictly round-robin and keeps every worker's state after its last delivered
+output, which is all a checkpoint needs. The DataLoader's pipeline (states are
+positions) and ``mp_prefetch`` (states are dataset iterator states) are two tasks.
+
+Workers are forked from a forkserver that has preloaded ``worker_main``, so a
+worker starts in milliseconds. The preparation data a worker receives names no
+main module, so it never re-runs the user's ``__main__``, and nothing in the
+user's process is edited to achieve that. The task travels as cloudpickle bytes,
+so lambdas and classes defined in a notebook or an unguarded script work. Batch
+leaves come back through shared memory (``shm``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import functools
+import itertools
+import multiprocessing
+import multiprocessing.connection
+import multiprocessing.context
+import os
+import signal
+import threading
+import types
+import weakref
+from typing import Any, Iterator, Optional, Protocol, Sequence
+
+import cloudpickle
+
+from grainlike.core.errors import add_note
+from grainlike.core.tree import Allocator
+from grainlike.dataset import shm
+
+# How long close() waits for a worker to exit by itself before terminating it.
+_JOIN_TIMEOUT_S = 2.0
+_WORKER_MODULE = "grainlike.dataset.worker_main"
+_pool_ids = itertools.count()
+_context_lock = threading.Lock()
+_context = None
+
+
+class WorkerError(RuntimeError):
+    """A worker failed with an exception that could not be sent back as itself."""
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process exited unexpectedly (killed, crashed, out of memory)."""
+
+
+class WorkerTask(Protocol):
+    """The work a pool runs: picklable, and the same in every worker.
+
+    Example:
+      >>> class Squares:
+      ...     def outputs(self, worker_index, worker_count, state, alloc):
+      ...         for i in range(state, 6)[worker_index::worker_count]:
+      ...             yield i + 1, i * i
+      ...     def end_state(self, worker_index, worker_count, state):
+      ...         return state
+      ...     def pickling_error(self, error):
+      ...         return error
+      >>> with WorkerPool(Squares(), 2, [0, 0]) as pool:
+      ...     list(pool)
+      [0, 1, 4, 9, 16, 25]
+    """
+
+    def outputs(
+        self, worker_index: int, worker_count: int, state: Any, alloc: Optional[Allocator]
+    ) -> Iterator[tuple[Any, Any]]:
+        """Yields ``(state after this output, output)`` for one worker.
+
+        Args:
+          worker_index: this worker, in ``[0, worker_count)``.
+          worker_count: number of workers.
+          state: where to start: what the pool was given for this worker, or the
+            state after an output this method yielded.
+          alloc: allocates stacked batch leaves (in shared memory, in a worker);
+            None in the calling process.
+        """
+
+    def end_state(self, worker_index: int, worker_count: int, state: Any) -> Any:
+        """The worker's state once ``outputs`` is exhausted (``state``: after its last output)."""
+
+    def pickling_error(self, error: Exception) -> BaseException:
+        """The exception to raise when ``cloudpickle`` fails on the task with ``error``."""
+
+
+def _strip_main(data: dict) -> dict:
+    # Without these entries the child keeps the forkserver's own __main__ instead
+    # of importing (and so re-running) the user's main module.
+    data.pop("init_main_from_name", None)
+    data.pop("init_main_from_path", None)
+    return data
+
+
+class _SpawnWithoutMain(types.ModuleType):
+    """``multiprocessing.spawn`` as a worker's launcher sees it: no main module."""
+
+    def __init__(self):
+        from multiprocessing import spawn
+
+        super().__init__(spawn.__name__)
+        self.__dict__.update(vars(spawn))
+        self.get_preparation_data = lambda name: _strip_main(spawn.get_preparation_data(name))
+
+
+def _popen_class() -> type:
+    """The forkserver ``Popen``, launching with preparation data that names no main module.
+
+    Its ``_launch`` is the standard library's own code, bound to a ``spawn``
+    module whose ``get_preparation_data`` drops the main-module entries; nothing
+    global changes, so other processes the program starts are unaffected.
+    """
+    from multiprocessing import popen_forkserver
+
+    base = popen_forkserver.Popen
+    launch = base._launch
+    namespace = dict(vars(popen_forkserver))
+    namespace["spawn"] = _SpawnWithoutMain()
+    stripped = types.FunctionType(
+        launch.__code__, namespace, launch.__name__, launch.__defaults__, launch.__closure__
+    )
+    return type("WorkerPopen", (base,), {"_launch": stripped, "__module__": __name__})
+
+
+class _WorkerProcess(multiprocessing.context.ForkServerProcess):
+    """A forkserver process that starts without importing the main module."""
+
+    @staticmethod
+    def _Popen(process_obj):
+        return _worker_popen()(process_obj)
+
+
+@functools.lru_cache(maxsize=None)
+def _worker_popen() -> type:
+    return _popen_class()
+
+
+def _forkserver_context():
+    global _context
+    with _context_lock:
+        if _context is None:
+            ctx = multiprocessing.get_context("forkserver")
+            from multiprocessing import forkserver
+
+            preload = list(getattr(forkserver._forkserver, "_preload_modules", []))
+            if _WORKER_MODULE not in preload:
+                # Keep whatever the user preloads; add ours so forks are ready at once.
+                ctx.set_forkserver_preload(preload + [_WORKER_MODULE])
+            _context = ctx
+        return _context
+
+
+def prestart() -> None:
+    """Starts the forkserver now so the first workers fork at once.
+
+    Called when a loader with workers is built: booting the server (a fresh
+    interpreter importing numpy and grainlike) then overlaps whatever the program
+    does before its first ``next()``. Later pools in the process reuse it. The
+    server imports the main module only if the user preloads ``"__main__"``.
+    """
+    _forkserver_context()
+    from multiprocessing import forkserver
+
+    try:
+        forkserver.ensure_running()
+    except Exception:
+        pass  # Starting workers later reports the problem with its context.
+
+
+def _raise_fd_limit() -> None:
+    # Each batch leaf the user holds keeps one mapping (and descriptor) alive.
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard if hard != resource.RLIM_INFINITY else 1 << 16
+        target = min(target, 1 << 16)
+        if soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def pickle_task(task: WorkerTask) -> bytes:
+    """cloudpickle bytes of the task, or the task's own error naming what fails."""
+    try:
+        return cloudpickle.dumps(task)
+    except Exception as e:
+        raise task.pickling_error(e) from e
+
+
+def _describe_exit(code: Optional[int]) -> str:
+    if code is None:
+        return "is not responding"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (SIGKILL is also what the out-of-memory killer sends)" if -code == signal.SIGKILL else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
+def _stop_process(proc: Any, control: Any) -> None:
+    """Asks one worker to stop, then terminates and kills it if it does not."""
+    try:
+        control.send(("stop",))
+    except Exception:
+        pass
+    proc.join(_JOIN_TIMEOUT_S)
+    if proc.exitcode is None:
+        proc.terminate()
+        proc.join(1.0)
+    if proc.exitcode is None:
+        proc.kill()
+        proc.join(1.0)
+
+
+class _Shutdown:
+    """Everything a pool must release; callable once, from close(), GC or exit."""
+
+    def __init__(self):
+        self.procs: list = []
+        self.controls: list = []
+        self.results: list = []
+        self.readers: list = []
+        self.prefix = ""
+        self.done = False
+        self.lock = threading.Lock()
+        # Set when workers are started from a background thread (warm start).
+        self.launcher: Optional[threading.Thread] = None
+        self.launched = 0
+        self.launch_error: Optional[BaseException] = None
+
+    def __call__(self) -> None:
+        with self.lock:
+            if self.done:
+                return
+            self.done = True
+        launcher = self.launcher
+        if launcher is not None and launcher is not threading.current_thread():
+            launcher.join()  # At most one more worker start; then it sees done.
+        for conn in self.controls:
+            try:
+                conn.send(("stop",))
+            except Exception:
+                pass
+        for p in self.procs:
+            p.join(_JOIN_TIMEOUT_S)
+        for p in self.procs:
+            if p.exitcode is None:
+                p.terminate()
+                p.join(1.0)
+            if p.exitcode is None:
+                p.kill()
+                p.join(1.0)
+        for conn in self.controls + self.results:
+            try:
+                conn.close()
+            except Exception:
+                pass
+        for reader in self.readers:
+            reader.close()
+        for p in self.procs:
+            try:
+                p.close()
+            except Exception:
+                pass
+        if self.prefix:
+            # Segments a killed worker made but never sent.
+            shm.unlink_prefix(self.prefix)
+
+
+_live: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all_at_exit() -> None:
+    for pool in list(_live):
+        pool.close()
+
+
+class _WorkerFailed(Exception):
+    """Carries a worker's error out of ``_next_output`` when it ends only that worker."""
+
+    def __init__(self, error: BaseException):
+        super().__init__()
+        self.error = error
+
+
+class WorkerPool:
+    """Outputs of ``worker_count`` worker processes, taken strictly round-robin.
+
+    ``states[w]`` is worker ``w``'s state after its last delivered output (at
+    first, where it starts) and ``next_worker`` whose turn is next; both change
+    only when an output is returned, so they are a checkpoint at every step.
+
+    Warm start: when ``next()`` has to start the workers (rather than
+    ``start()`` ahead of time) and ``warm_start`` is set, each worker is started
+    held. Until worker ``w`` reports that it has loaded its task, the calling
+    process computes ``w``'s outputs itself, with the same code from the same
+    state; then it tells ``w`` where to go on. The outputs and states are those
+    of the workers alone.
+
+    Args:
+      task: the work (see ``WorkerTask``).
+      worker_count: number of worker processes (> 0).
+      states: where each worker starts.
+      next_worker: whose output comes first.
+      exhausted: workers that have no more outputs (they are not started).
+      buffer_size: finished outputs each worker keeps ready.
+      profile: each worker logs its timings when it stops.
+      warm_start: see above.
+      error_ends_worker: an error raised in worker ``w`` (or its death) ends ``w``
+        only: the error is raised once, and from then on ``w`` counts as
+        exhausted at its last delivered state while the others go on (grain's
+        ``mp_prefetch``). Otherwise every error stops all workers and the pool is
+        ``broken``; its owner starts a new one from ``states`` (the DataLoader).
+    """
+
+    def __init__(
+        self,
+        task: WorkerTask,
+        worker_count: int,
+        states: Sequence[Any],
+        next_worker: int = 0,
+        *,
+        exhausted: Optional[Sequence[bool]] = None,
+        buffer_size: int = 1,
+        profile: bool = False,
+        warm_start: bool = False,
+        error_ends_worker: bool = False,
+    ):
+        if worker_count < 1:
+            raise ValueError(f"a worker pool needs worker_count >= 1, got {worker_count}")
+        if len(states) != worker_count:
+            raise ValueError(f"expected {worker_count} worker states, got {len(states)}")
+        self._task = task
+        self._w = worker_count
+        self.states = list(states)
+        self.next_worker = next_worker
+        self.exhausted = [False] * worker_count if exhausted is None else [bool(e) for e in exhausted]
+        self._buffer_size = max(int(buffer_size), 1)
+        self._profile = bool(profile)
+        self._warm_start = bool(warm_start)
+        self._error_ends_worker = bool(error_ends_worker)
+        # Workers whose error was raised: they end at their next turn.
+        self._failed = [False] * worker_count
+        self._payload = pickle_task(task)
+        self._started = False
+        self._released = [collections.deque() for _ in range(worker_count)]
+        # Workers started held, and the in-process outputs standing in for them.
+        self._held = [False] * worker_count
+        self._local: dict = {}
+        self._shutdown = _Shutdown()
+        self._finalizer = weakref.finalize(self, self._shutdown)
+        self._closed = False
+
+    @property
+    def broken(self) -> bool:
+        """Whether the pool stopped (closed, or after an error that stops every worker)."""
+        return self._closed
+
+    @property
+    def pids(self) -> list:
+        """Process ids of the workers started so far."""
+        return [p.pid for p in self._shutdown.procs]
+
+    def __iter__(self) -> "WorkerPool":
+        return self
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self, hold: bool = False) -> None:
+        """Starts the workers; ``hold`` starts them held (see the class doc).
+
+        Held workers are started from a background thread: starting the first
+        workers of a process waits for the forkserver to boot, and the calling
+        process has outputs to compute meanwhile.
+        """
+        if self._started:
+            return
+        if self._closed:
+            raise RuntimeError("the worker pool is closed")
+        self._started = True
+        _raise_fd_limit()
+        shm.sweep_orphans()
+        sd = self._shutdown
+        sd.prefix = f"grainlike_{os.getpid()}_{next(_pool_ids)}_{os.urandom(3).hex()}_"
+        _live.add(self)
+        self._held = [hold and not e for e in self.exhausted]
+        launch = functools.partial(
+            _launch,
+            sd,
+            self._payload,
+            self._w,
+            list(self.states),
+            list(self.exhausted),
+            self._buffer_size,
+            self._profile,
+            hold,
+            [released.append for released in self._released],
+        )
+        if hold:
+            sd.launcher = threading.Thread(target=launch, name="grainlike-start", daemon=True)
+            sd.launcher.start()
+        else:
+            launch()
+
+    def _recv(self, w: int) -> Any:
+        sd = self._shutdown
+        conn, proc = sd.results[w], sd.procs[w]
+        while True:
+            ready = multiprocessing.connection.wait([conn, proc.sentinel], timeout=1.0)
+            if not ready:
+                continue
+            if conn in ready or conn.poll():
+                try:
+                    return conn.recv()
+                except EOFError:
+                    pass  # The worker is gone; report how.
+            proc.join(0.5)
+            if self._error_ends_worker:
+                then = "It counts as exhausted from the next call on; the other workers go on."
+            else:
+                then = (
+                    "The other workers were stopped; call next() again to restart the "
+                    "workers from the last delivered output, or set_state() a checkpoint."
+                )
+            raise WorkerDiedError(
+                f"grainlike worker {w} of {self._w} (pid {proc.pid}) "
+                f"{_describe_exit(proc.exitcode)} before finishing its outputs "
+                f"(its state after its last delivered output: {self.states[w]!r}). {then}"
+            )
+
+    def _tick(self, w: int) -> None:
+        released = self._released[w]
+        ids = []
+        while released:
+            ids.append(released.popleft())
+        try:
+            self._shutdown.controls[w].send(("tick", ids))
+        except (OSError, ValueError):
+            pass
+
+    def __next__(self) -> Any:
+        before = (list(self.states), self.next_worker, list(self.exhausted))
+        try:
+            self.start(hold=self._warm_start)
+            return self._next_output()
+        except StopIteration:
+            raise
+        except _WorkerFailed as failed:
+            raise failed.error from None
+        except BaseException:
+            if not self._closed:
+                # Interrupted (Ctrl-C, or any exception) half way: a message may be
+                # half read, or taken but not returned. Stop the workers; the
+                # owner restarts them from the last output actually returned.
+                self.states, self.next_worker, self.exhausted = before
+                self.close()
+            raise
+
+    def _advance(self, w: int) -> None:
+        self.next_worker = (w + 1) % self._w
+
+    def _next_output(self) -> Any:
+        while True:
+            if all(self.exhausted):
+                raise StopIteration
+            if self._local or any(self._held):
+                self._release_ready()
+            w = self.next_worker
+            if self._failed[w]:
+                # As grain: after its error a worker counts as exhausted, at the
+                # state of its last delivered output.
+                self._failed[w] = False
+                self.exhausted[w] = True
+            if self.exhausted[w]:
+                self._advance(w)
+                continue
+            if self._held[w]:
+                found, output = self._local_output(w)
+                if found:
+                    return output
+                continue
+            try:
+                msg = self._recv(w)
+            except WorkerDiedError as e:
+                raise self._failure(w, e) from None
+            kind = msg[0]
+            if kind == "out":
+                output = self._shutdown.readers[w].materialize(msg[2])
+                self.states[w] = msg[1]
+                self._advance(w)
+                self._tick(w)
+                return output
+            if kind == "end":
+                self.exhausted[w] = True
+                self.states[w] = msg[1]
+                self._advance(w)
+                continue
+            if kind == "err":
+                raise self._failure(w, _rebuild_error(w, self._shutdown.procs[w].pid, msg))
+            raise RuntimeError(f"unexpected message from worker {w}: {kind!r}")
+
+    def _failure(self, w: int, error: BaseException) -> BaseException:
+        """What to raise for worker ``w``'s error: it ends ``w`` only, or every worker."""
+        if not self._error_ends_worker:
+            self.close()
+            return error
+        self._failed[w] = True
+        sd = self._shutdown
+        _stop_process(sd.procs[w], sd.controls[w])
+        return _WorkerFailed(error)
+
+    def _release_ready(self) -> None:
+        """Lets every held worker that has loaded its task go on by itself."""
+        sd = self._shutdown
+        if sd.launch_error is not None:
+            raise sd.launch_error
+        for w in range(sd.launched):
+            if not self._held[w] or self.exhausted[w] or not sd.results[w].poll():
+                continue
+            msg = self._recv(w)
+            if msg[0] == "err":  # The task failed to load in the worker.
+                raise _rebuild_error(w, sd.procs[w].pid, msg)
+            if msg[0] != "ready":
+                raise RuntimeError(f"unexpected message from held worker {w}: {msg[0]!r}")
+            local = self._local.pop(w, None)
+            if local is not None:
+                local.close()
+            sd.controls[w].send(("start", self.states[w]))
+            self._held[w] = False
+
+    def _local_output(self, w: int) -> tuple[bool, Any]:
+        """Worker ``w``'s next output, computed here; ``(False, None)`` at its end."""
+        local = self._local.get(w)
+        if local is None:
+            local = self._task.outputs(w, self._w, self.states[w], None)
+            self._local[w] = local
+        try:
+            state, output = next(local)
+        except StopIteration:
+            # As for a worker's "end".
+            del self._local[w]
+            self.exhausted[w] = True
+            self.states[w] = self._task.end_state(w, self._w, self.states[w])
+            self._advance(w)
+            return False, None
+        except Exception as e:
+            add_note(
+                e,
+                f"grainlike: raised in the calling process, which computes worker {w}'s "
+                "outputs while it starts (warm_start=False runs every transform in the "
+                "workers)",
+            )
+            raise
+        self.states[w] = state
+        self._advance(w)
+        return True, output
+
+    def close(self) -> None:
+        """Stops the workers and releases their resources. Idempotent.
+
+        Arrays already returned stay valid for as long as they are referenced.
+        """
+        self._closed = True
+        _live.discard(self)
+        for local in self._local.values():
+            try:
+                local.close()
+            except Exception:  # Never let cleanup hide what is being raised.
+                pass
+        self._local.clear()
+        self._finalizer()
+
+
+def _launch(
+    sd: _Shutdown,
+    payload: bytes,
+    worker_count: int,
+    starts: list,
+    exhausted: list,
+    buffer_size: int,
+    profile: bool,
+    hold: bool,
+    on_release: list,
+) -> None:
+    """Starts the worker processes, registering each with ``sd`` once it runs.
+
+    An exhausted worker's process only waits to be stopped.
+    Stops early if ``sd`` is shutting down; a failure is kept in
+    ``sd.launch_error`` for the consumer to raise (it may run in a thread).
+    """
+    ctx = _forkserver_context()
+    try:
+        for w in range(worker_count):
+            if sd.done:
+                return
+            result_r, result_w = ctx.Pipe(duplex=False)
+            control_r, control_w = ctx.Pipe(duplex=False)
+            proc = _WorkerProcess(
+                target=_worker_entry,
+                args=(
+                    payload, w, worker_count, starts[w], buffer_size,
+                    f"{sd.prefix}{w}_", result_w, control_r, os.getpid(), profile, hold,
+                    exhausted[w],
+                ),
+                name=f"grainlike-worker-{w}",
+                daemon=True,
+            )
+            try:
+                proc.start()
+            finally:
+                # Only the worker may hold these ends, so that EOF means its exit.
+                result_w.close()
+                control_r.close()
+            sd.procs.append(proc)
+            sd.results.append(result_r)
+            sd.controls.append(control_w)
+            sd.readers.append(shm.SegmentReader(on_release[w]))
+            sd.launched = w + 1
+    except BaseException as e:  # noqa: B902 - handed to the consumer
+        if sd.launcher is None:
+            raise
+        sd.launch_error = e
+
+
+def _worker_entry(*args) -> None:
+    from grainlike.dataset import worker_main
+
+    worker_main.run(*args)
+
+
+def _rebuild_error(w: int, pid: int, msg: tuple) -> BaseException:
+    _, state, payload, type_name, text, tb = msg
+    error = None
+    if payload is not None:
+        try:
+            error = cloudpickle.loads(payload)
+        except Exception:
+            error = None
+    if error is None:
+        error = WorkerError(f"{type_name}: {text}")
+    add_note(error, f"grainlike: raised in worker {w} (pid {pid}); the worker's traceback:\n{tb.rstrip()}")
+    return error
