@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from tests.test_docs import ROOT, python_blocks
 
 
@@ -18,3 +20,6 @@ def test_readme_example_runs():
     batch = namespace["batch"]
     assert batch["x"].shape == (32,) and (batch["x2"] == batch["x"] ** 2).all()
     assert namespace["state"].startswith(b"{")
+    first = namespace["first"]
+    assert first["x"].shape == (32,) and first["x"].dtype == np.int64 and (first["x2"] == first["x"] ** 2).all()
+    assert namespace["checkpoint"]["next_index_in_datasets"] == 2  # mp_prefetch's state of two workers
