@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import grainlike as grain
+from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
 from grainlike.device import DeviceIterator, make_global_batch
 from tests.helpers.leaks import LeakCheck
 
@@ -97,9 +98,22 @@ def test_state_is_after_last_batch_handed_out(worker_count, prefetch, k):
     # The same JSON the plain iterator has after k batches.
     assert state == states[k]
 
-    with DeviceIterator(iter(make_loader(worker_count)), prefetch=prefetch) as it2:
-        it2.set_state(state)
-        assert ids(list(it2)) == expected[k:]
+
+class OnDevice:
+    """A loader whose iterators are DeviceIterators."""
+
+    def __init__(self, worker_count, prefetch):
+        self.loader = make_loader(worker_count, num_records=24)
+        self.prefetch = prefetch
+
+    def __iter__(self):
+        return DeviceIterator(iter(self.loader), prefetch=self.prefetch)
+
+
+@pytest.mark.parametrize("worker_count", WORKERS)
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_restores_at_every_step_with_batches_prefetched(worker_count, prefetch, no_leaks):
+    assert_equal_output_after_checkpoint(OnDevice(worker_count, prefetch))
 
 
 @pytest.mark.parametrize("worker_count", WORKERS)

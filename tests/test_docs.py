@@ -22,6 +22,7 @@ EXECUTED_PAGES = [
     "migrating.md",
     "troubleshooting.md",
     "sources.md",
+    "dataset.md",
 ]
 
 _BLOCK = re.compile(r"(<!-- no-test -->\s*\n)?^```python[^\n]*\n(.*?)^```\s*$", re.M | re.S)

@@ -482,6 +482,7 @@ class IterDataset(_Dataset, Iterable[T], metaclass=IterDatasetMeta):
         self,
         options: Any = None,
         worker_init_fn: Optional[Callable[[int, int], None]] = None,
+        sequential_slice: bool = False,
     ) -> "IterDataset[T]":
         """Computes this dataset in worker processes, each on a slice of it.
 
@@ -490,7 +491,17 @@ class IterDataset(_Dataset, Iterable[T], metaclass=IterDatasetMeta):
             grain. With ``num_workers=0`` this is a no-op.
           worker_init_fn: called in each worker as ``fn(worker_index, worker_count)``
             before it computes anything.
+          sequential_slice: grain's experimental contiguous slices per worker; not
+            supported (worker ``w`` of ``W`` reads indices ``w, w + W, ...``).
+
+        Raises:
+          NotImplementedError: ``sequential_slice=True``.
         """
+        if sequential_slice:
+            raise NotImplementedError(
+                "mp_prefetch(sequential_slice=True) is not supported by grainlike; each "
+                "worker reads every num_workers-th element (sequential_slice=False)"
+            )
         from grainlike.dataset.options import MultiprocessingOptions
 
         options = options or MultiprocessingOptions(num_workers=10)

@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional, Sequence
 from grainlike.core import tree
 from grainlike.core.errors import add_note
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
-from grainlike.dataset.map import note_iterator
+from grainlike.dataset.map import PassThroughStateIterator, note_iterator
 
 
 def _check_batch_size(batch_size: Any) -> None:
@@ -111,7 +111,7 @@ class BatchMapDataset(MapDataset):
         return out
 
 
-class _BatchDatasetIterator(DatasetIterator):
+class _BatchDatasetIterator(PassThroughStateIterator):
     def __init__(self, parent: DatasetIterator, batch_size: int, drop_remainder: bool, batcher: _Batcher):
         super().__init__(parent)
         self._batch_size = batch_size
@@ -135,12 +135,6 @@ class _BatchDatasetIterator(DatasetIterator):
         except Exception as e:
             note_iterator(e, self, parent)
             raise
-
-    def get_state(self) -> dict:
-        return self._parent.get_state()
-
-    def set_state(self, state: dict) -> None:
-        self._parent.set_state(state)
 
     def _get_next_index(self) -> int:
         return (self._parent._get_next_index() + self._batch_size - 1) // self._batch_size

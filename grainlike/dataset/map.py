@@ -29,10 +29,13 @@ _ZEROS4 = np.zeros(4, np.uint64)
 def user_function(transform: Any, cls: type, method: str, stage: str) -> Callable:
     """``transform.<method>`` for an instance of ``cls``, else ``transform`` itself.
 
+    A non-callable object with that method (grain's own transform classes) counts
+    as a ``cls``.
+
     Raises:
       TypeError: ``transform`` is neither a ``cls`` nor callable.
     """
-    if isinstance(transform, cls):
+    if isinstance(transform, cls) or (not callable(transform) and callable(getattr(transform, method, None))):
         return getattr(transform, method)
     if not callable(transform):
         raise TypeError(
@@ -118,20 +121,30 @@ def _require_seed(seed: Any, default: Any) -> Any:
     return seed
 
 
-class MapMapDataset(MapDataset):
-    """``fn(element)`` for each element."""
+class ElementwiseMapDataset(MapDataset):
+    """A MapDataset stage applying a user transform to each present element.
+
+    Subclasses name the transform class and method they accept (``_accepts``,
+    ``_method``) and define ``_apply(index, element)``; ``None`` passes through.
+    """
+
+    _accepts: type = MapTransform
+    _method = "map"
 
     def __init__(self, parent: MapDataset, transform: Any):
         super().__init__(parent)
         self._transform = transform
-        self._fn = user_function(transform, MapTransform, "map", "map")
+        self._fn = user_function(transform, self._accepts, self._method, self._method)
         self._name = transform_name(transform)
+
+    def _apply(self, index: int, element: Any) -> Any:
+        raise NotImplementedError
 
     def __len__(self) -> int:
         return len(self._parent)
 
     def __str__(self) -> str:
-        return f"MapMapDataset(transform={self._name})"
+        return f"{type(self).__name__}(transform={self._name})"
 
     def __getitem__(self, index):
         if isinstance(index, slice):
@@ -140,108 +153,72 @@ class MapMapDataset(MapDataset):
         if element is None:
             return None
         try:
-            return self._fn(element)
+            return self._apply(index, element)
         except Exception as e:
             note_element(e, self, f"index {index}")
             raise
 
     def _getitems(self, indices: Sequence[int]) -> list:
         elements = self._parent._getitems(indices)
-        fn = self._fn
-        out: list = []
-        append = out.append
-        try:
-            for x in elements:
-                append(None if x is None else fn(x))
-        except Exception as e:
-            note_element(e, self, f"index {indices[len(out)]}")
-            raise
-        return out
-
-
-class RandomMapMapDataset(MapDataset):
-    """``fn(element, rng)``; the rng of index ``i`` is keyed on the seed, counted by ``i``."""
-
-    def __init__(self, parent: MapDataset, transform: Any, seed: Optional[int] = None):
-        super().__init__(parent)
-        self._transform = transform
-        self._fn = user_function(transform, RandomMapTransform, "random_map", "random_map")
-        self._name = transform_name(transform)
-        self._seed = _require_seed(seed, self._default_seed)
-        self._pool = _RngPool(seed_key(self._seed, "random_map"))
-
-    def __len__(self) -> int:
-        return len(self._parent)
-
-    def __str__(self) -> str:
-        return f"RandomMapMapDataset(transform={self._name})"
-
-    def _one(self, element: Any, index: int) -> Any:
-        if element is None:
-            return None
-        pool = self._pool
-        rng = pool.acquire(index)
-        try:
-            result = self._fn(element, rng)
-        except Exception as e:
-            note_element(e, self, f"index {index}")
-            raise
-        pool.release(rng)
-        return result
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return self.slice(index)
-        return self._one(self._parent[index], index)
-
-    def _getitems(self, indices: Sequence[int]) -> list:
-        elements = self._parent._getitems(indices)
-        one = self._one
-        return [one(x, i) for x, i in zip(elements, indices)]
-
-
-class MapWithIndexMapDataset(MapDataset):
-    """``fn(index, element)`` for each element."""
-
-    def __init__(self, parent: MapDataset, transform: Any):
-        super().__init__(parent)
-        self._transform = transform
-        self._fn = user_function(transform, MapWithIndexTransform, "map_with_index", "map_with_index")
-        self._name = transform_name(transform)
-
-    def __len__(self) -> int:
-        return len(self._parent)
-
-    def __str__(self) -> str:
-        return f"MapWithIndexMapDataset(transform={self._name})"
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return self.slice(index)
-        element = self._parent[index]
-        if element is None:
-            return None
-        try:
-            return self._fn(index, element)
-        except Exception as e:
-            note_element(e, self, f"index {index}")
-            raise
-
-    def _getitems(self, indices: Sequence[int]) -> list:
-        elements = self._parent._getitems(indices)
-        fn = self._fn
+        apply = self._apply
         out: list = []
         append = out.append
         try:
             for i, x in zip(indices, elements):
-                append(None if x is None else fn(i, x))
+                append(None if x is None else apply(i, x))
         except Exception as e:
             note_element(e, self, f"index {indices[len(out)]}")
             raise
         return out
 
 
-class _MapDatasetIterator(DatasetIterator):
+class MapMapDataset(ElementwiseMapDataset):
+    """``fn(element)`` for each element."""
+
+    def _apply(self, index: int, element: Any) -> Any:
+        return self._fn(element)
+
+
+class RandomMapMapDataset(ElementwiseMapDataset):
+    """``fn(element, rng)``; the rng of index ``i`` is keyed on the seed, counted by ``i``."""
+
+    _accepts = RandomMapTransform
+    _method = "random_map"
+
+    def __init__(self, parent: MapDataset, transform: Any, seed: Optional[int] = None):
+        super().__init__(parent, transform)
+        self._seed = _require_seed(seed, self._default_seed)
+        self._pool = _RngPool(seed_key(self._seed, "random_map"))
+
+    def _apply(self, index: int, element: Any) -> Any:
+        pool = self._pool
+        rng = pool.acquire(index)
+        result = self._fn(element, rng)
+        pool.release(rng)
+        return result
+
+
+class MapWithIndexMapDataset(ElementwiseMapDataset):
+    """``fn(index, element)`` for each element."""
+
+    _accepts = MapWithIndexTransform
+    _method = "map_with_index"
+
+    def _apply(self, index: int, element: Any) -> Any:
+        return self._fn(index, element)
+
+
+class PassThroughStateIterator(DatasetIterator):
+    """An iterator stage whose state is its parent's."""
+
+    def get_state(self) -> dict:
+        return self._parent.get_state()
+
+    def set_state(self, state: dict) -> None:
+        self._parent.set_state(state)
+
+
+class _MapDatasetIterator(PassThroughStateIterator):
     def __init__(self, parent: DatasetIterator, fn: Callable, name: str):
         super().__init__(parent)
         self._fn = fn
@@ -257,12 +234,6 @@ class _MapDatasetIterator(DatasetIterator):
             note_iterator(e, self, self._parent)
             raise
 
-    def get_state(self) -> dict:
-        return self._parent.get_state()
-
-    def set_state(self, state: dict) -> None:
-        self._parent.set_state(state)
-
     def _get_next_index(self) -> int:
         return self._parent._get_next_index()
 
@@ -273,132 +244,114 @@ class _MapDatasetIterator(DatasetIterator):
         return f"MapDatasetIterator(transform={self._name})"
 
 
-class _RandomMapDatasetIterator(DatasetIterator):
-    """Element ``k`` of worker ``w`` of ``W`` gets the rng counted by ``w + k * W``."""
+class _CountingIterator(DatasetIterator):
+    """Applies ``_apply(count, element)`` to present elements; counts every element.
 
-    def __init__(self, parent: DatasetIterator, fn: Callable, seed: Any, name: str):
-        super().__init__(parent)
-        self._fn = fn
-        self._name = name
-        self._key = seed_key(seed, "random_map")
-        self._rng = new_rng(self._key)
-        self._index_for_rng = 0
+    The state is ``{"parent": ..., <_counter_key>: count}``.
+    """
 
-    def __next__(self):
-        element = next(self._parent)
-        if element is not None:
-            mp = self._ctx.mp_context
-            reset_rng(self._rng, self._key, mp.process_index + self._index_for_rng * mp.process_count)
-            try:
-                element = self._fn(element, self._rng)
-            except Exception as e:
-                note_iterator(e, self, self._parent)
-                raise
-        self._index_for_rng += 1
-        return element
+    _counter_key = "counter"
+    _label = "MapWithIndexDatasetIterator"
 
-    def get_state(self) -> dict:
-        return {"parent": self._parent.get_state(), "index_for_rng": self._index_for_rng}
-
-    def set_state(self, state: dict) -> None:
-        require_keys(state, self, ("parent", "index_for_rng"))
-        index = non_negative_int(state, "index_for_rng", self)
-        self._parent.set_state(state["parent"])
-        self._index_for_rng = index
-
-    def _get_next_index(self) -> int:
-        return self._index_for_rng
-
-    def _set_next_index(self, index: int) -> None:
-        self._parent._set_next_index(index)
-        self._index_for_rng = index
-
-    def __str__(self) -> str:
-        return f"RandomMapDatasetIterator(transform={self._name})"
-
-
-class _MapWithIndexDatasetIterator(DatasetIterator):
     def __init__(self, parent: DatasetIterator, fn: Callable, name: str):
         super().__init__(parent)
         self._fn = fn
         self._name = name
-        self._counter = 0
+        self._count = 0
+
+    def _apply(self, count: int, element: Any) -> Any:
+        return self._fn(count, element)
 
     def __next__(self):
         element = next(self._parent)
         if element is not None:
             try:
-                element = self._fn(self._counter, element)
+                element = self._apply(self._count, element)
             except Exception as e:
                 note_iterator(e, self, self._parent)
                 raise
-        self._counter += 1
+        self._count += 1
         return element
 
     def get_state(self) -> dict:
-        return {"parent": self._parent.get_state(), "counter": self._counter}
+        return {"parent": self._parent.get_state(), self._counter_key: self._count}
 
     def set_state(self, state: dict) -> None:
-        require_keys(state, self, ("parent", "counter"))
-        counter = non_negative_int(state, "counter", self)
+        require_keys(state, self, ("parent", self._counter_key))
+        count = non_negative_int(state, self._counter_key, self)
         self._parent.set_state(state["parent"])
-        self._counter = counter
+        self._count = count
 
     def _get_next_index(self) -> int:
-        return self._counter
+        return self._count
 
     def _set_next_index(self, index: int) -> None:
         self._parent._set_next_index(index)
-        self._counter = index
+        self._count = index
 
     def __str__(self) -> str:
-        return f"MapWithIndexDatasetIterator(transform={self._name})"
+        return f"{self._label}(transform={self._name})"
 
 
-class MapIterDataset(IterDataset):
-    """``fn(element)`` for each element of an IterDataset."""
+class _RandomMapDatasetIterator(_CountingIterator):
+    """Element ``k`` of worker ``w`` of ``W`` gets the rng counted by ``w + k * W``."""
+
+    _counter_key = "index_for_rng"
+    _label = "RandomMapDatasetIterator"
+
+    def __init__(self, parent: DatasetIterator, fn: Callable, seed: Any, name: str):
+        super().__init__(parent, fn, name)
+        self._key = seed_key(seed, "random_map")
+        self._rng = new_rng(self._key)
+
+    def _apply(self, count: int, element: Any) -> Any:
+        mp = self._ctx.mp_context
+        reset_rng(self._rng, self._key, mp.process_index + count * mp.process_count)
+        return self._fn(element, self._rng)
+
+
+class TransformIterDataset(IterDataset):
+    """An IterDataset stage applying a user transform (see ``ElementwiseMapDataset``)."""
+
+    _accepts: type = MapTransform
+    _method = "map"
 
     def __init__(self, parent: IterDataset, transform: Any):
         super().__init__(parent)
         self._transform = transform
-        self._fn = user_function(transform, MapTransform, "map", "map")
+        self._fn = user_function(transform, self._accepts, self._method, self._method)
         self._name = transform_name(transform)
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}(transform={self._name})"
+
+
+class MapIterDataset(TransformIterDataset):
+    """``fn(element)`` for each element of an IterDataset."""
 
     def __iter__(self) -> DatasetIterator:
         return _MapDatasetIterator(self._parent.__iter__(), self._fn, self._name)
 
-    def __str__(self) -> str:
-        return f"MapIterDataset(transform={self._name})"
 
-
-class RandomMapIterDataset(IterDataset):
+class RandomMapIterDataset(TransformIterDataset):
     """``fn(element, rng)`` for each element of an IterDataset."""
 
+    _accepts = RandomMapTransform
+    _method = "random_map"
+
     def __init__(self, parent: IterDataset, transform: Any, seed: Optional[int] = None):
-        super().__init__(parent)
-        self._transform = transform
-        self._fn = user_function(transform, RandomMapTransform, "random_map", "random_map")
-        self._name = transform_name(transform)
+        super().__init__(parent, transform)
         self._seed = _require_seed(seed, self._default_seed)
 
     def __iter__(self) -> DatasetIterator:
         return _RandomMapDatasetIterator(self._parent.__iter__(), self._fn, self._seed, self._name)
 
-    def __str__(self) -> str:
-        return f"RandomMapIterDataset(transform={self._name})"
 
-
-class MapWithIndexIterDataset(IterDataset):
+class MapWithIndexIterDataset(TransformIterDataset):
     """``fn(position, element)`` for each element of an IterDataset."""
 
-    def __init__(self, parent: IterDataset, transform: Any):
-        super().__init__(parent)
-        self._transform = transform
-        self._fn = user_function(transform, MapWithIndexTransform, "map_with_index", "map_with_index")
-        self._name = transform_name(transform)
+    _accepts = MapWithIndexTransform
+    _method = "map_with_index"
 
     def __iter__(self) -> DatasetIterator:
-        return _MapWithIndexDatasetIterator(self._parent.__iter__(), self._fn, self._name)
-
-    def __str__(self) -> str:
-        return f"MapWithIndexIterDataset(transform={self._name})"
+        return _CountingIterator(self._parent.__iter__(), self._fn, self._name)

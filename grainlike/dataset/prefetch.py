@@ -84,11 +84,17 @@ class PrefetchIterDataset(IterDataset):
         self._read_options = read_options or ReadOptions()
         self._allow_nones = allow_nones
 
-    def set_slice(self, sl: slice) -> None:
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
         """Reads only the indices of ``sl`` (a worker's share), in place.
 
         Only for a copy of the pipeline made for one worker.
+
+        Raises:
+          NotImplementedError: ``sequential_slice=True`` (grain's contiguous
+            per-worker ranges are not supported).
         """
+        if sequential_slice:
+            raise NotImplementedError(f"{self}: sequential slices are not supported")
         self._parents = (self._parent.slice(sl),)
 
     def read_threads(self) -> int:

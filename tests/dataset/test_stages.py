@@ -306,3 +306,14 @@ def test_random_map_builds_generators_only_for_present_elements():
     assert seen == [0, 5]
     # The pool reuses generators instead of building one per element.
     assert len(ds._pool._free) == 1
+
+
+def test_set_slice_reads_a_workers_share_in_place():
+    ds = MapDataset.range(20).shuffle(seed=2).map(lambda x: x * 10).to_iter_dataset()
+    whole = list(ds)
+    ds.set_slice(slice(1, None, 3))
+    assert list(ds) == whole[1::3]
+    with pytest.raises(NotImplementedError):
+        ds.set_slice(slice(0, None, 2), sequential_slice=True)
+    with pytest.raises(NotImplementedError, match="sequential_slice"):
+        ds.mp_prefetch(sequential_slice=True)
