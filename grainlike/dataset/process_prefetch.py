@@ -1,0 +1,395 @@
+"""``IterDataset.mp_prefetch``: a dataset computed in worker processes, one slice each.
+
+Worker ``w`` of ``W`` iterates over its own copy of the parent dataset, sliced
+where grain slices it (the ``MapDataset`` under ``to_iter_dataset()`` keeps the
+indices ``w, w + W, ...``), with its iterators told they run as process ``w`` of
+``W``. The outputs are taken round-robin; a worker that ends is skipped, and the
+iteration ends when all have. Everything runs on the shared worker pool
+(``workers.WorkerPool``): the same process start, shared-memory batches,
+liveness checks and error reports as the DataLoader's workers.
+
+The state is grain 0.2.18's (its ``mp_prefetch`` interleaves one prefetching
+iterator per worker)::
+
+    {"next_index_in_cycle": next worker,
+     "next_index_in_datasets": W,
+     "iterators_in_use_indices": [0, 1, ..., W - 1],
+     "iterators_in_use_states": [state of worker 0's iterator, ...],
+     "exhausted": [0 or 1 per worker],
+     "future_states": {}}
+
+where a worker's state is its sliced iterator's ``get_state()`` after its last
+delivered output (before its first, the parent iterator's initial state).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Iterator, Optional
+
+import cloudpickle
+
+from grainlike.core.errors import InvalidStateError, StateKeyError, add_note
+from grainlike.core.tree import Allocator
+from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset, MultiprocessingContext
+from grainlike.dataset.workers import WorkerPool
+
+_STATE_KEYS = (
+    "next_index_in_cycle",
+    "next_index_in_datasets",
+    "iterators_in_use_indices",
+    "iterators_in_use_states",
+    "exhausted",
+)
+
+
+def _set_slice(ds: Any, sl: slice) -> None:
+    """Makes ``ds`` (a worker's copy) compute only the elements of ``sl``, in place.
+
+    The nearest stage on each path up the pipeline that can be sliced
+    (``set_slice``, e.g. ``to_iter_dataset()``) is; as in grain.
+
+    Raises:
+      ValueError: a path reaches a source that cannot be sliced.
+    """
+    set_slice = getattr(ds, "set_slice", None)
+    if callable(set_slice):
+        set_slice(sl)
+        return
+    parents = getattr(ds, "_parents", ())
+    if not parents:
+        kind = "MapDataset" if isinstance(ds, MapDataset) else "IterDataset"
+        raise ValueError(
+            f"Cannot slice `{kind}` source. {type(ds)}: mp_prefetch gives each worker a "
+            "slice of the dataset, which needs a MapDataset turned into an IterDataset "
+            "with to_iter_dataset() (or a stage with set_slice) upstream"
+        )
+    for parent in parents:
+        _set_slice(parent, sl)
+
+
+def _pickling_error(ds: Any, error: Exception) -> Exception:
+    """The error of the first stage (parents first) that cannot be pickled, as grain."""
+    for parent in getattr(ds, "_parents", ()):
+        found = _pickling_error(parent, error)
+        if found is not error:
+            return found
+    try:
+        cloudpickle.dumps(ds)
+    except Exception as e:
+        add_note(e, f"Dataset: {ds} cannot be pickled!")
+        return e
+    return error
+
+
+class _WorkerSliceTask:
+    """A ``WorkerTask``: worker ``w`` iterates over its slice of the parent dataset.
+
+    States are the sliced iterator's states; None starts a fresh iterator. The
+    dataset travels as bytes of its own and is loaded after ``worker_init_fn``
+    has run in the worker, as in grain.
+    """
+
+    def __init__(self, parent: IterDataset, worker_init_fn: Optional[Callable[[int, int], None]]):
+        self._parent = parent
+        self._worker_init_fn = worker_init_fn
+        self._dataset_bytes: Optional[bytes] = None
+
+    def __getstate__(self) -> dict:
+        data = cloudpickle.dumps(self._parent) if self._dataset_bytes is None else self._dataset_bytes
+        return {"_parent": None, "_worker_init_fn": self._worker_init_fn, "_dataset_bytes": data}
+
+    def _dataset(self) -> IterDataset:
+        """A copy of the parent dataset, this worker's to slice."""
+        data = self._dataset_bytes if self._dataset_bytes is not None else cloudpickle.dumps(self._parent)
+        return cloudpickle.loads(data)
+
+    def outputs(
+        self, worker_index: int, worker_count: int, state: Any, alloc: Optional[Allocator]
+    ) -> Iterator[tuple[Any, Any]]:
+        if self._worker_init_fn is not None:
+            self._worker_init_fn(worker_index, worker_count)
+        ds = self._dataset()
+        if worker_count > 1:
+            _set_slice(ds, slice(worker_index, None, worker_count))
+        set_allocator = getattr(ds, "set_allocator", None)
+        if alloc is not None and callable(set_allocator):
+            # The parent's batches are the outputs: stack them in shared memory.
+            set_allocator(alloc)
+        it = ds.__iter__()
+        ctx = getattr(it, "_ctx", None)
+        if ctx is not None:
+            # Random stages on iterators draw per process (grain's mp_context).
+            ctx.mp_context = MultiprocessingContext(process_index=worker_index, process_count=worker_count)
+        try:
+            if state is not None:
+                it.set_state(state)
+            while True:
+                try:
+                    element = next(it)
+                except StopIteration:
+                    return
+                yield copy.deepcopy(it.get_state()), element
+        finally:
+            it.close()
+
+    def end_state(self, worker_index: int, worker_count: int, state: Any) -> Any:
+        # As grain: an exhausted worker keeps the state of its last output.
+        return state
+
+    def pickling_error(self, error: Exception) -> BaseException:
+        try:
+            cloudpickle.dumps(self._worker_init_fn)
+        except Exception as e:
+            return e
+        return _pickling_error(self._parent, error)
+
+
+def _options_value(options: Any, name: str, default: Any) -> Any:
+    # grain's MultiprocessingOptions has the same fields, less warm_start.
+    return getattr(options, name, default)
+
+
+class MultiprocessPrefetchIterDataset(IterDataset):
+    """The parent dataset, computed in ``options.num_workers`` worker processes.
+
+    Built by ``IterDataset.mp_prefetch``; see the module docstring.
+
+    Args:
+      parent: the dataset each worker computes a slice of.
+      options: a ``MultiprocessingOptions`` (grainlike's or grain's) with
+        ``num_workers > 0``; ``per_worker_buffer_size`` outputs per worker are
+        computed ahead.
+      worker_init_fn: called in each worker as ``fn(worker_index, worker_count)``
+        before the worker loads the dataset.
+
+    Raises:
+      ValueError: ``num_workers`` or ``per_worker_buffer_size`` is not positive.
+
+    Example:
+      >>> from grainlike.dataset.options import MultiprocessingOptions
+      >>> ds = MapDataset.range(6).to_iter_dataset().map(lambda x: x * 10)
+      >>> list(ds.mp_prefetch(MultiprocessingOptions(num_workers=2)))
+      [0, 10, 20, 30, 40, 50]
+    """
+
+    def __init__(
+        self,
+        parent: IterDataset,
+        options: Any,
+        worker_init_fn: Optional[Callable[[int, int], None]] = None,
+    ):
+        super().__init__(parent)
+        num_workers = _options_value(options, "num_workers", None)
+        buffer_size = _options_value(options, "per_worker_buffer_size", 1)
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers <= 0:
+            raise ValueError(f"mp_prefetch needs options.num_workers > 0, got {num_workers!r}")
+        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size <= 0:
+            raise ValueError(f"`buffer_size` must be greater than 0, got {buffer_size}.")
+        self._options = options
+        self._num_workers = num_workers
+        self._buffer_size = buffer_size
+        self._worker_init_fn = worker_init_fn
+
+    def __str__(self) -> str:
+        return (
+            f"MultiprocessPrefetchIterDataset(num_workers={self._num_workers}, "
+            f"per_worker_buffer_size={self._buffer_size})"
+        )
+
+    def __iter__(self) -> "MultiprocessPrefetchDatasetIterator":
+        return MultiprocessPrefetchDatasetIterator(
+            self._parent,
+            self._num_workers,
+            self._buffer_size,
+            enable_profiling=bool(_options_value(self._options, "enable_profiling", False)),
+            warm_start=bool(_options_value(self._options, "warm_start", False)),
+            worker_init_fn=self._worker_init_fn,
+        )
+
+
+class MultiprocessPrefetchDatasetIterator(DatasetIterator):
+    """Round-robin over the workers' outputs; grain's state (see the module docstring).
+
+    Workers start at the first ``next()`` or ``start_prefetch()``, stop at
+    ``close()`` (or when the iterator is garbage collected, or at exit), and are
+    started again from the current state after ``set_state()``.
+
+    An error raised in worker ``w`` (or ``w``'s death) reaches the caller once,
+    with its type and the worker's traceback; as in grain, ``w`` then counts as
+    exhausted at the state of its last delivered output and the others go on.
+
+    Args:
+      parent: the dataset the workers slice.
+      num_workers: worker processes (> 0).
+      buffer_size: outputs each worker computes ahead.
+      enable_profiling: workers log their timings when they stop.
+      warm_start: compute the first outputs in the calling process while the
+        workers start (not with a ``worker_init_fn``, which only workers run).
+      worker_init_fn: called in each worker as ``fn(worker_index, worker_count)``.
+    """
+
+    def __init__(
+        self,
+        parent: IterDataset,
+        num_workers: int,
+        buffer_size: int,
+        *,
+        enable_profiling: bool = False,
+        warm_start: bool = False,
+        worker_init_fn: Optional[Callable[[int, int], None]] = None,
+    ):
+        super().__init__()
+        self._parent_ds = parent
+        self._task = _WorkerSliceTask(parent, worker_init_fn)
+        self._w = num_workers
+        self._buffer_size = buffer_size
+        self._profile = enable_profiling
+        self._warm_start = warm_start and worker_init_fn is None
+        # Each worker's state after its last delivered output; None: not started.
+        self._states: list = [None] * num_workers
+        self._exhausted = [False] * num_workers
+        self._next_worker = 0
+        self._pool: Optional[WorkerPool] = None
+        self._start_state: Any = None
+
+    # -- running ---------------------------------------------------------------
+
+    def _ensure_pool(self) -> WorkerPool:
+        if self._pool is None:
+            self._pool = WorkerPool(
+                self._task,
+                self._w,
+                self._states,
+                self._next_worker,
+                exhausted=self._exhausted,
+                buffer_size=self._buffer_size,
+                profile=self._profile,
+                warm_start=self._warm_start,
+                error_ends_worker=True,
+            )
+        return self._pool
+
+    def _drop_pool(self) -> None:
+        """Stops the workers, keeping their states as the iterator's."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            self._states, self._next_worker, self._exhausted = pool.states, pool.next_worker, pool.exhausted
+            pool.close()
+
+    def __next__(self) -> Any:
+        self._assert_not_closed()
+        pool = self._ensure_pool()
+        try:
+            return next(pool)
+        except StopIteration:
+            raise
+        except BaseException:
+            if pool.broken:
+                # Interrupted mid-message: the next call restarts the workers from
+                # the last delivered outputs.
+                self._drop_pool()
+            raise
+
+    def start_prefetch(self) -> None:
+        """Starts the workers now, so the first outputs are ready sooner."""
+        self._assert_not_closed()
+        self._ensure_pool().start()
+
+    def close(self) -> None:
+        """Stops the workers. Idempotent; outputs already returned stay valid."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        self._drop_pool()
+
+    # -- state -------------------------------------------------------------------
+
+    def _initial_state(self) -> Any:
+        """A worker's state before its first output: the parent iterator's initial state."""
+        if self._start_state is None:
+            it = self._parent_ds.__iter__()
+            try:
+                self._start_state = it.get_state()
+            finally:
+                it.close()
+        return copy.deepcopy(self._start_state)
+
+    def get_state(self) -> dict:
+        pool = self._pool
+        if pool is not None:
+            states, next_worker, exhausted = pool.states, pool.next_worker, pool.exhausted
+        else:
+            states, next_worker, exhausted = self._states, self._next_worker, self._exhausted
+        return {
+            "next_index_in_cycle": next_worker,
+            "next_index_in_datasets": self._w,
+            "iterators_in_use_indices": list(range(self._w)),
+            "iterators_in_use_states": [
+                self._initial_state() if s is None else copy.deepcopy(s) for s in states
+            ],
+            "exhausted": [int(e) for e in exhausted],
+            "future_states": {},
+        }
+
+    def set_state(self, state: dict) -> None:
+        """Moves every worker to its state in ``state``; workers restart from there.
+
+        Raises:
+          InvalidStateError (a ValueError): ``state`` is not an mp_prefetch state of
+            this many workers, or a worker state does not fit the parent
+            dataset (then also ``KeyError`` / ``IndexError`` as the parent raises).
+        """
+        w = self._w
+        where = f"{self}.set_state"
+        if not isinstance(state, dict):
+            raise InvalidStateError(f"{where}: a state must be a dict, got {state!r}")
+        for key in _STATE_KEYS:
+            if key not in state:
+                raise StateKeyError(f"{where}: the state lacks {key!r}; got keys {sorted(state)}")
+        indices, states, exhausted = (
+            state["iterators_in_use_indices"],
+            state["iterators_in_use_states"],
+            state["exhausted"],
+        )
+        if (
+            list(indices) != list(range(w))
+            or state["next_index_in_datasets"] != w
+            or len(states) != w
+            or len(exhausted) != w
+        ):
+            raise InvalidStateError(
+                f"{where}: the state is of another number of workers or another "
+                f"pipeline: iterators_in_use_indices={indices!r}, next_index_in_datasets="
+                f"{state['next_index_in_datasets']!r}, {len(states)} worker states; this "
+                f"iterator has {w} workers"
+            )
+        cycle = state["next_index_in_cycle"]
+        if isinstance(cycle, bool) or not isinstance(cycle, int) or not 0 <= cycle < w:
+            raise InvalidStateError(f"{where}: next_index_in_cycle must be an int in [0, {w}), got {cycle!r}")
+        if any(e not in (0, 1) for e in exhausted):
+            raise InvalidStateError(f"{where}: exhausted must hold 0 or 1 per worker, got {exhausted!r}")
+        if state.get("future_states"):
+            raise InvalidStateError(
+                f"{where}: future_states must be empty for mp_prefetch, got {state['future_states']!r}"
+            )
+        new_states = copy.deepcopy(list(states))
+        # Check each worker state on a parent iterator here, so that a bad state
+        # fails now and leaves this iterator as it was.
+        probe = self._parent_ds.__iter__()
+        try:
+            for worker_state in new_states:
+                if worker_state is not None:
+                    probe.set_state(copy.deepcopy(worker_state))
+        finally:
+            probe.close()
+        self._drop_pool()
+        self._states = new_states
+        self._exhausted = [bool(e) for e in exhausted]
+        self._next_worker = cycle
+
+    def __str__(self) -> str:
+        return (
+            f"MultiprocessPrefetchDatasetIterator(num_workers={self._w}, "
+            f"per_worker_buffer_size={self._buffer_size})"
+        )

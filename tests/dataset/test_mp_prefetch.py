@@ -1,0 +1,287 @@
+"""``IterDataset.mp_prefetch``: slices per worker, round-robin, state, errors, shutdown.
+
+The expected outputs follow grain 0.2.18's rule (worker ``w`` of ``W`` computes the
+pipeline with the MapDataset under ``to_iter_dataset()`` sliced ``[w::W]``, the
+outputs are taken round-robin, skipping workers that ended); the differential
+tests against grain itself are in tests/compat/test_mp_prefetch_compat.py.
+"""
+
+import gc
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+from grainlike.core.errors import ClosedIteratorError, InvalidStateError
+from grainlike.dataset import IterDataset, MapDataset
+from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
+from grainlike.dataset.options import MultiprocessingOptions
+from grainlike.dataset.process_prefetch import MultiprocessPrefetchIterDataset
+from grainlike.dataset.workers import WorkerDiedError
+from tests.helpers import leaks
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def no_leaks():
+    check = leaks.LeakCheck()
+    yield check
+    check.assert_clean()
+
+
+def _options(workers, **kw):
+    return MultiprocessingOptions(num_workers=workers, **kw)
+
+
+def _pipeline(n=11, sl=None):
+    """range -> map -> to_iter_dataset -> filter -> batch, optionally sliced at the map."""
+    ds = MapDataset.range(n).map(lambda x: x * 10)
+    if sl is not None:
+        ds = ds.slice(sl)
+    return ds.to_iter_dataset().filter(lambda x: x % 30 != 0).batch(2)
+
+
+def _round_robin(per_worker):
+    out = []
+    for i in range(max(len(p) for p in per_worker)):
+        out += [p[i] for p in per_worker if i < len(p)]
+    return out
+
+
+def _plain(values):
+    return [np.asarray(v).tolist() for v in values]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_each_worker_computes_its_slice_and_outputs_alternate(no_leaks, workers):
+    per_worker = [_plain(_pipeline(sl=slice(w, None, workers))) for w in range(workers)]
+    ds = _pipeline().mp_prefetch(_options(workers))
+    assert isinstance(ds, MultiprocessPrefetchIterDataset)
+    it = iter(ds.map(lambda b: b))  # stages after mp_prefetch run in the caller
+    assert _plain(it) == _round_robin(per_worker)
+    it.close()
+
+
+def test_outputs_are_computed_in_the_workers(no_leaks):
+    ds = MapDataset.range(8).to_iter_dataset().map(lambda x: (x, os.getpid())).mp_prefetch(_options(2))
+    it = iter(ds)
+    got = list(it)
+    it.close()
+    assert [x for x, _ in got] == list(range(8))
+    pids = {pid for _, pid in got}
+    assert len(pids) == 2 and os.getpid() not in pids
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_restores_at_every_step(no_leaks, workers):
+    assert_equal_output_after_checkpoint(_pipeline(9).mp_prefetch(_options(workers)))
+
+
+def test_state_names_each_worker_and_whose_turn_is_next(no_leaks):
+    ds = MapDataset.range(5).to_iter_dataset().mp_prefetch(_options(2))
+    it = iter(ds)
+    assert it.get_state() == {
+        "next_index_in_cycle": 0,
+        "next_index_in_datasets": 2,
+        "iterators_in_use_indices": [0, 1],
+        "iterators_in_use_states": [{"next_index": 0}, {"next_index": 0}],
+        "exhausted": [0, 0],
+        "future_states": {},
+    }
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    state = it.get_state()
+    assert state["next_index_in_cycle"] == 1
+    # Each worker's iterator counts its own slice.
+    assert state["iterators_in_use_states"] == [{"next_index": 2}, {"next_index": 1}]
+    assert list(it) == [3, 4]
+    end = it.get_state()
+    assert end["exhausted"] == [1, 1]
+    assert end["iterators_in_use_states"] == [{"next_index": 3}, {"next_index": 2}]
+    it.close()
+
+
+def test_set_state_moves_a_running_iterator(no_leaks):
+    ds = _pipeline(15).mp_prefetch(_options(2))
+    it = iter(ds)
+    full = _plain(it)
+    it.close()
+    it = iter(ds)
+    next(it), next(it), next(it)
+    mid = it.get_state()
+    rest = _plain(it)
+    it.set_state(mid)  # workers restart from the saved states
+    assert _plain(it) == rest == full[3:]
+    it.close()
+
+
+def test_bad_states_are_refused_before_anything_changes(no_leaks):
+    ds = _pipeline(10).mp_prefetch(_options(2))
+    it = iter(ds)
+    first = _plain([next(it)])
+    good = it.get_state()
+    three_workers = iter(_pipeline(10).mp_prefetch(_options(3))).get_state()
+    with pytest.raises(InvalidStateError, match="another number of workers"):
+        it.set_state(three_workers)
+    with pytest.raises(KeyError, match="exhausted"):
+        it.set_state({k: v for k, v in good.items() if k != "exhausted"})
+    with pytest.raises(InvalidStateError, match="next_index_in_cycle"):
+        it.set_state({**good, "next_index_in_cycle": 2})
+    with pytest.raises(IndexError):
+        it.set_state({**good, "iterators_in_use_states": [{"next_index": 99}, {"next_index": 0}]})
+    assert it.get_state() == good
+    rest = _plain(it)
+    it2 = iter(ds)
+    assert first + rest == _plain(it2)
+    it.close()
+    it2.close()
+
+
+class _Fail:
+    def __init__(self, bad):
+        self.bad = bad
+
+    def __call__(self, x):
+        if x == self.bad:
+            raise KeyError(f"element {x} is bad")
+        return x
+
+
+def test_an_error_arrives_once_with_its_type_then_that_worker_counts_as_ended(no_leaks):
+    # Worker 1 of 2 computes 1, 3, 5, 7, 9; 5 fails.
+    ds = MapDataset.range(10).map(_Fail(5)).to_iter_dataset().mp_prefetch(_options(2))
+    it = iter(ds)
+    got = []
+    with pytest.raises(KeyError, match="element 5 is bad") as info:
+        while True:
+            got.append(next(it))
+    assert got == [0, 1, 2, 3, 4]
+    notes = "\n".join(info.value.__notes__)
+    assert "raised in worker 1 (pid" in notes
+    assert "Traceback" in notes
+    after_error = it.get_state()
+    assert after_error["exhausted"] == [0, 0] and after_error["iterators_in_use_states"][1] == {"next_index": 2}
+    # As grain: the failed worker is skipped from then on.
+    assert list(it) == [6, 8]
+    assert it.get_state()["exhausted"] == [1, 1]
+    it.close()
+
+
+def test_a_killed_worker_is_reported_and_the_others_go_on(no_leaks):
+    ds = MapDataset.range(400).to_iter_dataset().mp_prefetch(_options(2))
+    it = iter(ds)
+    assert [next(it) for _ in range(4)] == [0, 1, 2, 3]
+    os.kill(it._pool.pids[1], signal.SIGKILL)
+    with pytest.raises(WorkerDiedError, match=r"worker 1 of 2 .*SIGKILL"):
+        while True:
+            next(it)
+    rest = list(it)
+    assert rest and all(x % 2 == 0 for x in rest) and rest[-1] == 398
+    it.close()
+
+
+def test_worker_init_fn_runs_in_each_worker_before_the_dataset_loads(no_leaks, tmp_path):
+    def init(worker_index, worker_count):
+        os.environ["GRAINLIKE_TEST_WORKER"] = f"{worker_index}/{worker_count}"
+        (tmp_path / f"init{worker_index}").write_text(str(os.getpid()))
+
+    ds = MapDataset.range(6).to_iter_dataset().map(lambda x: (x, os.environ.get("GRAINLIKE_TEST_WORKER")))
+    it = iter(ds.mp_prefetch(_options(3), worker_init_fn=init))
+    got = list(it)
+    it.close()
+    assert got == [(x, f"{x % 3}/3") for x in range(6)]
+    pids = {int((tmp_path / f"init{w}").read_text()) for w in range(3)}
+    assert len(pids) == 3 and os.getpid() not in pids
+    assert "GRAINLIKE_TEST_WORKER" not in os.environ
+
+
+def test_zero_workers_is_the_dataset_itself():
+    ds = _pipeline()
+    assert ds.mp_prefetch(_options(0)) is ds
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match="buffer_size"):
+        _pipeline().mp_prefetch(_options(2, per_worker_buffer_size=0))
+    with pytest.raises(ValueError, match="num_workers"):
+        MultiprocessPrefetchIterDataset(_pipeline(), _options(0))
+
+
+def test_big_batches_come_through_shared_memory_and_stay_valid(no_leaks):
+    ds = (
+        MapDataset.range(8)
+        .map(lambda x: np.full((64, 512), x, np.float32))
+        .to_iter_dataset()
+        .batch(2)
+        .mp_prefetch(_options(2))
+    )
+    it = iter(ds)
+    batches = list(it)
+    it.close()
+    gc.collect()
+    firsts = [b[:, 0, 0].tolist() for b in batches]
+    assert firsts == [[0.0, 2.0], [1.0, 3.0], [4.0, 6.0], [5.0, 7.0]]
+    assert all(b.shape == (2, 64, 512) for b in batches)
+    view = batches[-1][1]
+    del batches
+    gc.collect()
+    assert (view == 7.0).all()
+
+
+def test_a_dataset_that_cannot_be_pickled_is_named(no_leaks):
+    lock = threading.Lock()
+    ds = MapDataset.range(4).map(lambda x: (x, lock)).to_iter_dataset().mp_prefetch(_options(2))
+    it = iter(ds)
+    with pytest.raises(TypeError, match="lock") as info:
+        next(it)
+    assert any("cannot be pickled" in n and "Map" in n for n in info.value.__notes__)
+    it.close()
+
+
+def test_a_source_iterdataset_that_cannot_be_sliced_is_named(no_leaks):
+    class Count(IterDataset):
+        def __iter__(self):
+            return iter(MapDataset.range(3).to_iter_dataset())
+
+    it = iter(Count().mp_prefetch(_options(2)))
+    with pytest.raises(ValueError, match="Cannot slice `IterDataset` source"):
+        next(it)
+    it.close()
+
+
+def test_closed_iterator_refuses_next_and_stops_its_workers(no_leaks):
+    it = iter(_pipeline(40).mp_prefetch(_options(2)))
+    next(it)
+    pids = set(it._pool.pids)
+    it.close()
+    assert leaks.wait_until(lambda: not pids & leaks.worker_children())
+    with pytest.raises(ClosedIteratorError):
+        next(it)
+    it.close()  # idempotent
+
+
+def test_start_prefetch_and_garbage_collection(no_leaks):
+    it = iter(_pipeline(40).mp_prefetch(_options(2)))
+    it.start_prefetch()
+    assert leaks.wait_until(lambda: len(it._pool.pids) == 2)
+    pids = set(it._pool.pids)
+    del it
+    gc.collect()
+    assert leaks.wait_until(lambda: not pids & leaks.worker_children())
+
+
+def test_warm_start_gives_the_workers_outputs_and_states(no_leaks):
+    ds = _pipeline(13)
+    cold = iter(ds.mp_prefetch(_options(2)))
+    expected = []
+    for v in cold:
+        expected.append((np.asarray(v).tolist(), cold.get_state()))
+    cold.close()
+    warm = iter(ds.mp_prefetch(_options(2, warm_start=True)))
+    got = []
+    for v in warm:
+        got.append((np.asarray(v).tolist(), warm.get_state()))
+    warm.close()
+    assert got == expected
