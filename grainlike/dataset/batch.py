@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
+
 from grainlike.core import tree
 from grainlike.core.errors import add_note
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
@@ -14,6 +16,32 @@ from grainlike.dataset.map import PassThroughStateIterator, note_iterator
 def _check_batch_size(batch_size: Any) -> None:
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size!r}.")
+
+
+def batch_and_pad(values: Sequence[Any], *, batch_size: int, pad_value: Any = 0) -> Any:
+    """Stacks ``values`` and pads the batch with ``pad_value`` up to ``batch_size``.
+
+    Pass it as ``batch_fn`` (with ``functools.partial``) to keep a short last
+    batch at full size instead of dropping it.
+
+    Example:
+      >>> batch_and_pad([1, 2], batch_size=4).tolist()
+      [1, 2, 0, 0]
+
+    Raises:
+      ValueError: no values, or more than ``batch_size``.
+    """
+    if not values:
+        raise ValueError("Cannot batch 0 values.")
+    if len(values) > batch_size:
+        raise ValueError(f"Cannot batch {len(values)} values to {batch_size}.")
+    stacked = tree.stack(list(values))
+    missing = batch_size - len(values)
+    if missing == 0:
+        return stacked
+    return tree.map_structure(
+        lambda x: np.concatenate([x, np.full((missing,) + x.shape[1:], pad_value, x.dtype)]), stacked
+    )
 
 
 class _Batcher:

@@ -1,11 +1,12 @@
-"""Repeating a MapDataset: a longer (or infinite) length over the same wrapped indices."""
+"""Repeating a dataset: a MapDataset over wrapped indices, an IterDataset by restarting."""
 
 from __future__ import annotations
 
 import sys
 from typing import Optional, Sequence
 
-from grainlike.dataset.base import MapDataset
+from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
+from grainlike.dataset.state import non_negative_int, require_keys
 
 
 class RepeatMapDataset(MapDataset):
@@ -51,3 +52,60 @@ class RepeatMapDataset(MapDataset):
             n = self._parent_length
             indices = [i % n for i in indices]
         return self._parent._getitems(indices)
+
+
+class _RepeatDatasetIterator(DatasetIterator):
+    """Restarts the parent from its first state at each end, ``num_epochs`` times."""
+
+    def __init__(self, parent: DatasetIterator, num_epochs: Optional[int]):
+        super().__init__(parent)
+        self._num_epochs = num_epochs
+        self._epoch = 0
+        self._parent_start = self._parent.get_state()
+
+    def __next__(self):
+        if self._epoch == self._num_epochs:
+            raise StopIteration
+        while True:
+            try:
+                return next(self._parent)
+            except StopIteration:
+                self._epoch += 1
+                if self._num_epochs is not None and self._epoch == self._num_epochs:
+                    raise
+                self._parent.set_state(self._parent_start)
+
+    def get_state(self) -> dict:
+        return {"parent": self._parent.get_state(), "epoch": self._epoch}
+
+    def set_state(self, state: dict) -> None:
+        require_keys(state, self, ("parent", "epoch"))
+        epoch = non_negative_int(state, "epoch", self, upper=self._num_epochs)
+        self._parent.set_state(state["parent"])
+        self._epoch = epoch
+
+    def __str__(self) -> str:
+        return f"_RepeatDatasetIterator(num_epochs={self._num_epochs})"
+
+
+class RepeatIterDataset(IterDataset):
+    """Iterates over ``parent`` ``num_epochs`` times (forever for None).
+
+    Each epoch restarts the parent from its first state, so every epoch is the
+    same (unlike ``MapDataset.repeat``, random stages are not reseeded).
+
+    Raises:
+      ValueError: ``num_epochs <= 0``.
+    """
+
+    def __init__(self, parent: IterDataset, num_epochs: Optional[int] = None):
+        super().__init__(parent)
+        if num_epochs is not None and num_epochs <= 0:
+            raise ValueError(f"num_epochs must be positive, but got {num_epochs}.")
+        self._num_epochs = num_epochs
+
+    def __iter__(self) -> DatasetIterator:
+        return _RepeatDatasetIterator(self._parent.__iter__(), self._num_epochs)
+
+    def __str__(self) -> str:
+        return f"RepeatIterDataset(num_epochs={self._num_epochs})"

@@ -1,13 +1,15 @@
-"""Global shuffle of a MapDataset: a keyed permutation of each epoch, new in each epoch."""
+"""Shuffles: global (a keyed permutation of each epoch), and within windows."""
 
 from __future__ import annotations
 
+import copy
 from typing import Optional, Sequence
 
 import numpy as np
 
 from grainlike.core.index_shuffle import index_shuffle
-from grainlike.dataset.base import MapDataset
+from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
+from grainlike.dataset.state import non_negative_int, require_keys
 
 
 class ShuffleMapDataset(MapDataset):
@@ -63,3 +65,122 @@ class ShuffleMapDataset(MapDataset):
                 at = epochs == epoch
                 out[at] = index_shuffle(in_epoch[at], n - 1, self._epoch_seed(epoch), 4) + epoch * n
         return self._parent._getitems(out.tolist())
+
+
+def _window_order(length: int, seed: int) -> list:
+    """Positions of a window of ``length`` elements in grain's window order."""
+    if length == 0:
+        return []
+    return index_shuffle(np.arange(length, dtype=np.int64), length - 1, seed, 4).tolist()
+
+
+class WindowShuffleMapDataset(MapDataset):
+    """Shuffles within consecutive windows of ``window_size`` indices.
+
+    Window ``w`` is permuted by ``index_shuffle`` keyed on ``seed + w``; a partial
+    last window reads past the end of the parent (into its next epoch), as grain.
+    """
+
+    def __init__(self, parent: MapDataset, *, window_size: int, seed: int):
+        super().__init__(parent)
+        self._window_size = window_size
+        self._seed = seed
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def __str__(self) -> str:
+        return "WindowShuffleMapDataset"
+
+    def _parent_index(self, index: int) -> int:
+        window, in_window = divmod(index, self._window_size)
+        return index_shuffle(in_window, self._window_size - 1, self._seed + window, 4) + window * self._window_size
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.slice(index)
+        return self._parent[self._parent_index(index)]
+
+    def _getitems(self, indices: Sequence[int]) -> Sequence:
+        return self._parent._getitems([self._parent_index(i) for i in indices])
+
+
+class _WindowShuffleDatasetIterator(DatasetIterator):
+    """Reads a window, shuffles it, then hands it out; the state is where it started."""
+
+    def __init__(self, parent: DatasetIterator, window_size: int, seed: int):
+        super().__init__(parent)
+        self._window_size = window_size
+        self._seed = seed
+        self._window_index = 0
+        self._pos_in_window = 0
+        self._window: list = []
+        self._window_start = self._parent.get_state()
+        self._exhausted = False
+
+    def _fill(self) -> None:
+        window = []
+        try:
+            for _ in range(self._window_size):
+                window.append(next(self._parent))
+        except StopIteration:
+            self._exhausted = True
+        # Elements leave from the end of the shuffled list.
+        self._window = [window[i] for i in _window_order(len(window), self._seed + self._window_index)]
+
+    def __next__(self):
+        if not self._window:
+            if self._exhausted:
+                raise StopIteration
+            # A checkpoint refills the window from its start.
+            self._window_start = self._parent.get_state()
+            self._fill()
+            self._pos_in_window = 0
+        if not self._window:
+            raise StopIteration
+        self._pos_in_window += 1
+        value = self._window.pop()
+        if not self._window:
+            self._window_index += 1
+        return value
+
+    def get_state(self) -> dict:
+        return {
+            "parent_window_start_state": copy.deepcopy(self._window_start),
+            "window_index": self._window_index,
+            "pos_in_window": self._pos_in_window,
+        }
+
+    def set_state(self, state: dict) -> None:
+        require_keys(state, self, ("parent_window_start_state", "window_index", "pos_in_window"))
+        window_index = non_negative_int(state, "window_index", self)
+        pos = non_negative_int(state, "pos_in_window", self)
+        start = copy.deepcopy(state["parent_window_start_state"])
+        self._parent.set_state(start)
+        self._window_start = start
+        self._window_index = window_index
+        self._pos_in_window = pos
+        self._exhausted = False
+        self._fill()
+        del self._window[len(self._window) - min(pos, len(self._window)) :]
+
+    def __str__(self) -> str:
+        return "WindowShuffleDatasetIterator"
+
+
+class WindowShuffleIterDataset(IterDataset):
+    """Reads ``window_size`` elements at a time and returns each window shuffled.
+
+    Window ``w`` is shuffled with ``index_shuffle`` keyed on ``seed + w``.
+    """
+
+    def __init__(self, parent: IterDataset, *, window_size: int, seed: int):
+        super().__init__(parent)
+        self._window_size = window_size
+        self._seed = seed
+
+    def __iter__(self) -> DatasetIterator:
+        return _WindowShuffleDatasetIterator(self._parent.__iter__(), self._window_size, self._seed)
+
+    def __str__(self) -> str:
+        return "WindowShuffleIterDataset"

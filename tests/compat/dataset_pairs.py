@@ -13,6 +13,11 @@ import numpy as np
 
 import grainlike.dataset as gd
 from grainlike.core import transforms as gt
+from grainlike.dataset.batch import batch_and_pad
+from grainlike.dataset.limit import LimitIterDataset
+from grainlike.dataset.repeat import RepeatIterDataset
+from grainlike.dataset.shuffle import WindowShuffleIterDataset, WindowShuffleMapDataset
+from grainlike.dataset.zip import ZipIterDataset, ZipMapDataset
 from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
 
 GRAINLIKE = types.SimpleNamespace(
@@ -29,6 +34,13 @@ GRAINLIKE = types.SimpleNamespace(
     Batch=gt.Batch,
     get_next_index=gd.get_next_index,
     set_next_index=gd.set_next_index,
+    LimitIterDataset=LimitIterDataset,
+    RepeatIterDataset=RepeatIterDataset,
+    WindowShuffleMapDataset=WindowShuffleMapDataset,
+    WindowShuffleIterDataset=WindowShuffleIterDataset,
+    ZipMapDataset=ZipMapDataset,
+    ZipIterDataset=ZipIterDataset,
+    batch_and_pad=batch_and_pad,
 )
 
 
@@ -48,6 +60,18 @@ def grain_namespace(grain: Any) -> types.SimpleNamespace:
         Batch=grain.Batch,
         get_next_index=grain.experimental.get_next_index,
         set_next_index=grain.experimental.set_next_index,
+        **{
+            name: getattr(grain.experimental, name)
+            for name in (
+                "LimitIterDataset",
+                "RepeatIterDataset",
+                "WindowShuffleMapDataset",
+                "WindowShuffleIterDataset",
+                "ZipMapDataset",
+                "ZipIterDataset",
+                "batch_and_pad",
+            )
+        },
     )
 
 

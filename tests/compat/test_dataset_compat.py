@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -136,6 +138,27 @@ PIPELINES = {
     "source_of_dataset": lambda lib: lib.MapDataset.source(lib.MapDataset.range(12).map(lambda x: x * 2)).shuffle(
         seed=3
     ),
+    "limit": lambda lib: lib.LimitIterDataset(lib.MapDataset.range(30).shuffle(seed=4).to_iter_dataset(), 11),
+    "limit_beyond_end": lambda lib: lib.LimitIterDataset(lib.MapDataset.range(5).to_iter_dataset(), 9),
+    "repeat_iter": lambda lib: lib.RepeatIterDataset(
+        lib.MapDataset.range(7).to_iter_dataset().random_map(_draw, seed=3), num_epochs=3
+    ),
+    "repeat_iter_forever_limited": lambda lib: lib.LimitIterDataset(
+        lib.RepeatIterDataset(lib.MapDataset.range(4).to_iter_dataset().batch(3)), 10
+    ),
+    "window_shuffle_map": lambda lib: lib.WindowShuffleMapDataset(lib.MapDataset.range(23), window_size=5, seed=7),
+    "window_shuffle_iter": lambda lib: lib.WindowShuffleIterDataset(
+        lib.MapDataset.range(23).to_iter_dataset().filter(lambda x: x % 4), window_size=6, seed=2**32 - 10
+    ),
+    "zip_map": lambda lib: lib.ZipMapDataset(
+        [lib.MapDataset.range(9), lib.MapDataset.source(list("abcdefghi")).shuffle(seed=1)]
+    ),
+    "zip_iter": lambda lib: lib.ZipIterDataset(
+        [lib.MapDataset.range(9).to_iter_dataset(), lib.MapDataset.range(20, 40).to_iter_dataset()], strict=False
+    ),
+    "batch_and_pad": lambda lib: lib.MapDataset.range(11)
+    .to_iter_dataset()
+    .batch(4, batch_fn=functools.partial(lib.batch_and_pad, batch_size=4, pad_value=-1)),
     "iter_mix_mapping": lambda lib: lib.IterDataset.mix(
         {"zeta": lib.MapDataset.range(8).to_iter_dataset(), "alpha": lib.MapDataset.range(50, 70).to_iter_dataset()},
         {"zeta": 1.0, "alpha": 3.0},
@@ -279,6 +302,15 @@ def _errors(lib):
         "iter_mix_zero_weight": lambda: lib.IterDataset.mix([r(3).to_iter_dataset()], [0]),
         "concatenate_infinite": lambda: lib.MapDataset.concatenate([r(3), r(2).repeat()]),
         "empty_concatenate_getitem": lambda: lib.MapDataset.concatenate([r(0)])[0],
+        "limit_zero": lambda: lib.LimitIterDataset(r(3).to_iter_dataset(), 0),
+        "repeat_iter_zero": lambda: lib.RepeatIterDataset(r(3).to_iter_dataset(), 0),
+        "zip_map_lengths": lambda: lib.ZipMapDataset([r(3), r(4)]),
+        "zip_map_empty": lambda: lib.ZipMapDataset([]),
+        "zip_iter_empty": lambda: lib.ZipIterDataset([]),
+        "zip_iter_shorter": lambda: list(lib.ZipIterDataset([r(3).to_iter_dataset(), r(2).to_iter_dataset()])),
+        "zip_iter_longer": lambda: list(lib.ZipIterDataset([r(2).to_iter_dataset(), r(3).to_iter_dataset()])),
+        "batch_and_pad_too_many": lambda: lib.batch_and_pad([1, 2, 3], batch_size=2),
+        "batch_and_pad_none": lambda: lib.batch_and_pad([], batch_size=2),
     }
 
 

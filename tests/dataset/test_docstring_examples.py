@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["base", "batch", "filter", "map", "mix", "prefetch", "repeat", "seed", "shuffle", "slice", "source"]
+MODULES = ["base", "batch", "filter", "limit", "map", "mix", "prefetch", "repeat", "seed", "shuffle", "slice", "source", "zip"]
 
 
 @pytest.mark.parametrize("name", MODULES)

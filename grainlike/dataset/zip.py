@@ -1,0 +1,115 @@
+"""Zipping datasets: element ``i`` is the tuple of every parent's element ``i``."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
+from grainlike.dataset.state import require_keys
+from grainlike.core.errors import InvalidStateError
+
+
+class ZipMapDataset(MapDataset):
+    """Tuples of the parents' elements; the parents must have the same length.
+
+    Raises:
+      ValueError: no parents, or parents of different lengths.
+    """
+
+    def __init__(self, parents: Sequence[MapDataset]):
+        super().__init__(parents)
+        lengths = [len(p) for p in self._parents]
+        if not lengths:
+            raise ValueError("At least one parent must be provided.")
+        if any(n != lengths[0] for n in lengths):
+            raise ValueError(f"All parents must have the same length, got lengths {lengths}.")
+        self._length = lengths[0]
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.slice(index)
+        return tuple(p[index] for p in self._parents)
+
+    def _getitems(self, indices: Sequence[int]) -> list:
+        return list(zip(*[p._getitems(indices) for p in self._parents]))
+
+    def __str__(self) -> str:
+        return f"ZipMapDataset([{len(self._parents)} parents])"
+
+
+def _strict_zip_error(i: int, why: str) -> str:
+    plural = " " if i == 1 else "s 1-"
+    return f"ZipIterDataset argument {i + 1} is {why} than argument{plural}{i}"
+
+
+class _ZipDatasetIterator(DatasetIterator):
+    def __init__(self, parents: Sequence[DatasetIterator], strict: bool):
+        super().__init__(parents)
+        self._strict = strict
+
+    def __next__(self) -> tuple:
+        items = []
+        for i, it in enumerate(self._parents):
+            try:
+                items.append(next(it))
+            except StopIteration as end:
+                if self._strict:
+                    # As Python's zip(strict=True): the first iterator to end
+                    # decides; every other must end at the same step.
+                    if i > 0:
+                        raise ValueError(_strict_zip_error(i, "shorter")) from end
+                    for j in range(1, len(self._parents)):
+                        try:
+                            next(self._parents[j])
+                        except StopIteration:
+                            continue
+                        raise ValueError(_strict_zip_error(j, "longer")) from end
+                raise
+        return tuple(items)
+
+    def get_state(self) -> dict:
+        return {"parents": [it.get_state() for it in self._parents]}
+
+    def set_state(self, state: dict) -> None:
+        require_keys(state, self, ("parents",))
+        states = state["parents"]
+        if not isinstance(states, Sequence) or len(states) != len(self._parents):
+            raise InvalidStateError(f"{self}: state['parents'] must hold {len(self._parents)} states, got {states!r}")
+        before = [it.get_state() for it in self._parents]
+        try:
+            for it, s in zip(self._parents, states):
+                it.set_state(s)
+        except Exception:
+            for it, s in zip(self._parents, before):  # Leave every parent as it was.
+                it.set_state(s)
+            raise
+
+    def __str__(self) -> str:
+        return f"ZipDatasetIterator([{len(self._parents)} parents])"
+
+
+class ZipIterDataset(IterDataset):
+    """Tuples of the parents' elements, stopping with the first parent to end.
+
+    Args:
+      parents: the datasets.
+      strict: raise ``ValueError`` if the parents end at different steps.
+
+    Raises:
+      ValueError: no parents.
+    """
+
+    def __init__(self, parents: Sequence[IterDataset], *, strict: bool = True):
+        super().__init__(parents)
+        if not self._parents:
+            raise ValueError("At least one parent must be provided.")
+        self._strict = strict
+
+    def __iter__(self) -> DatasetIterator:
+        return _ZipDatasetIterator([p.__iter__() for p in self._parents], self._strict)
+
+    def __str__(self) -> str:
+        return f"ZipIterDataset([{len(self._parents)} parents], strict={self._strict})"
