@@ -17,6 +17,7 @@ from grainlike.dataset.batch import batch_and_pad
 from grainlike.dataset.limit import LimitIterDataset
 from grainlike.dataset.repeat import RepeatIterDataset
 from grainlike.dataset.shuffle import WindowShuffleIterDataset, WindowShuffleMapDataset
+from grainlike.dataset.thread_prefetch import ThreadPrefetchIterDataset
 from grainlike.dataset.zip import ZipIterDataset, ZipMapDataset
 from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
 
@@ -41,6 +42,7 @@ GRAINLIKE = types.SimpleNamespace(
     ZipMapDataset=ZipMapDataset,
     ZipIterDataset=ZipIterDataset,
     batch_and_pad=batch_and_pad,
+    ThreadPrefetchIterDataset=ThreadPrefetchIterDataset,
 )
 
 
@@ -70,6 +72,7 @@ def grain_namespace(grain: Any) -> types.SimpleNamespace:
                 "ZipMapDataset",
                 "ZipIterDataset",
                 "batch_and_pad",
+                "ThreadPrefetchIterDataset",
             )
         },
     )

@@ -159,6 +159,12 @@ PIPELINES = {
     "batch_and_pad": lambda lib: lib.MapDataset.range(11)
     .to_iter_dataset()
     .batch(4, batch_fn=functools.partial(lib.batch_and_pad, batch_size=4, pad_value=-1)),
+    "thread_prefetch": lambda lib: lib.ThreadPrefetchIterDataset(
+        lib.MapDataset.range(25).to_iter_dataset().random_map(_draw, seed=4).batch(3), prefetch_buffer_size=3
+    ),
+    "thread_prefetch_unbuffered": lambda lib: lib.ThreadPrefetchIterDataset(
+        lib.MapDataset.range(9).to_iter_dataset().map_with_index(lambda i, x: (i, x)), prefetch_buffer_size=0
+    ),
     "iter_mix_mapping": lambda lib: lib.IterDataset.mix(
         {"zeta": lib.MapDataset.range(8).to_iter_dataset(), "alpha": lib.MapDataset.range(50, 70).to_iter_dataset()},
         {"zeta": 1.0, "alpha": 3.0},
@@ -311,6 +317,10 @@ def _errors(lib):
         "zip_iter_longer": lambda: list(lib.ZipIterDataset([r(2).to_iter_dataset(), r(3).to_iter_dataset()])),
         "batch_and_pad_too_many": lambda: lib.batch_and_pad([1, 2, 3], batch_size=2),
         "batch_and_pad_none": lambda: lib.batch_and_pad([], batch_size=2),
+        "thread_prefetch_negative": lambda: lib.ThreadPrefetchIterDataset(r(3).to_iter_dataset(), prefetch_buffer_size=-1),
+        "thread_prefetch_user_error": lambda: list(
+            lib.ThreadPrefetchIterDataset(r(3).to_iter_dataset().map(lambda x: {}[x]), prefetch_buffer_size=2)
+        ),
     }
 
 

@@ -317,3 +317,48 @@ def test_set_slice_reads_a_workers_share_in_place():
         ds.set_slice(slice(0, None, 2), sequential_slice=True)
     with pytest.raises(NotImplementedError, match="sequential_slice"):
         ds.mp_prefetch(sequential_slice=True)
+
+
+def test_thread_prefetch_close_does_not_wait_for_a_slow_element_and_leaves_no_thread():
+    import threading
+    import time
+
+    from grainlike.dataset.thread_prefetch import ThreadPrefetchIterDataset
+
+    leaks = LeakCheck()
+    release = threading.Event()
+
+    def slow(x):
+        if x == 2:
+            release.wait(10)
+        return x
+
+    it = iter(ThreadPrefetchIterDataset(MapDataset.range(5).to_iter_dataset().map(slow), prefetch_buffer_size=4))
+    assert [next(it), next(it)] == [0, 1]
+    assert it.get_state() == {"next_index": 2}
+    start = time.monotonic()
+    it.close()
+    assert time.monotonic() - start < 1.0
+    with pytest.raises(ValueError, match="closed iterator"):
+        next(it)
+    with pytest.raises(ValueError):
+        it.start_prefetch()
+    release.set()
+    leaks.assert_clean()
+
+
+def test_thread_prefetch_restores_and_reports_next_index():
+    from grainlike.dataset import get_next_index, set_next_index
+    from grainlike.dataset.thread_prefetch import ThreadPrefetchIterDataset
+
+    ds = ThreadPrefetchIterDataset(MapDataset.range(10).to_iter_dataset().map(lambda x: -x), prefetch_buffer_size=3)
+    it = iter(ds)
+    next(it)
+    set_next_index(it, 6)
+    assert get_next_index(it) == 6 and next(it) == -6
+    state = it.get_state()
+    it.set_state({"next_index": 2})
+    assert get_next_index(it) == 2 and next(it) == -2
+    it.set_state(state)
+    assert list(it) == [-7, -8, -9]
+    it.close()

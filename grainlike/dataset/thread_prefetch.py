@@ -1,0 +1,162 @@
+"""``ThreadPrefetchIterDataset``: computes an IterDataset's next elements in a thread.
+
+One background thread runs the parent iterator up to ``prefetch_buffer_size``
+elements ahead of the consumer and records the parent's state after each element,
+so ``get_state()`` is exactly the state after the last element returned (grain's
+state: the parent's own, with no key added).
+"""
+
+from __future__ import annotations
+
+import copy
+import queue
+import threading
+from typing import Any, Optional
+
+from grainlike.dataset.base import DatasetIterator, IterDataset
+
+
+def _produce(parent: DatasetIterator, buffer: queue.Queue, stop: threading.Event) -> None:
+    """Puts ``(element, state, None)`` per element, then ``(None, None, error)``."""
+    try:
+        while not stop.is_set():
+            element = next(parent)
+            buffer.put((element, copy.deepcopy(parent.get_state()), None))
+    except Exception as e:  # StopIteration included: the consumer raises it in turn.
+        buffer.put((None, None, e))
+
+
+class ThreadPrefetchDatasetIterator(DatasetIterator):
+    """Runs its parent in a thread; see the module docstring."""
+
+    def __init__(self, parent: DatasetIterator, prefetch_buffer_size: int):
+        super().__init__(parent)
+        self._buffer_size = prefetch_buffer_size
+        self._state: Optional[dict] = parent.get_state()
+        self._next_index: Optional[int] = 0
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+        self._buffer: queue.Queue = queue.Queue(maxsize=prefetch_buffer_size)
+
+    def start_prefetch(self) -> None:
+        """Starts the thread (idempotent).
+
+        Raises:
+          ValueError: the iterator is closed.
+        """
+        self._assert_not_closed()
+        if self._thread is not None or self._buffer_size == 0:
+            return
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=_produce,
+            args=(self._parent, self._buffer, self._stop),
+            daemon=True,
+            name=f"grainlike-thread-prefetch-{id(self):x}",
+        )
+        self._thread.start()
+
+    def __next__(self):
+        self._assert_not_closed()
+        if self._buffer_size > 0:
+            self.start_prefetch()
+            element, state, error = self._buffer.get()
+        else:
+            element = next(self._parent)
+            state, error = copy.deepcopy(self._parent.get_state()), None
+        if error is not None:
+            self._stop_thread(join=True)
+            raise error
+        self._state = state
+        if self._next_index is not None:
+            self._next_index += 1
+        return element
+
+    def _clear(self) -> None:
+        while True:
+            try:
+                self._buffer.get_nowait()
+            except queue.Empty:
+                return
+
+    def _stop_thread(self, join: bool) -> None:
+        """Stops the thread; with ``join``, waits until it no longer uses the parent."""
+        thread = self._thread
+        if thread is None:
+            return
+        self._stop.set()
+        self._clear()  # Unblocks a put() on a full buffer.
+        if join:
+            thread.join()
+            self._clear()
+        else:
+            # The thread ends after its current next(); a fresh buffer keeps its
+            # last put() from reaching a later thread.
+            self._buffer = queue.Queue(maxsize=self._buffer_size)
+        self._thread = None
+
+    def get_state(self) -> dict:
+        if self._state is None:
+            self._state = self._parent.get_state()
+        return self._state
+
+    def set_state(self, state: dict) -> None:
+        self._stop_thread(join=True)
+        self._parent.set_state(state)
+        self._state = self._parent.get_state()
+        self._next_index = None
+
+    def _get_next_index(self) -> int:
+        if self._next_index is None:
+            state = self.get_state()
+            self._stop_thread(join=True)
+            self._parent.set_state(state)
+            self._next_index = self._parent._get_next_index()
+        return self._next_index
+
+    def _set_next_index(self, index: int) -> None:
+        self._stop_thread(join=True)
+        self._parent._set_next_index(index)
+        self._next_index = index
+        self._state = None
+
+    def close(self) -> None:
+        """Stops the thread without waiting for an element in progress; closes the parent."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        self._stop_thread(join=False)
+        self._parent.close()
+
+    def __str__(self) -> str:
+        return f"ThreadPrefetchDatasetIterator(prefetch_buffer_size={self._buffer_size})"
+
+
+class ThreadPrefetchIterDataset(IterDataset):
+    """Computes up to ``prefetch_buffer_size`` elements of ``parent`` ahead, in a thread.
+
+    With ``prefetch_buffer_size=0`` it computes nothing ahead.
+
+    Example:
+      >>> from grainlike.dataset import MapDataset
+      >>> ds = MapDataset.range(4).to_iter_dataset().map(lambda x: x * 2)
+      >>> list(ThreadPrefetchIterDataset(ds, prefetch_buffer_size=2))
+      [0, 2, 4, 6]
+
+    Raises:
+      ValueError: ``prefetch_buffer_size < 0``.
+    """
+
+    def __init__(self, parent: IterDataset, *, prefetch_buffer_size: int):
+        super().__init__(parent)
+        if prefetch_buffer_size < 0:
+            raise ValueError(
+                f"`prefetch_buffer_size` must be greater than or equal to 0, got {prefetch_buffer_size}."
+            )
+        self._prefetch_buffer_size = prefetch_buffer_size
+
+    def __iter__(self) -> DatasetIterator:
+        return ThreadPrefetchDatasetIterator(self._parent.__iter__(), self._prefetch_buffer_size)
+
+    def __str__(self) -> str:
+        return f"ThreadPrefetchIterDataset(prefetch_buffer_size={self._prefetch_buffer_size})"
