@@ -611,7 +611,8 @@ def apply_transformations(ds: Any, transformations: Any) -> Any:
     """Applies one transform or a sequence of them to a MapDataset or IterDataset.
 
     Accepts grainlike's ``Batch``, ``MapTransform``, ``RandomMapTransform``,
-    ``MapWithIndexTransform`` and ``FilterTransform``.
+    ``MapWithIndexTransform`` and ``FilterTransform``, and flat maps (objects with
+    ``flat_map`` and ``max_fan_out``).
 
     Raises:
       NotImplementedError: a transform of another type (as grain).
@@ -640,6 +641,12 @@ def apply_transformations(ds: Any, transformations: Any) -> Any:
             ds = ds.random_map(t)
         elif isinstance(t, MapWithIndexTransform):
             ds = ds.map_with_index(t)
+        elif not isinstance(t, FilterTransform) and callable(getattr(t, "flat_map", None)):
+            # grain's FlatMap: an object with flat_map() (and max_fan_out).
+            from grainlike.dataset import flatmap
+
+            stage = flatmap.FlatMapMapDataset if isinstance(ds, MapDataset) else flatmap.FlatMapIterDataset
+            ds = stage(ds, t)
         elif isinstance(t, FilterTransform):
             ds = ds.filter(t)
         else:

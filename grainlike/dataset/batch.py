@@ -82,15 +82,16 @@ class BatchMapDataset(MapDataset):
         super().__init__(parent)
         _check_batch_size(batch_size)
         from grainlike.dataset.filter import FilterMapDataset
+        from grainlike.dataset.flatmap import FlatMapMapDataset
 
         to_check = [parent]
         while to_check:
             node = to_check.pop()
-            if isinstance(node, FilterMapDataset):
+            if isinstance(node, (FilterMapDataset, FlatMapMapDataset)):
                 raise ValueError(
-                    "`MapDataset.batch` can not follow `MapDataset.filter` because "
-                    f"`filter` can discard elements ({node}). Convert `MapDataset` to "
-                    "`IterDataset` with `to_iter_dataset()` before calling `batch`."
+                    f"`MapDataset.batch` can not follow {node} because it can discard "
+                    "elements. Convert `MapDataset` to `IterDataset` with "
+                    "`to_iter_dataset()` before calling `batch`."
                 )
             to_check.extend(getattr(node, "_parents", ()))
         self._batch_size = batch_size

@@ -14,6 +14,7 @@ import numpy as np
 import grainlike.dataset as gd
 from grainlike.core import transforms as gt
 from grainlike.dataset.batch import batch_and_pad
+from grainlike.dataset.flatmap import FlatMapIterDataset, FlatMapMapDataset
 from grainlike.dataset.limit import LimitIterDataset
 from grainlike.dataset.repeat import RepeatIterDataset
 from grainlike.dataset.shuffle import WindowShuffleIterDataset, WindowShuffleMapDataset
@@ -43,6 +44,10 @@ GRAINLIKE = types.SimpleNamespace(
     ZipIterDataset=ZipIterDataset,
     batch_and_pad=batch_and_pad,
     ThreadPrefetchIterDataset=ThreadPrefetchIterDataset,
+    FlatMapMapDataset=FlatMapMapDataset,
+    FlatMapIterDataset=FlatMapIterDataset,
+    # Stages take any object with flat_map() and max_fan_out, as grain does.
+    FlatMap=getattr(gt, "FlatMap", object),
 )
 
 
@@ -73,8 +78,11 @@ def grain_namespace(grain: Any) -> types.SimpleNamespace:
                 "ZipIterDataset",
                 "batch_and_pad",
                 "ThreadPrefetchIterDataset",
+                "FlatMapMapDataset",
+                "FlatMapIterDataset",
             )
         },
+        FlatMap=grain.experimental.FlatMapTransform,
     )
 
 

@@ -165,11 +165,26 @@ PIPELINES = {
     "thread_prefetch_unbuffered": lambda lib: lib.ThreadPrefetchIterDataset(
         lib.MapDataset.range(9).to_iter_dataset().map_with_index(lambda i, x: (i, x)), prefetch_buffer_size=0
     ),
+    "flatmap_map": lambda lib: lib.FlatMapMapDataset(lib.MapDataset.range(9).shuffle(seed=2), _splitter(lib)),
+    "flatmap_map_apply": lambda lib: lib.MapDataset.range(5).apply([_splitter(lib)]).to_iter_dataset().batch(2),
+    "flatmap_iter": lambda lib: lib.FlatMapIterDataset(
+        lib.MapDataset.range(9).to_iter_dataset().filter(lambda x: x != 4), _splitter(lib)
+    ).batch(2),
     "iter_mix_mapping": lambda lib: lib.IterDataset.mix(
         {"zeta": lib.MapDataset.range(8).to_iter_dataset(), "alpha": lib.MapDataset.range(50, 70).to_iter_dataset()},
         {"zeta": 1.0, "alpha": 3.0},
     ),
 }
+
+
+def _splitter(lib, fan_out=3):
+    class Split(lib.FlatMap):
+        max_fan_out = fan_out
+
+        def flat_map(self, x):
+            return [f"{x}:{k}" for k in range(x % 4)]
+
+    return Split()
 
 
 def _alternate(lib):
@@ -317,6 +332,8 @@ def _errors(lib):
         "zip_iter_longer": lambda: list(lib.ZipIterDataset([r(2).to_iter_dataset(), r(3).to_iter_dataset()])),
         "batch_and_pad_too_many": lambda: lib.batch_and_pad([1, 2, 3], batch_size=2),
         "batch_and_pad_none": lambda: lib.batch_and_pad([], batch_size=2),
+        "flatmap_fan_out_exceeded": lambda: list(lib.FlatMapMapDataset(r(9), _splitter(lib, fan_out=2))),
+        "batch_after_flatmap": lambda: lib.FlatMapMapDataset(r(9), _splitter(lib)).batch(2),
         "thread_prefetch_negative": lambda: lib.ThreadPrefetchIterDataset(r(3).to_iter_dataset(), prefetch_buffer_size=-1),
         "thread_prefetch_user_error": lambda: list(
             lib.ThreadPrefetchIterDataset(r(3).to_iter_dataset().map(lambda x: {}[x]), prefetch_buffer_size=2)
