@@ -2,6 +2,7 @@
 
 Each transformation is one stage module (``map``, ``filter``, ``batch``, ``shuffle``,
 ``repeat``, ``slice``, ``mix``, ``prefetch``, ...) speaking the protocol of ``base``.
+The stages grain exposes in ``grain.experimental`` are here too.
 """
 
 from grainlike.dataset.base import (
@@ -13,13 +14,31 @@ from grainlike.dataset.base import (
     get_next_index,
     set_next_index,
 )
+from grainlike.dataset.batch import batch_and_pad
+from grainlike.dataset.flatmap import FlatMapIterDataset, FlatMapMapDataset
+from grainlike.dataset.limit import LimitIterDataset
+from grainlike.dataset.repeat import RepeatIterDataset
+from grainlike.dataset.shuffle import WindowShuffleIterDataset, WindowShuffleMapDataset
+from grainlike.dataset.thread_prefetch import ThreadPrefetchDatasetIterator, ThreadPrefetchIterDataset
+from grainlike.dataset.zip import ZipIterDataset, ZipMapDataset
 
 __all__ = [
     "DatasetIterator",
     "DatasetSelectionMap",
+    "FlatMapIterDataset",
+    "FlatMapMapDataset",
     "IterDataset",
+    "LimitIterDataset",
     "MapDataset",
+    "RepeatIterDataset",
+    "ThreadPrefetchDatasetIterator",
+    "ThreadPrefetchIterDataset",
+    "WindowShuffleIterDataset",
+    "WindowShuffleMapDataset",
+    "ZipIterDataset",
+    "ZipMapDataset",
     "apply_transformations",
+    "batch_and_pad",
     "get_next_index",
     "set_next_index",
 ]
