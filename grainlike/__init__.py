@@ -1,13 +1,35 @@
-"""grainlike: a fast, fault-safe drop-in for Grain's DataLoader (``grain.python``).
+"""grainlike: a fast, fault-safe drop-in for Grain (``grain`` and ``grain.python``).
 
 ``import grainlike as grain`` (or ``import grainlike.python as grain``) runs code
-written for ``grain.python`` unchanged, with the same records in the same order and
-checkpoints that restore in either library. Importing it loads numpy and the
-standard library only; jax, orbax, tfds and cv2 load when a feature needs them.
+written for grain 0.2.18 unchanged, with the same records in the same order and
+checkpoints that restore in either library. This package has the names of both
+``grain`` and ``grain.python``, and its modules mirror grain's: ``checkpoint``,
+``constants``, ``experimental``, ``multiprocessing``, ``samplers``, ``sharding``,
+``sources`` and ``transforms``; ``config`` is grain's options object. Importing
+it loads numpy and the standard library only; jax, orbax, tfds and cv2 load when
+a feature needs them.
 """
 
 from grainlike.core.record import Record, RecordMetadata
 from grainlike.builder import LoaderBuilder, from_source
+from grainlike.core.config import config
+from grainlike.core.constants import (
+    DATASET_INDEX,
+    EPOCH,
+    INDEX,
+    META_FEATURES,
+    RECORD,
+    RECORD_KEY,
+    SEED,
+)
+from grainlike.core.lazy import attach as _attach
+from grainlike.core.operations import (
+    BatchOperation,
+    FilterOperation,
+    MapOperation,
+    Operation,
+    RandomMapOperation,
+)
 from grainlike.core.samplers import IndexSampler, Sampler, SequentialSampler
 from grainlike.core.sampling import PaddedEpochSampler, RandomSampler
 from grainlike.core.sharding import NoSharding, ShardByJaxProcess, ShardOptions
@@ -20,9 +42,15 @@ from grainlike.core.transforms import (
     Transformation,
     Transformations,
 )
+from grainlike.dataset import (
+    DatasetIterator,
+    DatasetSelectionMap,
+    IterDataset,
+    MapDataset,
+)
+from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
 from grainlike.loader.data_loader import DataLoader, DataLoaderIterator, PyGrainDatasetIterator
 from grainlike.loader.load import load
-from grainlike.loader.options import MultiprocessingOptions, ReadOptions
 from grainlike.loader.state import InvalidStateError
 from grainlike.sources import (
     ArrayRecordDataSource,
@@ -36,67 +64,87 @@ from grainlike.sources import (
 
 __version__ = "0.1.0"
 
-# Orbax integration names load orbax on first use, not at import (and are left out
-# of __all__ so that a star import stays light).
+# Loaded on first use: grain's submodules and the names whose modules import jax,
+# orbax or shared memory. The orbax and jax ones are left out of __all__, so that
+# a star import stays light.
 _LAZY = {
-    "PyGrainCheckpointHandler": "grainlike.checkpoint",
-    "PyGrainCheckpointSave": "grainlike.checkpoint",
-    "PyGrainCheckpointRestore": "grainlike.checkpoint",
-    "DeviceIterator": "grainlike.device",
-    "make_global_batch": "grainlike.device",
-    "element_spec": "grainlike.specs",
-    "zeros_batch": "grainlike.specs",
-    "evaluate": "grainlike.evaluation",
-    "InJitIterator": "grainlike.in_jit",
+    **{
+        name: f"grainlike.{name}"
+        for name in (
+            "checkpoint",
+            "constants",
+            "experimental",
+            "multiprocessing",
+            "python",
+            "samplers",
+            "sharding",
+            "transforms",
+        )
+    },
+    "SharedMemoryArray": "grainlike.core.shared_memory_array:SharedMemoryArray",
+    "PyGrainCheckpointHandler": "grainlike.orbax:PyGrainCheckpointHandler",
+    "PyGrainCheckpointSave": "grainlike.orbax:PyGrainCheckpointSave",
+    "PyGrainCheckpointRestore": "grainlike.orbax:PyGrainCheckpointRestore",
+    "DeviceIterator": "grainlike.device:DeviceIterator",
+    "make_global_batch": "grainlike.device:make_global_batch",
+    "element_spec": "grainlike.specs:element_spec",
+    "zeros_batch": "grainlike.specs:zeros_batch",
+    "evaluate": "grainlike.evaluation:evaluate",
+    "InJitIterator": "grainlike.in_jit:InJitIterator",
 }
 
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'grainlike' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
-
+__getattr__, __dir__ = _attach(globals(), _LAZY)
 
 __all__ = [
     "ArrayRecordDataSource",
     "Batch",
+    "BatchOperation",
+    "DATASET_INDEX",
     "DataLoader",
     "DataLoaderIterator",
+    "DatasetIterator",
+    "DatasetSelectionMap",
+    "EPOCH",
+    "FilterOperation",
     "FilterTransform",
+    "INDEX",
     "InMemoryDataSource",
     "IndexSampler",
-    "LoaderBuilder",
     "InvalidStateError",
+    "IterDataset",
+    "LoaderBuilder",
+    "META_FEATURES",
+    "MapDataset",
+    "MapOperation",
     "MapTransform",
     "MapWithIndexTransform",
     "MultiprocessingOptions",
     "NoSharding",
+    "Operation",
     "PaddedEpochSampler",
     "PyGrainDatasetIterator",
+    "RECORD",
+    "RECORD_KEY",
     "RandomAccessDataSource",
+    "RandomMapOperation",
     "RandomMapTransform",
     "RandomSampler",
     "RangeDataSource",
     "ReadOptions",
     "Record",
     "RecordMetadata",
+    "SEED",
     "Sampler",
     "SequentialSampler",
     "ShardByJaxProcess",
     "ShardOptions",
+    "SharedMemoryArray",
     "SharedMemoryDataSource",
-    "Transformation",
     "TfdsDataSource",
+    "Transformation",
     "Transformations",
+    "config",
+    "experimental",
     "from_source",
     "load",
     "tfds_source",

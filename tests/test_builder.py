@@ -126,7 +126,7 @@ def test_bad_arguments_are_rejected():
         b.random_map(lambda x, rng: x).build()
     with pytest.raises(TypeError, match="pass an instance"):
         b.map(grain.MapTransform)
-    with pytest.raises(TypeError, match="not a MapTransform"):
+    with pytest.raises(TypeError, match="not a Map"):
         b.map(grain.Batch(2))
     with pytest.raises(TypeError, match="or a function"):
         b.filter(3)

@@ -229,6 +229,10 @@ def test_top_level_names_are_the_checkpoint_classes():
     for name in ("PyGrainCheckpointHandler", "PyGrainCheckpointSave", "PyGrainCheckpointRestore"):
         assert getattr(grain, name) is getattr(gckpt, name)
         assert getattr(grainlike.python, name) is getattr(gckpt, name)
+    # grain.checkpoint's names for the same classes.
+    assert gckpt.CheckpointHandler is gckpt.PyGrainCheckpointHandler
+    assert gckpt.CheckpointSave is gckpt.PyGrainCheckpointSave
+    assert gckpt.CheckpointRestore is gckpt.PyGrainCheckpointRestore
 
 
 def test_handler_names_are_stable():
@@ -259,3 +263,87 @@ def test_docs_checkpointing_examples_run(tmp_path, monkeypatch):
     for block in blocks[:-1]:  # later blocks use names from earlier ones
         exec(compile(block, "docs/checkpointing.md", "exec"), namespace)
     assert json.loads((tmp_path / "checkpoints" / "3" / "data_iter" / "process_0-of-1.json").read_text())
+
+
+# --- Dataset iterators ------------------------------------------------------------
+
+
+def make_dataset(num_records=30, seed=4):
+    return (
+        grain.MapDataset.range(num_records)
+        .shuffle(seed=seed)
+        .map(lambda x: {"id": np.int64(x)})
+        .to_iter_dataset()
+        .batch(4)
+    )
+
+
+def dataset_ids(it):
+    return [b["id"].tolist() for b in it]
+
+
+def test_dataset_iterator_restores_through_a_manager(tmp_path):
+    expected = dataset_ids(iter(make_dataset()))
+    options = ocp.CheckpointManagerOptions(enable_async_checkpointing=True)
+    with ocp.CheckpointManager(tmp_path, options=options) as mngr:
+        it = iter(make_dataset())
+        next(it), next(it)
+        state = it.get_state()
+        mngr.save(2, args=ocp.args.Composite(data_iter=gckpt.CheckpointSave(it)))
+        next(it)  # moving on does not change what is written
+        mngr.wait_until_finished()
+    written = (tmp_path / "2" / "data_iter" / "process_0-of-1.json").read_text()
+    assert json.loads(written) == state
+    assert written == json.dumps(state, indent=4)
+    with ocp.CheckpointManager(tmp_path) as mngr:
+        it = iter(make_dataset())
+        restored = mngr.restore(2, args=ocp.args.Composite(data_iter=gckpt.CheckpointRestore(it)))
+        assert restored.data_iter is it
+        assert dataset_ids(it) == expected[2:]
+
+
+def test_restoring_another_dataset_names_the_file_and_keeps_the_error_type(tmp_path):
+    with ocp.CheckpointManager(tmp_path) as mngr:
+        it = iter(make_dataset())
+        next(it)
+        mngr.save(1, args=gckpt.CheckpointSave(it))
+        mngr.wait_until_finished()
+    # A different pipeline: the saved state has no place in it.
+    other = iter(grain.MapDataset.range(3).to_iter_dataset())
+    with pytest.raises(Exception) as direct:
+        other.set_state(json.loads((tmp_path / "1" / "default" / "process_0-of-1.json").read_text()))
+    other = iter(grain.MapDataset.range(3).to_iter_dataset())
+    with ocp.CheckpointManager(tmp_path) as mngr:
+        with pytest.raises(type(direct.value)) as through_orbax:
+            mngr.restore(1, args=gckpt.CheckpointRestore(other))
+    assert "process_0-of-1.json" in "\n".join(
+        [str(through_orbax.value), *getattr(through_orbax.value, "__notes__", [])]
+    )
+
+
+def test_save_state_async_writes_a_dataset_state_as_indented_json(tmp_path):
+    import asyncio
+
+    it = iter(make_dataset())
+    next(it)
+    state = it.get_state()
+    # As Orbax v1 does: the state is read when save() is awaited, the file is
+    # written when the coroutine it returns is.
+    write = asyncio.run(gckpt.save_state_async(it, tmp_path))
+    next(it)
+    asyncio.run(write)
+    assert (tmp_path / "process_0-of-1.json").read_text() == json.dumps(state, indent=4)
+    fresh = iter(make_dataset())
+    asyncio.run(asyncio.run(gckpt.load_state_async(fresh, tmp_path)))
+    assert fresh.get_state() == state
+
+
+def test_dataset_iterator_is_an_orbax_v1_checkpointable(tmp_path):
+    v1 = pytest.importorskip("orbax.checkpoint.experimental.v1")
+    expected = dataset_ids(iter(make_dataset()))
+    it = iter(make_dataset())
+    next(it)
+    v1.save_checkpointables(tmp_path / "ckpt", {"data_iter": it})
+    it = iter(make_dataset())
+    v1.load_checkpointables(tmp_path / "ckpt", {"data_iter": it})
+    assert dataset_ids(it) == expected[1:]

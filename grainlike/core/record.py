@@ -53,29 +53,58 @@ class LazyRng:
     Building a ``np.random.Generator(np.random.Philox(key=k))`` costs more than the
     whole per-record budget of a fast loader, so the metadata stores only the key and
     builds the generator when a random transform asks for it. The draws are identical
-    to an eagerly built generator with the same key.
+    to an eagerly built generator with the same key. The generator is built once:
+    metadata copies that share this placeholder (``remove_record_key``) share one
+    generator, as copies of grain's metadata share theirs.
     """
 
-    __slots__ = ("key",)
+    __slots__ = ("key", "_generator")
 
     def __init__(self, key: int):
+        # ``_generator`` stays unset until built: one slot write less per record.
         self.key = key
 
     def build(self) -> np.random.Generator:
-        return philox_generator(self.key)
+        try:
+            return self._generator
+        except AttributeError:
+            generator = self._generator = philox_generator(self.key)
+            return generator
+
+    def __getstate__(self):
+        # A generator built and already drawn from travels as it is.
+        return (self.key, getattr(self, "_generator", None))
+
+    def __setstate__(self, state):
+        self.key, generator = state
+        if generator is not None:
+            self._generator = generator
 
 
 class RecordMetadata:
-    """Where a record comes from.
+    """Where a record comes from: grain's ``RecordMetadata``.
+
+    Samplers emit it to say which record to read next; it then travels with the
+    record through the operations. It is a dataclass to ``dataclasses`` (fields
+    ``index``, ``record_key``, ``rng``; ``replace``, ``asdict``) and compares,
+    prints and copies as grain's does.
 
     Attributes:
       index: the global position of the record in the sampler's stream.
       record_key: the key to read from the data source (``source[record_key]``).
       rng: the record's own random generator (``None`` when the sampler has no seed).
         Random transforms draw from it, so their output depends only on the seed and
-        the index, not on worker count or timing.
+        the index, not on worker count or timing. grainlike's samplers store a
+        ``LazyRng`` and the generator is built when ``rng`` is first read.
+
+    Example:
+      >>> m = RecordMetadata(index=3, record_key=7)
+      >>> m.remove_record_key()
+      RecordMetadata(index=3, record_key=None, rng=None)
     """
 
+    # Written by hand rather than by @dataclass: ``rng`` must be a property over a
+    # slot holding the placeholder, and samplers build one of these per record.
     __slots__ = ("index", "record_key", "_rng")
 
     def __init__(self, index: int, record_key: Optional[int] = None, rng: Any = None):
@@ -87,8 +116,7 @@ class RecordMetadata:
     def rng(self) -> Optional[np.random.Generator]:
         rng = self._rng
         if type(rng) is LazyRng:
-            rng = rng.build()
-            self._rng = rng
+            rng = self._rng = rng.build()
         return rng
 
     @rng.setter
@@ -96,27 +124,55 @@ class RecordMetadata:
         self._rng = value
 
     def remove_record_key(self) -> "RecordMetadata":
-        return RecordMetadata(index=self.index, record_key=None, rng=self._rng)
+        """The metadata without its record key (itself if it has none), sharing the rng."""
+        if self.record_key is None:
+            return self
+        return RecordMetadata(self.index, None, self._rng)
 
     def __repr__(self) -> str:
+        return (
+            f"RecordMetadata(index={self.index!r}, record_key={self.record_key!r}, "
+            f"rng={self.rng!r})"
+        )
+
+    def __str__(self) -> str:
         return (
             f"RecordMetadata(index={self.index}, record_key={self.record_key}, "
             f"rng={self.rng})"
         )
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, RecordMetadata):
+        # The dataclass comparison, on the stored rng: a placeholder stands for the
+        # one generator it builds, so it is equal only to itself, as a generator is.
+        if other.__class__ is not self.__class__:
             return NotImplemented
-        return self.index == other.index and self.record_key == other.record_key
+        return (self.index, self.record_key, self._rng) == (
+            other.index,
+            other.record_key,
+            other._rng,
+        )
 
-    def __hash__(self) -> int:
-        return hash((self.index, self.record_key))
+    # Mutable and compared by value, hence unhashable, as a dataclass.
+    __hash__ = None  # type: ignore[assignment]
 
     def __getstate__(self):
         return (self.index, self.record_key, self._rng)
 
     def __setstate__(self, state):
         self.index, self.record_key, self._rng = state
+
+
+@dataclasses.dataclass
+class _RecordMetadataFields:
+    index: int
+    record_key: Optional[int] = None
+    rng: Optional[np.random.Generator] = None
+
+
+# ``dataclasses`` finds grain's three fields: fields(), replace(), asdict() work.
+RecordMetadata.__dataclass_fields__ = _RecordMetadataFields.__dataclass_fields__  # type: ignore[attr-defined]
+RecordMetadata.__dataclass_params__ = _RecordMetadataFields.__dataclass_params__  # type: ignore[attr-defined]
+RecordMetadata.__match_args__ = ("index", "record_key", "rng")  # type: ignore[attr-defined]
 
 
 @dataclasses.dataclass(slots=True)

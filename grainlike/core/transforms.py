@@ -1,8 +1,8 @@
 """The operations a user chains after the source: map, random map, filter, batch.
 
 Each user-facing transform is a small abstract class with one method. The classes
-are the same shape as ``grain.python``'s, so code written for grain subclasses them
-unchanged.
+have grain's names (``grain.transforms.Map``, ...) and its ``grain.python`` aliases
+(``MapTransform is Map``), so code written for grain subclasses them unchanged.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 
 
-class MapTransform(abc.ABC):
-    """A 1:1 transformation of one element.
+class Map(abc.ABC):
+    """A 1:1 transformation of one element (``grain.transforms.Map``).
+
+    Also named ``MapTransform``, as in ``grain.python``.
 
     Example:
-      >>> class Double(MapTransform):
+      >>> class Double(Map):
       ...     def map(self, element):
       ...         return element * 2
       >>> Double().map(3)
@@ -31,12 +33,12 @@ class MapTransform(abc.ABC):
         """Returns the transformed element."""
 
 
-class RandomMapTransform(abc.ABC):
-    """A 1:1 random transformation of one element.
+class RandomMap(abc.ABC):
+    """A 1:1 random transformation of one element (``grain.transforms.RandomMap``).
 
-    ``rng`` is the record's own generator, keyed on the sampler's seed and the
-    record's global index, so the result does not depend on worker count or timing
-    and is reproduced exactly after a restore.
+    Also named ``RandomMapTransform``. ``rng`` is the record's own generator, keyed
+    on the sampler's seed and the record's global index, so the result does not
+    depend on worker count or timing and is reproduced exactly after a restore.
     """
 
     @abc.abstractmethod
@@ -44,20 +46,88 @@ class RandomMapTransform(abc.ABC):
         """Returns the transformed element, drawing randomness only from ``rng``."""
 
 
-class MapWithIndexTransform(abc.ABC):
-    """A 1:1 transformation of one element and its global index in the stream."""
+class TfRandomMap(abc.ABC):
+    """grain's random map for its TensorFlow backend, applied in Python by the DataLoader.
+
+    grain's DataLoader calls ``np_random_map(element, rng)`` with the record's
+    generator, exactly as ``RandomMap.random_map``; grainlike does the same (no
+    TensorFlow involved).
+    """
+
+    @abc.abstractmethod
+    def np_random_map(self, element: Any, rng: np.random.Generator) -> Any:
+        """Returns the transformed element, drawing randomness only from ``rng``."""
+
+
+class MapWithIndex(abc.ABC):
+    """A 1:1 transformation of one element and its global index in the stream.
+
+    Also named ``MapWithIndexTransform``.
+    """
 
     @abc.abstractmethod
     def map_with_index(self, index: int, element: Any) -> Any:
         """Returns the transformed element; ``index`` is the record's global index."""
 
 
-class FilterTransform(abc.ABC):
-    """Keeps the elements for which ``filter`` returns True."""
+class Filter(abc.ABC):
+    """Keeps the elements for which ``filter`` returns True.
+
+    Also named ``FilterTransform``.
+    """
 
     @abc.abstractmethod
     def filter(self, element: Any) -> bool:
         """Returns True to keep ``element``."""
+
+
+class FlatMap(abc.ABC):
+    """Splits one element into up to ``max_fan_out`` elements.
+
+    Named ``FlatMapTransform`` in ``grain.experimental``.
+
+    Attributes:
+      max_fan_out: the most elements one element may split into.
+    """
+
+    max_fan_out: int
+
+    @abc.abstractmethod
+    def flat_map(self, element: Any) -> Sequence[Any]:
+        """Returns the elements ``element`` splits into."""
+
+
+# grain.python's names for the same classes.
+MapTransform = Map
+RandomMapTransform = RandomMap
+MapWithIndexTransform = MapWithIndex
+FilterTransform = Filter
+FlatMapTransform = FlatMap
+
+
+class _NpRandomMap(RandomMap):
+    """A ``TfRandomMap`` run as the ``RandomMap`` it is to a Python pipeline."""
+
+    def __init__(self, transform: TfRandomMap):
+        # transform_name() names the wrapped transform in error notes.
+        self.__wrapped__ = transform
+
+    def random_map(self, element: Any, rng: np.random.Generator) -> Any:
+        return self.__wrapped__.np_random_map(element, rng)
+
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)
+
+
+def as_python_transform(transform: Any) -> Any:
+    """The transform a Python pipeline applies for ``transform``.
+
+    A ``TfRandomMap`` becomes a ``RandomMap`` calling its ``np_random_map``; any
+    other transform is returned as it is.
+    """
+    if isinstance(transform, TfRandomMap) and not isinstance(transform, RandomMap):
+        return _NpRandomMap(transform)
+    return transform
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +176,7 @@ class Batch:
             )
 
 
-Transformation = Union[Batch, MapTransform, RandomMapTransform, FilterTransform, MapWithIndexTransform]
+Transformation = Union[Batch, Map, RandomMap, TfRandomMap, Filter, FlatMap, MapWithIndex]
 Transformations = Sequence[Transformation]
 
 

@@ -8,7 +8,7 @@ import threading
 from typing import Any, Iterator, Optional, Sequence
 
 from grainlike.core import sharding
-from grainlike.core.transforms import Batch, FilterTransform
+from grainlike.core.transforms import Batch, FilterTransform, Map, MapWithIndex, RandomMap
 from grainlike.loader import state as state_lib
 from grainlike.loader.options import MultiprocessingOptions, ReadOptions
 from grainlike.loader.pipeline import Pipeline, check_operations
@@ -165,6 +165,13 @@ class DataLoader:
         if any(isinstance(op, FilterTransform) for op in self._operations):
             raise TypeError(
                 "len() of a DataLoader with a FilterTransform is unknown until it has run"
+            )
+        known = (Batch, Map, RandomMap, MapWithIndex)
+        legacy = [op for op in self._operations if not isinstance(op, known)]
+        if legacy:
+            raise TypeError(
+                f"len() of a DataLoader with the legacy operation {legacy[0]!r} is unknown "
+                "until it has run"
             )
         w = max(self.worker_count, 1)
         total = 0

@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import copy
-import sys
 import time
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -21,6 +20,7 @@ import numpy as np
 
 from grainlike.core import tree
 from grainlike.core.errors import add_note
+from grainlike.core.operations import loader_operation
 from grainlike.core.record import LazyRng, Record, RecordMetadata
 from grainlike.core.samplers import as_sampler
 from grainlike.core.sharding import ShardOptions
@@ -57,28 +57,8 @@ def describe_op(op: Any) -> str:
 
 
 def check_operations(operations: Sequence[Any]) -> list:
-    """Validates the operations list; returns it as a list."""
-    ops = list(operations)
-    for i, op in enumerate(ops):
-        if not isinstance(
-            op, (Batch, MapTransform, RandomMapTransform, FilterTransform, MapWithIndexTransform)
-        ):
-            kind = getattr(type(op), "__name__", type(op))
-            batch_size = getattr(op, "batch_size", None)
-            if batch_size is not None and hasattr(op, "drop_remainder"):
-                # grain's BatchOperation / foreign Batch: same meaning.
-                ops[i] = Batch(
-                    batch_size=op.batch_size,
-                    drop_remainder=op.drop_remainder,
-                    batch_fn=getattr(op, "batch_fn", None),
-                    pad=bool(getattr(op, "pad", False)),
-                )
-                continue
-            raise TypeError(
-                f"operations[{i}] is a {kind}, not a transform. Use a MapTransform, "
-                "RandomMapTransform, FilterTransform, MapWithIndexTransform or Batch."
-            )
-    return ops
+    """Validates the operations list; returns what the loader runs for each."""
+    return [loader_operation(op, i) for i, op in enumerate(operations)]
 
 
 class Pipeline:

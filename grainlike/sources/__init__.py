@@ -1,4 +1,4 @@
-"""Random-access data sources.
+"""Random-access data sources (``grain.sources``).
 
 ``RandomAccessDataSource`` is the protocol (``__len__`` and ``__getitem__``, plus an
 optional batched ``__getitems__``); ``RangeDataSource``, ``InMemoryDataSource``

@@ -2,10 +2,13 @@
 
 Each side writes with its own handler through a real ``ocp.CheckpointManager``,
 next to model state, and the other side restores with its own handler and
-continues with exactly the elements the writer's uninterrupted run yields.
+continues with exactly the elements the writer's uninterrupted run yields; for
+DataLoader iterators and for Dataset iterators, through Orbax v0 and v1.
 """
 
 from __future__ import annotations
+
+import json
 
 import jax.numpy as jnp
 import numpy as np
@@ -113,3 +116,75 @@ def test_grain_handler_checkpoints_a_grainlike_device_iterator(grain_ref, tmp_pa
         _restore(tmp_path, it, grain_ref.PyGrainCheckpointRestore)
         got = [np.asarray(b["x"]).tolist() for b in it]
     assert got == [b["x"][2] for b in expected[K:]]  # (dtype, shape, values)
+
+
+# --- Dataset iterators ----------------------------------------------------------
+
+
+def _dataset_iter(lib):
+    return iter(
+        lib.MapDataset.range(23).shuffle(seed=5).map(lambda x: x * 3).to_iter_dataset().batch(4)
+    )
+
+
+def _checkpoint_classes(lib):
+    if lib is grainlike:
+        return grainlike.checkpoint.CheckpointSave, grainlike.checkpoint.CheckpointRestore
+    import grain.checkpoint
+
+    return grain.checkpoint.CheckpointSave, grain.checkpoint.CheckpointRestore
+
+
+@pytest.mark.parametrize("direction", ["grain_to_grainlike", "grainlike_to_grain"])
+def test_dataset_iterator_checkpoint_restores_in_the_other_library(grain_ref, tmp_path, direction):
+    writer, reader = (grain_ref, grainlike) if direction == "grain_to_grainlike" else (grainlike, grain_ref)
+    it = _dataset_iter(writer)
+    take(it, 2)
+    state = it.get_state()
+    _save(tmp_path, it, _checkpoint_classes(writer)[0])
+    expected_rest = take(it, 1000)
+    written = (tmp_path / str(K) / "data_iter" / "process_0-of-1.json").read_text()
+    # grain's format for a Dataset iterator: its state dict as indented JSON.
+    assert written == json.dumps(state, indent=4)
+
+    other = _dataset_iter(reader)
+    restored = _restore(tmp_path, other, _checkpoint_classes(reader)[1])
+    assert restored is other
+    assert other.get_state() == state
+    assert take(other, 1000) == expected_rest
+
+
+def test_both_handlers_write_the_same_dataset_iterator_bytes(grain_ref, tmp_path):
+    ig, il = _dataset_iter(grain_ref), _dataset_iter(grainlike)
+    take(ig, 3), take(il, 3)
+    _save(tmp_path / "grain", ig, _checkpoint_classes(grain_ref)[0])
+    _save(tmp_path / "grainlike", il, _checkpoint_classes(grainlike)[0])
+    rel = f"{K}/data_iter/process_0-of-1.json"
+    assert (tmp_path / "grain" / rel).read_bytes() == (tmp_path / "grainlike" / rel).read_bytes()
+
+
+@pytest.mark.parametrize("direction", ["grain_to_grainlike", "grainlike_to_grain"])
+def test_orbax_v1_dataset_iterator_checkpoint_moves_between_libraries(grain_ref, tmp_path, direction):
+    v1 = pytest.importorskip("orbax.checkpoint.experimental.v1")
+    writer, reader = (grain_ref, grainlike) if direction == "grain_to_grainlike" else (grainlike, grain_ref)
+    it = _dataset_iter(writer)
+    take(it, 2)
+    state = it.get_state()
+    v1.save_checkpointables(tmp_path / "ckpt", {"data_iter": it})
+    expected_rest = take(it, 1000)
+    written = (tmp_path / "ckpt" / "data_iter" / "process_0-of-1.json").read_text()
+    assert written == json.dumps(state, indent=4)
+    other = _dataset_iter(reader)
+    v1.load_checkpointables(tmp_path / "ckpt", {"data_iter": other})
+    assert take(other, 1000) == expected_rest
+
+
+def test_grainlike_handler_restores_a_grain_dataset_iterator(grain_ref, tmp_path):
+    # grain's own Dataset iterator, saved and restored through grainlike's handler.
+    it = _dataset_iter(grain_ref)
+    take(it, 3)
+    _save(tmp_path, it, _checkpoint_classes(grainlike)[0])
+    expected_rest = take(it, 1000)
+    other = _dataset_iter(grain_ref)
+    _restore(tmp_path, other, _checkpoint_classes(grainlike)[1])
+    assert take(other, 1000) == expected_rest

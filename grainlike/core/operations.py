@@ -1,0 +1,245 @@
+"""grain's legacy operations: functions over the whole stream of records.
+
+Before the transform classes (``Map``, ``Filter``, ``Batch``...), grain's
+DataLoader took *operations*: callables from an iterator of ``Record`` to an
+iterator of ``Record``. grain 0.2.18 still accepts them, logs that they are
+deprecated, and so does grainlike, with the same outputs:
+
+- ``MapOperation(fn)``, ``RandomMapOperation(fn)`` and ``FilterOperation(fn)``
+  apply ``fn`` to each record's data (``fn(data, rng)`` for the random one, with
+  the record's own generator); an error in ``fn`` is raised as a ValueError
+  whose ``__cause__`` is the original error, as in grain.
+- ``BatchOperation`` is run by the DataLoader as ``Batch`` with the same
+  ``batch_size``, ``drop_remainder`` and ``batch_fn``.
+- Any other callable ``op(records) -> records`` (grain's ``Operation``
+  protocol) is applied to the stream of records of each worker.
+
+A legacy operation keeps no state of its own: a checkpoint holds the positions
+in the sampler's stream, so an operation that holds records back across outputs
+(one that batches, say) restarts without them, as in grain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable, Generic, Iterator, Optional, Protocol, Sequence, TypeVar
+
+import numpy as np
+
+from grainlike.core import tree
+from grainlike.core.record import Record
+from grainlike.core.transforms import (
+    Batch,
+    Filter,
+    FlatMap,
+    Map,
+    MapWithIndex,
+    RandomMap,
+    TfRandomMap,
+    as_python_transform,
+    transform_name,
+)
+
+_IN = TypeVar("_IN")
+_OUT = TypeVar("_OUT")
+
+_logger = logging.getLogger("grainlike")
+
+
+def _deprecated(name: str, replacement: str) -> None:
+    _logger.warning(
+        "Applying the deprecated %s (deprecated in grain too); use %s instead.", name, replacement
+    )
+
+
+class Operation(Protocol):
+    """A function from a stream of records to a stream of records."""
+
+    def __call__(self, input_iterator: Iterator[Record]) -> Iterator[Record]:
+        """Returns the stream of output records."""
+
+
+def _wrapped_error(kind: str, fn: Any, record: Record, error: Exception) -> ValueError:
+    # grain raises ValueError from the function's error; this one also names them.
+    return ValueError(
+        f"grainlike encountered an error when calling {kind} function "
+        f"{transform_name(fn)} on the record at global index {record.metadata.index}: "
+        f"{type(error).__name__}: {error}"
+    )
+
+
+@dataclasses.dataclass
+class MapOperation(Generic[_IN, _OUT]):
+    """Applies ``map_function`` to each record's data (legacy; use ``MapTransform``).
+
+    Example:
+      >>> from grainlike.core.record import RecordMetadata
+      >>> op = MapOperation(lambda x: x + 1)
+      >>> [r.data for r in op(iter([Record(RecordMetadata(0, 0), 1)]))]
+      [2]
+    """
+
+    map_function: Callable[[_IN], _OUT]
+
+    def __call__(self, input_iterator: Iterator[Record]) -> Iterator[Record]:
+        _deprecated("MapOperation", "grainlike.MapTransform")
+        fn = self.map_function
+        for record in input_iterator:
+            try:
+                result = fn(record.data)
+            except Exception as e:
+                raise _wrapped_error("map", fn, record, e) from e
+            yield Record(record.metadata.remove_record_key(), result)
+
+
+@dataclasses.dataclass
+class RandomMapOperation(Generic[_IN, _OUT]):
+    """Applies ``random_map_function(data, rng)`` with each record's own generator.
+
+    Legacy; use ``RandomMapTransform``. The generator is the one a
+    ``RandomMapTransform`` at the same place would get, so the draws are the same.
+    """
+
+    random_map_function: Callable[[_IN, np.random.Generator], _OUT]
+
+    def __call__(self, input_iterator: Iterator[Record]) -> Iterator[Record]:
+        _deprecated("RandomMapOperation", "grainlike.RandomMapTransform")
+        fn = self.random_map_function
+        for record in input_iterator:
+            try:
+                result = fn(record.data, record.metadata.rng)
+            except Exception as e:
+                raise _wrapped_error("random map", fn, record, e) from e
+            yield Record(record.metadata.remove_record_key(), result)
+
+
+@dataclasses.dataclass
+class FilterOperation(Generic[_IN]):
+    """Keeps the records whose data ``condition_function`` accepts (legacy; use ``FilterTransform``)."""
+
+    condition_function: Callable[[_IN], bool]
+
+    def __call__(self, input_iterator: Iterator[Record]) -> Iterator[Record]:
+        _deprecated("FilterOperation", "grainlike.FilterTransform")
+        fn = self.condition_function
+        for record in input_iterator:
+            try:
+                keep = fn(record.data)
+            except Exception as e:
+                raise _wrapped_error("condition", fn, record, e) from e
+            if keep:
+                yield Record(record.metadata.remove_record_key(), record.data)
+
+
+@dataclasses.dataclass
+class BatchOperation(Generic[_IN, _OUT]):
+    """Batches ``batch_size`` consecutive records (legacy; use ``Batch``).
+
+    The DataLoader runs it as ``Batch(batch_size, drop_remainder, batch_fn)``.
+    Without a ``batch_fn``, elements must share one structure (else TypeError, as
+    in grain) and their leaves are stacked with a new leading axis.
+
+    Attributes:
+      batch_size: records per batch, positive.
+      drop_remainder: drop a final batch smaller than ``batch_size``.
+      batch_fn: function from a list of elements to a batch; defaults to stacking.
+    """
+
+    batch_size: int
+    drop_remainder: bool = False
+    batch_fn: Optional[Callable[[Sequence[_IN]], _OUT]] = None
+
+    def __post_init__(self):
+        if self.batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive integer. Got {self.batch_size}.")
+        self._display_deprecation_message = True
+        if self.batch_fn is None:
+            self.batch_fn = self._default_batch_fn
+
+    def disable_deprecation_message(self) -> None:
+        """Stops the warning logged each time the operation starts on a stream."""
+        self._display_deprecation_message = False
+
+    def _default_batch_fn(self, elements: Sequence[Any]) -> Any:
+        elements = list(elements)
+        try:
+            tree.map_structure(_nothing, *elements)
+        except tree.StructureError as e:
+            raise TypeError(
+                f"Record structures do not match: {e}. Record at position 0 has structure "
+                f"{tree.shape_spec(elements[0])!r}."
+            ) from None
+        return tree.stack(elements)
+
+    def __call__(self, input_iterator: Iterator[Record]) -> Iterator[Record]:
+        if self._display_deprecation_message:
+            _deprecated("BatchOperation", "grainlike.Batch")
+        batch_fn = self.batch_fn
+        data: list = []
+        last = None
+        for record in input_iterator:
+            last = record.metadata
+            data.append(record.data)
+            if len(data) == self.batch_size:
+                yield Record(last.remove_record_key(), batch_fn(data))
+                data = []
+        if data and not self.drop_remainder:
+            yield Record(last.remove_record_key(), batch_fn(data))
+
+    def as_batch(self) -> Batch:
+        """The ``Batch`` transform the DataLoader runs in place of this operation."""
+        return Batch(
+            batch_size=self.batch_size, drop_remainder=self.drop_remainder, batch_fn=self.batch_fn
+        )
+
+
+def _nothing(*leaves: Any) -> None:
+    return None
+
+
+def loader_operation(op: Any, position: int) -> Any:
+    """What the DataLoader runs for ``operations[position]``, as grain's DataLoader does.
+
+    Returns the transform itself for grainlike's transform classes; a ``Batch``
+    for ``BatchOperation`` (and for grain's own ``Batch`` / ``BatchOperation``
+    objects); a ``RandomMap`` calling ``np_random_map`` for a ``TfRandomMap``;
+    and any other callable as it is, to be applied to the stream of records as a
+    legacy ``Operation``.
+
+    Raises:
+      TypeError: ``op`` is none of these (named, with its position).
+    """
+    if isinstance(op, (Batch, Map, RandomMap, Filter, MapWithIndex)):
+        return op
+    if isinstance(op, TfRandomMap):
+        return as_python_transform(op)
+    if type(op) is BatchOperation:
+        return op.as_batch()
+    if isinstance(op, FlatMap):
+        raise TypeError(
+            f"operations[{position}] is a FlatMap ({transform_name(op)}); grainlike's "
+            "DataLoader does not run FlatMap transforms yet. Split elements in a "
+            "MapTransform that returns a list and flatten after batching, or use the "
+            "Dataset API."
+        )
+    if (
+        not isinstance(op, BatchOperation)
+        and getattr(op, "batch_size", None) is not None
+        and hasattr(op, "drop_remainder")
+    ):
+        # grain's own Batch / BatchOperation objects: the same meaning.
+        return Batch(
+            batch_size=op.batch_size,
+            drop_remainder=op.drop_remainder,
+            batch_fn=getattr(op, "batch_fn", None),
+            pad=bool(getattr(op, "pad", False)),
+        )
+    if callable(op):
+        return op
+    raise TypeError(
+        f"operations[{position}] is a {type(op).__name__}, not a transform. Use a "
+        "MapTransform, RandomMapTransform, FilterTransform, MapWithIndexTransform or "
+        "Batch (or a legacy Operation: a callable from an iterator of Records to an "
+        "iterator of Records)."
+    )

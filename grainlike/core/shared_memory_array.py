@@ -1,0 +1,171 @@
+"""grain's ``SharedMemoryArray``: a numpy array in a named shared-memory segment.
+
+A process writes an array into a segment, sends the small
+``SharedMemoryArrayMetadata`` (name, shape, dtype) to another process, and that
+process maps the same memory with ``SharedMemoryArray.from_metadata`` without
+copying or pickling the data. It is part of grain's public API
+(``grain.multiprocessing`` and ``grain.python``) for code that moves arrays
+between processes by hand; grainlike's own workers hand batches over through
+memory that needs no names (see ``docs/concepts.md``).
+
+The last process to use a segment must mark one of its arrays with
+``unlink_on_del()``; otherwise the segment outlives the processes, as in grain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import mmap
+import threading
+from multiprocessing import pool as mp_pool
+from multiprocessing import shared_memory
+from typing import Any, Iterable, Optional
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["SharedMemoryArray", "SharedMemoryArrayMetadata"]
+
+
+@dataclasses.dataclass(slots=True, frozen=True)
+class SharedMemoryArrayMetadata:
+    """What another process needs to map a ``SharedMemoryArray``: name, shape, dtype."""
+
+    name: str
+    shape: Iterable[int]
+    dtype: npt.DTypeLike
+
+    def close_and_unlink_shm(self) -> None:
+        """Frees the segment this metadata names (for an array nobody will open)."""
+        segment = shared_memory.SharedMemory(self.name)
+        segment.close()
+        segment.unlink()
+
+
+def _release(segment: shared_memory.SharedMemory, unlink: bool) -> None:
+    segment.close()
+    if unlink:
+        segment.unlink()
+
+
+class SharedMemoryArray(np.ndarray):
+    """A numpy array backed by a named shared-memory segment.
+
+    ``SharedMemoryArray(shape, dtype)`` creates a segment of exactly the array's
+    size. Pickling it sends only the segment's name, shape and dtype; the receiver
+    maps the same memory. Results of arithmetic on it are plain ndarrays.
+
+    Example:
+      >>> a = SharedMemoryArray((2, 3), dtype=np.int32)
+      >>> a[:] = 7
+      >>> b = SharedMemoryArray.from_metadata(a.metadata)
+      >>> int(b.sum())
+      42
+      >>> b.unlink_on_del()
+      >>> del a, b
+    """
+
+    shm: Optional[shared_memory.SharedMemory]
+
+    _lock = threading.Lock()
+    _del_thread_pool: Optional[mp_pool.ThreadPool] = None
+    _outstanding_del_requests: Optional[threading.Semaphore] = None
+
+    def __new__(cls, shape: Iterable[int], dtype: npt.DTypeLike = float) -> "SharedMemoryArray":
+        shape = tuple(shape)
+        size = math.prod(shape) * np.dtype(dtype).itemsize
+        return cls.from_shared_memory(shared_memory.SharedMemory(create=True, size=size), shape, dtype)
+
+    @classmethod
+    def from_shared_memory(
+        cls, shm: shared_memory.SharedMemory, shape: Any, dtype: npt.DTypeLike
+    ) -> "SharedMemoryArray":
+        """The array of ``shape`` and ``dtype`` over the open segment ``shm``."""
+        array = super().__new__(cls, shape, dtype, buffer=shm.buf)
+        array.shm = shm
+        array._unlink_on_del = False
+        return array
+
+    @classmethod
+    def from_metadata(cls, metadata: SharedMemoryArrayMetadata) -> "SharedMemoryArray":
+        """Maps the segment ``metadata`` names (made by this or another process)."""
+        return cls.from_shared_memory(
+            shared_memory.SharedMemory(metadata.name), metadata.shape, metadata.dtype
+        )
+
+    @property
+    def metadata(self) -> SharedMemoryArrayMetadata:
+        """Name, shape and dtype: what another process needs to map this array."""
+        if not isinstance(self.shm, shared_memory.SharedMemory):
+            raise ValueError(
+                "this SharedMemoryArray has no shared-memory segment of its own (it was "
+                "made by a view or a copy); send the array it came from"
+            )
+        return SharedMemoryArrayMetadata(name=self.shm.name, shape=self.shape, dtype=self.dtype)
+
+    def __array_finalize__(self, obj: Any) -> None:
+        # As numpy.memmap: a view of the segment keeps it; anything else has none.
+        segment = getattr(obj, "shm", None)
+        self.shm = segment if segment is not None and np.may_share_memory(self, obj) else None
+        self._unlink_on_del = getattr(obj, "_unlink_on_del", False)
+
+    def __array_wrap__(self, obj: Any, context: Any = None, return_scalar: bool = False) -> Any:
+        # Computed results are new memory: plain ndarrays (and scalars), as numpy.memmap.
+        if self is obj:
+            return obj
+        if return_scalar:
+            return obj[()]
+        return obj.view(np.ndarray)
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        # A SharedMemory pickles as its name: the data never goes through the pickle.
+        return self.from_shared_memory, (self.shm, self.shape, self.dtype)
+
+    def unlink_on_del(self) -> None:
+        """Makes this array free the segment when it is deleted (the last user must)."""
+        self._unlink_on_del = True
+
+    @classmethod
+    def enable_async_del(cls, num_threads: int = 1, max_outstanding_requests: int = 50) -> None:
+        """Closes (and unlinks) segments of deleted arrays in background threads.
+
+        Args:
+          num_threads: threads doing the closing.
+          max_outstanding_requests: at most this many deletions wait for a thread;
+            beyond that a deletion is done at once, so open segments stay bounded.
+        """
+        with cls._lock:
+            if SharedMemoryArray._del_thread_pool is None:
+                SharedMemoryArray._outstanding_del_requests = threading.Semaphore(
+                    max(max_outstanding_requests, num_threads)
+                )
+                SharedMemoryArray._del_thread_pool = mp_pool.ThreadPool(num_threads)
+
+    @classmethod
+    def close_shm_async(cls, shm: shared_memory.SharedMemory, unlink: bool) -> None:
+        """Closes (and unlinks) ``shm`` in a background thread; frees its request slot."""
+        try:
+            _release(shm, unlink)
+        finally:
+            if SharedMemoryArray._outstanding_del_requests is not None:
+                SharedMemoryArray._outstanding_del_requests.release()
+
+    def __del__(self) -> None:
+        # Only the array that maps the segment itself releases it, never a view; and
+        # never raise (this may run at interpreter exit, with modules torn down).
+        try:
+            if not isinstance(self.base, mmap.mmap):
+                return
+            segment = self.shm
+            if segment is None:
+                return
+            unlink = self._unlink_on_del
+            workers = SharedMemoryArray._del_thread_pool
+            slots = SharedMemoryArray._outstanding_del_requests
+            if workers is not None and slots is not None and slots.acquire(blocking=False):
+                workers.apply_async(SharedMemoryArray.close_shm_async, (segment, unlink))
+            else:
+                _release(segment, unlink)
+        except Exception:  # pylint: disable=broad-except
+            pass

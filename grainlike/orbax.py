@@ -1,0 +1,413 @@
+"""Orbax checkpointing of grainlike iterators, in grain 0.2.18's format.
+
+The public names live in ``grainlike.checkpoint`` (grain's ``grain.checkpoint``);
+this module implements them. Each JAX process writes its iterator's state (a few
+hundred bytes of indices, never data) to ``process_{i}-of-{n}.json`` in the
+item's directory, the same file with the same bytes grain's handler writes, so a
+checkpoint written by grain restores in grainlike and the reverse:
+
+- a DataLoader iterator's ``get_state()`` bytes, as they are;
+- a Dataset iterator's ``get_state()`` dict as ``json.dumps(state, indent=4)``.
+
+Orbax v0 (``CheckpointManager``) uses ``CheckpointHandler`` with the args
+``CheckpointSave`` / ``CheckpointRestore`` (also named ``PyGrainCheckpoint*``, as
+in ``grain.python``). Orbax v1 (``StatefulCheckpointable``) calls an iterator's
+``async save(directory)`` and ``async load(directory)``; those methods delegate
+to ``save_state_async`` and ``load_state_async`` here.
+
+Orbax (and jax, for the process index) are imported when one of these is first
+used, never by ``import grainlike``: the orbax classes are built on first
+attribute access.
+
+Example:
+  import orbax.checkpoint as ocp
+  import grainlike as grain
+
+  mngr = ocp.CheckpointManager("/abs/path/checkpoints")
+  mngr.save(step, args=ocp.args.Composite(
+      state=ocp.args.StandardSave(params),
+      data_iter=grain.checkpoint.CheckpointSave(it),
+  ))
+  ...
+  mngr.restore(step, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(params),
+      data_iter=grain.checkpoint.CheckpointRestore(it),
+  ))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import threading
+import types
+from typing import Any, Awaitable
+
+__all__ = [
+    "CheckpointHandler",
+    "CheckpointRestore",
+    "CheckpointSave",
+    "PyGrainCheckpointHandler",
+    "PyGrainCheckpointRestore",
+    "PyGrainCheckpointSave",
+    "load_state_async",
+    "process_state_path",
+    "save_state_async",
+]
+
+# grain.checkpoint's names and grain.python's aliases of them: the same classes.
+ORBAX_CLASS_NAMES = {
+    "CheckpointHandler": "PyGrainCheckpointHandler",
+    "CheckpointSave": "PyGrainCheckpointSave",
+    "CheckpointRestore": "PyGrainCheckpointRestore",
+    "PyGrainCheckpointHandler": "PyGrainCheckpointHandler",
+    "PyGrainCheckpointSave": "PyGrainCheckpointSave",
+    "PyGrainCheckpointRestore": "PyGrainCheckpointRestore",
+}
+# Where the classes say they live: Orbax records the handler's typestr in each
+# checkpoint, and pickle looks the classes up by module and name.
+_PUBLIC_MODULE = "grainlike.checkpoint"
+
+
+def _process_index_and_count() -> tuple[int, int]:
+    # Same rule as grain: without jax there is one process.
+    try:
+        import jax
+    except ImportError:
+        return 0, 1
+    return jax.process_index(), jax.process_count()
+
+
+def process_state_path(directory: Any) -> Any:
+    """The file this JAX process's iterator state lives in under ``directory``.
+
+    Args:
+      directory: an ``etils.epath.Path`` or ``pathlib.Path``.
+
+    Returns:
+      ``directory / f"process_{jax.process_index()}-of-{jax.process_count()}.json"``.
+
+    Example:
+      >>> import pathlib
+      >>> process_state_path(pathlib.Path("ckpt/7/data_iter")).name
+      'process_0-of-1.json'
+    """
+    index, count = _process_index_and_count()
+    return directory / f"process_{index}-of-{count}.json"
+
+
+def _check_iterator(item: Any, method: str, args_name: str) -> None:
+    if not callable(getattr(item, method, None)):
+        raise TypeError(
+            f"{args_name} takes an iterator with get_state()/set_state(), such as "
+            f"iter(DataLoader) or a DeviceIterator; got {type(item).__name__}, which "
+            f"has no {method}()"
+        )
+
+
+def _state_text(iterator: Any) -> str:
+    """The iterator's state as the text written to the checkpoint file.
+
+    Bytes (a DataLoader iterator's state) are written as they are; a dict (a
+    Dataset iterator's) as ``json.dumps(state, indent=4)``, grain's bytes for both.
+    """
+    get_state = getattr(iterator, "get_state", None)
+    if get_state is None:
+        raise TypeError(
+            "a grainlike checkpoint holds an iterator with get_state()/set_state() "
+            f"(iter(DataLoader), a Dataset iterator, DeviceIterator), got {type(iterator).__name__}"
+        )
+    state = get_state()
+    if isinstance(state, (bytes, bytearray)):
+        return bytes(state).decode()
+    if isinstance(state, str):
+        return state
+    if isinstance(state, dict):
+        return json.dumps(state, indent=4)
+    raise TypeError(
+        f"{type(iterator).__name__}.get_state() returned {type(state).__name__}; a "
+        "grainlike checkpoint stores the bytes of a DataLoader iterator's get_state() "
+        "or the dict of a Dataset iterator's"
+    )
+
+
+def _takes_dict_state(iterator: Any) -> bool:
+    """Whether ``set_state`` takes a dict (a Dataset iterator) rather than bytes.
+
+    grainlike's ``DatasetIterator`` and grain's own (restored through this
+    handler) take dicts; DataLoader iterators and the iterators wrapping them
+    take bytes.
+    """
+    try:
+        from grainlike.dataset import DatasetIterator
+    except ImportError:
+        DatasetIterator = None
+    if DatasetIterator is not None and isinstance(iterator, DatasetIterator):
+        return True
+    return any(
+        cls.__name__ == "DatasetIterator" and cls.__module__.startswith("grain.")
+        for cls in type(iterator).__mro__
+    )
+
+
+def _missing_state_error(filename: Any) -> ValueError:
+    directory = filename.parent
+    try:
+        present = sorted(p.name for p in directory.iterdir()) if directory.exists() else None
+    except OSError:
+        present = None
+    if present is None:
+        where = f"the directory {directory} does not exist"
+    elif present:
+        where = f"it holds {present}"
+    else:
+        where = "it is empty"
+    index, count = _process_index_and_count()
+    return ValueError(
+        f"File {filename} does not exist: there is no data-iterator state for JAX "
+        f"process {index} of {count} in this checkpoint ({where}). A checkpoint "
+        "restores only with the number of JAX processes that wrote it."
+    )
+
+
+def _apply_state(iterator: Any, text: str, filename: Any) -> None:
+    from grainlike.core.errors import add_note
+    from grainlike.loader.state import InvalidStateError
+
+    state = json.loads(text) if _takes_dict_state(iterator) else text.encode()
+    try:
+        iterator.set_state(state)
+    except InvalidStateError as e:
+        # Name the file: with several items in a checkpoint, which one did not fit
+        # is the first thing a user needs to know.
+        raise InvalidStateError(f"cannot restore the iterator from {filename}: {e}") from e
+    except Exception as e:
+        add_note(e, f"grainlike: while restoring the iterator from {filename}")
+        raise
+
+
+def _read_state(filename: Any) -> str:
+    if not filename.exists():
+        raise _missing_state_error(filename)
+    return filename.read_text()
+
+
+def _write_file(filename: Any, text: str) -> None:
+    """Writes ``text`` to ``filename`` whole or not at all.
+
+    The text goes to a temporary file beside it, renamed over ``filename`` once
+    complete: a full disk or a crash mid-write raises (or dies) and leaves the file
+    that was there before unchanged, instead of truncated.
+    """
+    tmp = filename.parent / f".{filename.name}.tmp-{os.getpid()}"
+    try:
+        tmp.write_text(text)
+        tmp.replace(filename)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except Exception:  # pylint: disable=broad-except
+            pass
+        raise
+
+
+async def _write_state(directory: Any, state: str) -> None:
+    if hasattr(directory, "await_creation"):  # Orbax's PathAwaitingCreation
+        directory = await directory.await_creation()
+    await asyncio.to_thread(_write_file, process_state_path(directory), state)
+
+
+# -- Orbax v1: StatefulCheckpointable -----------------------------------------------
+
+
+async def save_state_async(iterator: Any, directory: Any) -> Awaitable[None]:
+    """Orbax v1 ``StatefulCheckpointable.save`` for an iterator.
+
+    The state is read now, in the caller's thread; advancing the iterator after
+    this returns does not change what is written. The returned coroutine waits for
+    the directory and writes the file; Orbax runs it in the background.
+
+    Args:
+      iterator: has ``get_state()`` returning bytes (a DataLoader iterator) or a
+        dict (a Dataset iterator).
+      directory: an Orbax ``PathAwaitingCreation`` (has ``await_creation()``) or a
+        path that already exists.
+
+    Returns:
+      A coroutine, not yet awaited, that writes ``process_{i}-of-{n}.json``.
+
+    Example:
+      class MyIterator:
+          async def save(self, directory):
+              return await save_state_async(self, directory)
+
+          async def load(self, directory):
+              return await load_state_async(self, directory)
+    """
+    return _write_state(directory, _state_text(iterator))
+
+
+async def load_state_async(iterator: Any, directory: Any) -> Awaitable[None]:
+    """Orbax v1 ``StatefulCheckpointable.load`` for an iterator.
+
+    Args:
+      iterator: has ``set_state``: a Dataset iterator gets the file's JSON as a
+        dict, any other iterator the file's bytes.
+      directory: the checkpoint directory of this item.
+
+    Returns:
+      A coroutine, not yet awaited, that reads ``process_{i}-of-{n}.json`` and
+      restores the iterator from it. Raises ValueError naming the file if it is
+      missing, and ``InvalidStateError`` if it belongs to another pipeline.
+    """
+
+    async def read() -> None:
+        filename = process_state_path(directory)
+        text = await asyncio.to_thread(_read_state, filename)
+        _apply_state(iterator, text, filename)
+
+    return read()
+
+
+# -- Orbax v0: CheckpointHandler and its args, built on first use --------------------
+
+_build_lock = threading.Lock()
+_built: dict[str, type] = {}
+
+
+def _build_orbax_classes() -> dict[str, type]:
+    with _build_lock:
+        if _built:
+            return _built
+        try:
+            import orbax.checkpoint as ocp
+            from orbax.checkpoint import future as ocp_future
+        except ImportError as e:
+            raise ImportError(
+                "grainlike's Orbax checkpointing needs orbax-checkpoint: "
+                "pip install 'grainlike[orbax]'"
+            ) from e
+
+        class PyGrainCheckpointHandler(ocp.AsyncCheckpointHandler):
+            """Orbax handler for grainlike (and grain) iterators: ``grain.checkpoint.CheckpointHandler``.
+
+            Writes ``process_{i}-of-{n}.json`` per JAX process, as grain does: a
+            DataLoader iterator's state bytes, or a Dataset iterator's state dict
+            as indented JSON. With
+            async checkpointing the state is read when ``save()`` is called, and
+            only the file write runs in the background, so the iterator can be
+            advanced at once.
+
+            Example:
+              mngr.save(step, args=ocp.args.Composite(
+                  state=ocp.args.StandardSave(params),
+                  data_iter=grainlike.checkpoint.CheckpointSave(it)))
+            """
+
+            async def async_save(
+                self, directory: Any, item: Any = None, args: Any = None
+            ) -> list:
+                item = item if item is not None else args.item
+                state = _state_text(item)  # now, not when the write runs
+                # Waits for Orbax's "directory created" signals before writing.
+                return [
+                    ocp_future.CommitFutureAwaitingContractedSignals(
+                        _write_state(directory, state), name="grainlike_iterator_state"
+                    )
+                ]
+
+            def save(self, directory: Any, item: Any = None, args: Any = None) -> None:
+                item = item if item is not None else args.item
+                _write_file(process_state_path(directory), _state_text(item))
+
+            def restore(self, directory: Any, item: Any = None, args: Any = None) -> Any:
+                item = item if item is not None else getattr(args, "item", None)
+                if item is None:
+                    raise ValueError(
+                        "CheckpointRestore needs the iterator to restore into: "
+                        "CheckpointRestore(iter(loader))"
+                    )
+                filename = process_state_path(directory)
+                _apply_state(item, _read_state(filename), filename)
+                # As grain: start the workers now, so loading overlaps the rest
+                # of the restore.
+                start = getattr(item, "start_prefetch", None)
+                if start is not None:
+                    start()
+                return item
+
+            def structure(self, directory: Any) -> Any:
+                return None
+
+            def metadata(self, directory: Any) -> Any:
+                return None
+
+            def finalize(self, directory: Any) -> None:
+                pass
+
+            def close(self) -> None:
+                pass
+
+            @classmethod
+            def typestr(cls) -> str:
+                return f"{cls.__module__}.{cls.__qualname__}"
+
+        @dataclasses.dataclass
+        class PyGrainCheckpointSave(ocp.args.CheckpointArgs):
+            """Orbax save args: ``CheckpointSave(iterator)`` (alias ``PyGrainCheckpointSave``)."""
+
+            item: Any
+
+            def __post_init__(self):
+                # Here, not in the handler: an error inside Orbax's async save
+                # leaves its background threads waiting for minutes.
+                _check_iterator(self.item, "get_state", "PyGrainCheckpointSave")
+
+        @dataclasses.dataclass
+        class PyGrainCheckpointRestore(ocp.args.CheckpointArgs):
+            """Orbax restore args: ``CheckpointRestore(iterator)`` (alias ``PyGrainCheckpointRestore``).
+
+            Restores the iterator in place.
+            """
+
+            item: Any
+
+            def __post_init__(self):
+                _check_iterator(self.item, "set_state", "PyGrainCheckpointRestore")
+
+        classes = {
+            "PyGrainCheckpointHandler": PyGrainCheckpointHandler,
+            "PyGrainCheckpointSave": PyGrainCheckpointSave,
+            "PyGrainCheckpointRestore": PyGrainCheckpointRestore,
+        }
+        # A stable name, as if defined at module level: Orbax records the handler's
+        # typestr in the checkpoint, and pickle finds the classes by it.
+        for name, cls in classes.items():
+            cls.__module__ = _PUBLIC_MODULE
+            cls.__qualname__ = name
+            for attr in vars(cls).values():
+                func = getattr(attr, "__func__", attr)
+                if isinstance(func, types.FunctionType):
+                    func.__qualname__ = f"{name}.{func.__name__}"
+        ocp.args.register_with_handler(PyGrainCheckpointHandler, for_save=True)(
+            PyGrainCheckpointSave
+        )
+        ocp.args.register_with_handler(PyGrainCheckpointHandler, for_restore=True)(
+            PyGrainCheckpointRestore
+        )
+        _built.update({alias: classes[name] for alias, name in ORBAX_CLASS_NAMES.items()})
+        return _built
+
+
+def __getattr__(name: str) -> Any:
+    if name in ORBAX_CLASS_NAMES:
+        value = _build_orbax_classes()[name]
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(ORBAX_CLASS_NAMES))

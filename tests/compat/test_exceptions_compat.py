@@ -1,0 +1,114 @@
+"""For the errors grain 0.2.18 raises on bad input, grainlike raises grain's type or a subclass.
+
+Each case runs the same code against ``grain.python`` and ``grainlike``; the
+error grainlike raises must be an instance of the type grain raised, so an
+``except`` clause written for grain catches it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import grainlike
+
+
+def _loader(lib, **overrides):
+    kwargs = dict(
+        data_source=lib.RangeDataSource(0, 8, 1),
+        sampler=lib.IndexSampler(8, lib.NoSharding(), shuffle=False, num_epochs=1, seed=0),
+    )
+    kwargs.update(overrides)
+    return lib.DataLoader(**kwargs)
+
+
+def _restore(lib, state):
+    iter(_loader(lib)).set_state(state)
+
+
+class _SamplerWithoutShardOptions:
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, index):
+        raise IndexError(index)
+
+
+def _failing_map(lib):
+    class Fail(lib.MapTransform):
+        def map(self, x):
+            return 1 // 0
+
+    return Fail()
+
+
+_OTHER_PIPELINE_STATE = json.dumps(
+    {
+        "version": 2,
+        "last_seen_indices": {"0": -1},
+        "last_worker_index": -1,
+        "worker_count": 3,
+        "sampler": "another sampler",
+        "data_source": "another source",
+    }
+).encode()
+
+CASES = {
+    # DataLoader arguments
+    "negative worker_count": lambda lib: _loader(lib, worker_count=-1),
+    "negative worker_buffer_size": lambda lib: _loader(lib, worker_buffer_size=-1),
+    "no shard options": lambda lib: lib.DataLoader(data_source=[1, 2], sampler=_SamplerWithoutShardOptions()),
+    "operation that is not callable": lambda lib: next(iter(_loader(lib, operations=[42]))),
+    "Batch of size 0": lambda lib: _loader(lib, operations=[lib.Batch(0)]),
+    "BatchOperation of size 0": lambda lib: lib.BatchOperation(0),
+    "transform raises": lambda lib: next(iter(_loader(lib, operations=[_failing_map(lib)]))),
+    "MapOperation raises": lambda lib: next(iter(_loader(lib, operations=[lib.MapOperation(lambda x: 1 // 0)]))),
+    "different shapes batched": lambda lib: next(iter(_loader(
+        lib, data_source=[np.zeros(1), np.zeros(2)] * 4,
+        sampler=lib.SequentialSampler(8, lib.NoSharding()), operations=[lib.Batch(2)]))),
+    "len of an endless loader": lambda lib: len(_loader(
+        lib, sampler=lib.IndexSampler(8, lib.NoSharding(), num_epochs=None))),
+    "load with num_epochs=0": lambda lib: lib.load([1, 2, 3], num_epochs=0),
+    # samplers
+    "IndexSampler num_records=0": lambda lib: lib.IndexSampler(0, lib.NoSharding()),
+    "IndexSampler num_epochs=0": lambda lib: lib.IndexSampler(3, lib.NoSharding(), num_epochs=0),
+    "shuffle without seed": lambda lib: lib.IndexSampler(3, lib.NoSharding(), shuffle=True),
+    "float seed": lambda lib: lib.IndexSampler(3, lib.NoSharding(), shuffle=True, seed=1.5),
+    "negative seed": lambda lib: lib.IndexSampler(3, lib.NoSharding(), seed=-1),
+    "seed over 32 bits": lambda lib: lib.IndexSampler(3, lib.NoSharding(), seed=2**33),
+    "IndexSampler index past the end": lambda lib: lib.IndexSampler(3, lib.NoSharding(), num_epochs=1)[3],
+    "IndexSampler negative index": lambda lib: lib.IndexSampler(3, lib.NoSharding(), num_epochs=1)[-1],
+    "SequentialSampler num_records=0": lambda lib: lib.SequentialSampler(0, lib.NoSharding()),
+    "SequentialSampler index past the end": lambda lib: lib.SequentialSampler(3, lib.NoSharding())[3],
+    # sharding
+    "shard_count=0": lambda lib: lib.ShardOptions(0, 0),
+    "shard_index past shard_count": lambda lib: lib.ShardOptions(2, 2),
+    "negative shard_index": lambda lib: lib.ShardOptions(-1, 2),
+    # sources
+    "RangeDataSource step 0": lambda lib: lib.RangeDataSource(0, 5, 0),
+    "RangeDataSource of negative length": lambda lib: lib.RangeDataSource(5, 0, 1),
+    "RangeDataSource key past the end": lambda lib: lib.RangeDataSource(0, 5, 1)[5],
+    "RangeDataSource negative key": lambda lib: lib.RangeDataSource(0, 5, 1)[-1],
+    "InMemoryDataSource without elements or name": lambda lib: lib.InMemoryDataSource(),
+    # options
+    "ReadOptions negative num_threads": lambda lib: lib.ReadOptions(num_threads=-1),
+    "ReadOptions negative prefetch_buffer_size": lambda lib: lib.ReadOptions(prefetch_buffer_size=-1),
+    # state
+    "state of another pipeline": lambda lib: _restore(lib, _OTHER_PIPELINE_STATE),
+}
+
+
+# grain's InMemoryDataSource.__del__ fails on an object its __init__ refused.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_error_is_grains_type_or_a_subclass(grain_ref, case):
+    with pytest.raises(Exception) as theirs:
+        CASES[case](grain_ref)
+    with pytest.raises(Exception) as ours:
+        CASES[case](grainlike)
+    assert isinstance(ours.value, type(theirs.value)), (
+        f"grain raises {type(theirs.value).__name__}: {theirs.value}; grainlike raises "
+        f"{type(ours.value).__name__}: {ours.value}"
+    )
