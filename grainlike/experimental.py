@@ -5,23 +5,41 @@ with the reason, in ``docs/migrating.md``.
 """
 
 from grainlike.core.index_shuffle import index_shuffle
-from grainlike.core.lazy import attach as _attach
 from grainlike.core.transforms import FlatMapTransform, MapWithIndexTransform
-from grainlike.dataset import apply_transformations, get_next_index, set_next_index
-
-__getattr__, __dir__ = _attach(
-    globals(),
-    {
-        "assert_equal_output_after_checkpoint": (
-            "grainlike.dataset.conformance:assert_equal_output_after_checkpoint"
-        ),
-    },
+from grainlike.dataset import (
+    FlatMapIterDataset,
+    FlatMapMapDataset,
+    LimitIterDataset,
+    RepeatIterDataset,
+    ThreadPrefetchDatasetIterator,
+    ThreadPrefetchIterDataset,
+    WindowShuffleIterDataset,
+    WindowShuffleMapDataset,
+    ZipIterDataset,
+    ZipMapDataset,
+    apply_transformations,
+    batch_and_pad,
+    get_next_index,
+    set_next_index,
 )
+from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
 
 __all__ = [
+    "FlatMapIterDataset",
+    "FlatMapMapDataset",
     "FlatMapTransform",
+    "LimitIterDataset",
     "MapWithIndexTransform",
+    "RepeatIterDataset",
+    "ThreadPrefetchDatasetIterator",
+    "ThreadPrefetchIterDataset",
+    "WindowShuffleIterDataset",
+    "WindowShuffleMapDataset",
+    "ZipIterDataset",
+    "ZipMapDataset",
     "apply_transformations",
+    "assert_equal_output_after_checkpoint",
+    "batch_and_pad",
     "get_next_index",
     "index_shuffle",
     "set_next_index",
