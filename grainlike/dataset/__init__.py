@@ -17,14 +17,18 @@ from grainlike.dataset.base import (
 from grainlike.dataset.batch import batch_and_pad
 from grainlike.dataset.flatmap import FlatMapIterDataset, FlatMapMapDataset
 from grainlike.dataset.limit import LimitIterDataset
+from grainlike.dataset.options import DatasetOptions, ExecutionTrackingMode
 from grainlike.dataset.repeat import RepeatIterDataset
+from grainlike.dataset.seed import WithOptionsIterDataset
 from grainlike.dataset.shuffle import WindowShuffleIterDataset, WindowShuffleMapDataset
 from grainlike.dataset.thread_prefetch import ThreadPrefetchDatasetIterator, ThreadPrefetchIterDataset
 from grainlike.dataset.zip import ZipIterDataset, ZipMapDataset
 
 __all__ = [
     "DatasetIterator",
+    "DatasetOptions",
     "DatasetSelectionMap",
+    "ExecutionTrackingMode",
     "FlatMapIterDataset",
     "FlatMapMapDataset",
     "IterDataset",
@@ -35,6 +39,7 @@ __all__ = [
     "ThreadPrefetchIterDataset",
     "WindowShuffleIterDataset",
     "WindowShuffleMapDataset",
+    "WithOptionsIterDataset",
     "ZipIterDataset",
     "ZipMapDataset",
     "apply_transformations",

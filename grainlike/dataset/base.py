@@ -73,8 +73,17 @@ class IteratorContext:
     """
 
     mp_context: MultiprocessingContext = MultiprocessingContext()
+    # grain's DatasetOptions, merged from every WithOptionsIterDataset.
+    dataset_options: Any = None
+
+    def __post_init__(self):
+        if self.dataset_options is None:
+            from grainlike.dataset.options import DatasetOptions
+
+            self.dataset_options = DatasetOptions()
 
     def merge(self, other: "IteratorContext") -> None:
+        self.dataset_options = self.dataset_options.merge(other.dataset_options)
         if self.mp_context != other.mp_context:
             raise ValueError(
                 "Cannot merge iterators from different worker processes: "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import logging
+import time
+from typing import Any, Callable, Optional
 
 from grainlike.core.transforms import FilterTransform
 from grainlike.dataset.base import DatasetIterator
@@ -24,22 +26,92 @@ class FilterMapDataset(ElementwiseMapDataset):
         return element if self._fn(element) else None
 
 
+_logger = logging.getLogger("grainlike")
+# Filtered shares are checked over windows of this many elements.
+WINDOW = 1000
+# At most one warning per checker in this many seconds.
+_WARN_EVERY_S = 60.0
+
+
+class FilterThresholdChecker:
+    """Warns or raises when a stage drops too large a share of its elements.
+
+    Counts over consecutive windows of 1000 elements (grain's rule); thresholds
+    come from ``DatasetOptions``.
+    """
+
+    def __init__(self, stage: Any, warn_threshold: Optional[float], raise_threshold: Optional[float]):
+        self._stage = stage
+        self._warn = warn_threshold or float("inf")
+        self._raise = raise_threshold or float("inf")
+        self.seen = 0
+        self.dropped = 0
+        self._last_warning = -_WARN_EVERY_S
+
+    @classmethod
+    def for_iterator(cls, it: DatasetIterator) -> Optional["FilterThresholdChecker"]:
+        """The checker the iterator's options ask for; None when both are off."""
+        options = it._ctx.dataset_options
+        warn, raise_ = options.filter_warn_threshold_ratio, options.filter_raise_threshold_ratio
+        return cls(it, warn, raise_) if (warn or raise_) else None
+
+    def check(self, passed: bool) -> None:
+        self.seen += 1
+        if not passed:
+            self.dropped += 1
+        if self.seen >= WINDOW:
+            seen, dropped = self.seen, self.dropped
+            self.seen = self.dropped = 0
+            self.end_window(seen, dropped)
+
+    def end_window(self, seen: int, dropped: int) -> None:
+        """Raises or warns if ``dropped`` of the window's ``seen`` elements is too many."""
+        ratio = dropped / seen
+        if ratio >= self._raise:
+            raise ValueError(
+                f"Transformation {self._stage} skipped {ratio * 100:.2f} % of the last seen "
+                f"{seen} elements. Please check the filtering logic. If this is intended, "
+                "consider pre-filtering the input dataset before training. To disable this "
+                "check, set `DatasetOptions.filter_raise_threshold_ratio` used in "
+                "`WithOptionsIterDataset` to `None`."
+            )
+        now = time.monotonic()
+        if ratio >= self._warn and now - self._last_warning >= _WARN_EVERY_S:
+            self._last_warning = now
+            _logger.warning(
+                "Transformation %s skipped %.2f %% of the last seen %d elements. Please check "
+                "the filtering logic. To disable this check, set "
+                "`DatasetOptions.filter_warn_threshold_ratio` used in `WithOptionsIterDataset` "
+                "to `None`.",
+                self._stage,
+                ratio * 100,
+                seen,
+            )
+
+
 class _FilterDatasetIterator(PassThroughStateIterator):
     def __init__(self, parent: DatasetIterator, fn: Callable, name: str):
         super().__init__(parent)
         self._fn = fn
         self._name = name
+        self._checker: Any = False  # Built on first use, once the options are final.
 
     def __next__(self):
         parent, fn = self._parent, self._fn
+        checker = self._checker
+        if checker is False:
+            checker = self._checker = FilterThresholdChecker.for_iterator(self)
         while True:
             element = next(parent)
             try:
-                if fn(element):
-                    return element
+                passed = fn(element)
             except Exception as e:
                 note_iterator(e, self, parent)
                 raise
+            if checker is not None:
+                checker.check(passed)
+            if passed:
+                return element
 
     def __str__(self) -> str:
         return f"FilterDatasetIterator(transform={self._name})"

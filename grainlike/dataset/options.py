@@ -1,8 +1,10 @@
-"""Options for reading and for worker processes, with grain's names and defaults."""
+"""Options for reading, for worker processes and for whole pipelines, with grain's names and defaults."""
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+from typing import Any, Optional
 
 
 def _check_non_negative_int(name: str, value: object) -> None:
@@ -58,3 +60,69 @@ class MultiprocessingOptions:
     def __post_init__(self):
         _check_non_negative_int("num_workers", self.num_workers)
         _check_non_negative_int("per_worker_buffer_size", self.per_worker_buffer_size)
+
+
+class ExecutionTrackingMode(enum.Enum):
+    """grain's per-stage timing modes; grainlike accepts them and records no timings."""
+
+    DISABLED = enum.auto()
+    STAGE_TIMING = enum.auto()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Default:
+    """Marks a field the user left at its default (so a merge can tell)."""
+
+    value: object
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True)
+class DatasetOptions:
+    """Options for every stage of a Dataset pipeline (grain's ``DatasetOptions``).
+
+    Attributes:
+      filter_warn_threshold_ratio: log a warning when filters (``filter``, and the
+        ``None`` a ``MapDataset`` filter leaves) remove at least this share of a
+        window of 1000 elements; None disables it.
+      filter_raise_threshold_ratio: raise ``ValueError`` at that share instead;
+        None (the default) disables it.
+      execution_tracking_mode: accepted for grain's code; grainlike records no
+        per-stage timings.
+      min_shm_size: arrays smaller than this many bytes are copied between
+        processes instead of passed in shared memory.
+
+    Example:
+      >>> DatasetOptions(min_shm_size=1024).merge(DatasetOptions(min_shm_size=8)).min_shm_size
+      1024
+    """
+
+    filter_warn_threshold_ratio: Any = _Default(0.9)
+    filter_raise_threshold_ratio: Any = _Default(None)
+    execution_tracking_mode: Any = _Default(ExecutionTrackingMode.DISABLED)
+    min_shm_size: Any = _Default(0)
+    # The fields the user set, which win a merge over defaults.
+    _user_set_fields: frozenset = dataclasses.field(default=frozenset(), init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        user_set = set()
+        for field in dataclasses.fields(self):
+            if not field.init:
+                continue
+            value = getattr(self, field.name)
+            if isinstance(value, _Default):
+                object.__setattr__(self, field.name, value.value)
+            else:
+                user_set.add(field.name)
+        object.__setattr__(self, "_user_set_fields", frozenset(user_set))
+
+    def merge(self, other: Optional["DatasetOptions"]) -> "DatasetOptions":
+        """These options over ``other``'s: set fields of ``self``, then of ``other``, then defaults."""
+        if other is None:
+            return self
+        merged = {}
+        for field in dataclasses.fields(self):
+            if field.name in self._user_set_fields:
+                merged[field.name] = getattr(self, field.name)
+            elif field.name in other._user_set_fields:
+                merged[field.name] = getattr(other, field.name)
+        return DatasetOptions(**merged)

@@ -23,6 +23,7 @@ import numpy as np
 
 from grainlike.core import tree
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
+from grainlike.dataset.filter import WINDOW, FilterThresholdChecker
 from grainlike.dataset.options import ReadOptions
 from grainlike.dataset.state import non_negative_int, require_keys
 
@@ -132,6 +133,11 @@ class PrefetchDatasetIterator(DatasetIterator):
         self._pending: collections.deque = collections.deque()  # (size, future) in order.
         self._in_flight = 0
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        # Warns when filters upstream leave too many Nones: windows of WINDOW
+        # returned-or-dropped elements, counted by _next_index (shifted on restore).
+        self._checker: Any = False  # Built at the first window's end.
+        self._window_end = WINDOW
+        self._dropped = 0
         if threads:
             self._chunk_cap = max(1, min(_MAX_THREAD_CHUNK, read_options.prefetch_buffer_size // threads))
 
@@ -211,8 +217,22 @@ class PrefetchDatasetIterator(DatasetIterator):
                 continue
             value = self._ready.popleft()
             self._next_index += 1
-            if value is not None or self._allow_nones:
+            keep = value is not None or self._allow_nones
+            if not keep:
+                self._dropped += 1
+            if self._next_index >= self._window_end:
+                self._end_window()
+            if keep:
                 return value
+
+    def _end_window(self) -> None:
+        """Checks the share of Nones dropped in the last ``WINDOW`` elements (grain's check)."""
+        dropped, self._dropped = self._dropped, 0
+        self._window_end = self._next_index + WINDOW
+        if self._checker is False:
+            self._checker = FilterThresholdChecker.for_iterator(self)
+        if self._checker is not None:
+            self._checker.end_window(WINDOW, dropped)
 
     def _restart_at(self, index: int) -> None:
         """Drops everything read ahead; the next read starts at ``index``."""
@@ -222,6 +242,7 @@ class PrefetchDatasetIterator(DatasetIterator):
         self._in_flight = 0
         self._ready.clear()
         self._error = None
+        self._window_end += index - self._next_index  # Windows count elements consumed.
         self._next_index = self._read_until = index
         self._chunk = 1
 

@@ -1,8 +1,8 @@
-"""``ds.seed(seed)``: the node downstream random stages derive their default seeds from."""
+"""Nodes that configure the stages around them: ``ds.seed(seed)`` and ``WithOptionsIterDataset``."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
 
@@ -41,3 +41,22 @@ class WithSeedIterDataset(IterDataset):
 
     def __str__(self) -> str:
         return "WithOptionsIterDataset"
+
+
+class WithOptionsIterDataset(IterDataset):
+    """Sets ``DatasetOptions`` for the whole pipeline, before and after this node.
+
+    Options set several times are merged; the one set last (downstream) wins.
+    """
+
+    def __init__(self, parent: IterDataset, options: Any):
+        super().__init__(parent)
+        self.options = options
+
+    def __iter__(self) -> DatasetIterator:
+        it = self._parent.__iter__()
+        it._ctx.dataset_options = self.options.merge(it._ctx.dataset_options)
+        return it
+
+    def __str__(self) -> str:
+        return f"WithOptionsIterDataset(options={self.options})"

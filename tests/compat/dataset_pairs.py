@@ -16,6 +16,8 @@ from grainlike.core import transforms as gt
 from grainlike.dataset.batch import batch_and_pad
 from grainlike.dataset.flatmap import FlatMapIterDataset, FlatMapMapDataset
 from grainlike.dataset.limit import LimitIterDataset
+from grainlike.dataset.options import DatasetOptions
+from grainlike.dataset.seed import WithOptionsIterDataset
 from grainlike.dataset.repeat import RepeatIterDataset
 from grainlike.dataset.shuffle import WindowShuffleIterDataset, WindowShuffleMapDataset
 from grainlike.dataset.thread_prefetch import ThreadPrefetchIterDataset
@@ -48,6 +50,8 @@ GRAINLIKE = types.SimpleNamespace(
     FlatMapIterDataset=FlatMapIterDataset,
     # Stages take any object with flat_map() and max_fan_out, as grain does.
     FlatMap=getattr(gt, "FlatMap", object),
+    DatasetOptions=DatasetOptions,
+    WithOptionsIterDataset=WithOptionsIterDataset,
 )
 
 
@@ -80,6 +84,8 @@ def grain_namespace(grain: Any) -> types.SimpleNamespace:
                 "ThreadPrefetchIterDataset",
                 "FlatMapMapDataset",
                 "FlatMapIterDataset",
+                "DatasetOptions",
+                "WithOptionsIterDataset",
             )
         },
         FlatMap=grain.experimental.FlatMapTransform,

@@ -414,3 +414,40 @@ def test_grains_transform_objects_work_in_grainlike_pipelines(G):
     ours = GRAINLIKE.MapDataset.range(10).map(add).filter(odd).map_with_index(tag)
     theirs = G.MapDataset.range(10).map(add).filter(odd).map_with_index(tag)
     assert_same(list(theirs), list(ours))
+
+
+def _count_until_error(ds):
+    it, n = iter(ds), 0
+    try:
+        for _ in it:
+            n += 1
+    except ValueError as e:
+        return n, it.get_state(), "skipped" in str(e)
+    return n, it.get_state(), None
+
+
+@pytest.mark.parametrize("where", ["iter_filter", "map_filter"])
+def test_filter_raise_threshold_matches_grain(G, where):
+    def build(lib, raise_at=0.5, warn_at=None):
+        ds = lib.MapDataset.range(2500)
+        keep = lambda x: x % 5 < 2  # noqa: E731 - drops 60 %
+        ds = ds.to_iter_dataset().filter(keep) if where == "iter_filter" else ds.filter(keep).to_iter_dataset()
+        options = lib.DatasetOptions(filter_raise_threshold_ratio=raise_at, filter_warn_threshold_ratio=warn_at)
+        return lib.WithOptionsIterDataset(ds.map(lambda x: x * 2), options)
+
+    ours = _count_until_error(build(GRAINLIKE))
+    assert ours == _count_until_error(build(G))
+    assert ours[2] is True and ours[0] == 400  # raised at the end of the first window
+    assert _count_until_error(build(GRAINLIKE, raise_at=0.7)) == _count_until_error(build(G, raise_at=0.7))
+
+
+def test_dataset_options_merge_like_grain(G):
+    def merged(lib):
+        a = lib.DatasetOptions(filter_warn_threshold_ratio=0.6, min_shm_size=10)
+        b = lib.DatasetOptions(filter_warn_threshold_ratio=None, filter_raise_threshold_ratio=0.8)
+        out = []
+        for m in (a.merge(b), b.merge(a), a.merge(None), lib.DatasetOptions().merge(b)):
+            out.append((m.filter_warn_threshold_ratio, m.filter_raise_threshold_ratio, m.min_shm_size))
+        return out
+
+    assert merged(G) == merged(GRAINLIKE)

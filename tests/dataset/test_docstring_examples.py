@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["base", "batch", "filter", "limit", "map", "mix", "prefetch", "repeat", "seed", "shuffle", "slice", "source", "thread_prefetch", "zip"]
+MODULES = ["base", "batch", "filter", "limit", "map", "mix", "options", "prefetch", "repeat", "seed", "shuffle", "slice", "source", "thread_prefetch", "zip"]
 
 
 @pytest.mark.parametrize("name", MODULES)

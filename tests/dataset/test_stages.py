@@ -362,3 +362,27 @@ def test_thread_prefetch_restores_and_reports_next_index():
     it.set_state(state)
     assert list(it) == [-7, -8, -9]
     it.close()
+
+
+def test_heavy_filtering_logs_a_warning_naming_the_stage(caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="grainlike"):
+        assert len(list(MapDataset.range(2000).to_iter_dataset().filter(lambda x: x % 20 == 0))) == 100
+    assert any("FilterDatasetIterator" in r.getMessage() and "95.00 %" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="grainlike"):
+        assert len(list(MapDataset.range(2000).filter(lambda x: x % 20 == 0))) == 100
+    assert any("PrefetchDatasetIterator" in r.getMessage() for r in caplog.records)
+
+
+def test_options_reach_stages_on_both_sides_and_the_last_wins():
+    from grainlike.dataset.options import DatasetOptions
+    from grainlike.dataset.seed import WithOptionsIterDataset
+
+    ds = MapDataset.range(2000).to_iter_dataset()
+    ds = WithOptionsIterDataset(ds, DatasetOptions(filter_raise_threshold_ratio=0.5))
+    ds = ds.filter(lambda x: x % 10 == 0)
+    assert len(list(WithOptionsIterDataset(ds, DatasetOptions(filter_raise_threshold_ratio=0.95)))) == 200
+    with pytest.raises(ValueError, match="skipped 90.00 %"):
+        list(WithOptionsIterDataset(ds, DatasetOptions(filter_warn_threshold_ratio=None)))
