@@ -179,11 +179,12 @@ def _apply_state(iterator: Any, text: str, filename: Any) -> None:
     state = json.loads(text) if _takes_dict_state(iterator) else text.encode()
     try:
         iterator.set_state(state)
-    except InvalidStateError as e:
-        # Name the file: with several items in a checkpoint, which one did not fit
-        # is the first thing a user needs to know.
-        raise InvalidStateError(f"cannot restore the iterator from {filename}: {e}") from e
     except Exception as e:
+        # Name the file: with several items in a checkpoint, which one did not fit
+        # is the first thing a user needs to know. Subclasses (a KeyError or
+        # IndexError too, as grain raises) keep their type and get a note.
+        if type(e) is InvalidStateError:
+            raise InvalidStateError(f"cannot restore the iterator from {filename}: {e}") from e
         add_note(e, f"grainlike: while restoring the iterator from {filename}")
         raise
 

@@ -12,15 +12,11 @@ import dataclasses
 import json
 from typing import Any
 
+# One class for every iterator's refused state, DataLoader and Dataset stages alike.
+from grainlike.core.errors import InvalidStateError
+
 STATE_VERSION = 2
 _KEYS = ("last_seen_indices", "last_worker_index", "worker_count", "sampler", "data_source")
-
-
-class InvalidStateError(ValueError):
-    """A state passed to ``set_state`` cannot be restored into this loader.
-
-    Subclasses ValueError, which is what grain raises for a mismatched state.
-    """
 
 
 @dataclasses.dataclass
