@@ -145,21 +145,27 @@ def _same_types(trees: Sequence[Any], t: type) -> bool:
     return True
 
 
+def _check_leaves(path: tuple, leaves: Sequence[Any]) -> None:
+    """Raises ``StructureError`` if a tree has a node where the first has a leaf."""
+    if len(leaves) > 1 and not _same_types(leaves, type(leaves[0])):
+        for v in leaves:
+            if _kind(v) != _LEAF:
+                raise StructureError(_path_str(path), f"expected a leaf, got {_kind_name(v)}")
+
+
 def _map(fn: Callable, trees: Sequence[Any], path: tuple, is_leaf: Optional[Callable]) -> Any:
     """Rebuilds ``trees[0]`` with ``fn(path, leaves)`` at each leaf position.
 
-    ``leaves`` holds the leaf of every tree at that position; all trees must share
-    ``trees[0]``'s structure (else ``StructureError``).
+    ``leaves`` holds the value of every tree at that position; all trees must share
+    ``trees[0]``'s nodes (else ``StructureError``). Whether the others have leaves
+    there too is for ``fn`` to check (``_check_leaves``): ``stack`` checks only
+    when stacking gives an object array, to keep the check off the hot path.
     """
     first = trees[0]
     if is_leaf is not None and is_leaf(first):
         return fn(path, trees)
     kind = _kind(first)
     if kind == _LEAF:
-        if len(trees) > 1 and not _same_types(trees, type(first)):
-            for v in trees:
-                if _kind(v) != _LEAF:
-                    raise StructureError(_path_str(path), f"expected a leaf, got {_kind_name(v)}")
         return fn(path, trees)
     if kind == _DICT:
         keys = first.keys()
@@ -222,7 +228,12 @@ def map_structure(fn: Callable[..., Any], *trees: Any, is_leaf: Optional[Callabl
     """
     if not trees:
         raise TypeError("map_structure needs at least one tree")
-    return _map(lambda _, leaves: fn(*leaves), trees, (), is_leaf)
+
+    def leaf(path: tuple, leaves: Sequence[Any]) -> Any:
+        _check_leaves(path, leaves)
+        return fn(*leaves)
+
+    return _map(leaf, trees, (), is_leaf)
 
 
 def map_structure_with_path(fn: Callable[..., Any], *trees: Any) -> Any:
@@ -233,7 +244,12 @@ def map_structure_with_path(fn: Callable[..., Any], *trees: Any) -> Any:
     """
     if not trees:
         raise TypeError("map_structure_with_path needs at least one tree")
-    return _map(lambda path, leaves: fn(_path_str(path), *leaves), trees, (), None)
+
+    def leaf(path: tuple, leaves: Sequence[Any]) -> Any:
+        _check_leaves(path, leaves)
+        return fn(_path_str(path), *leaves)
+
+    return _map(leaf, trees, (), None)
 
 
 def _visit(x: Any, path: tuple, out: list, with_path: bool) -> None:
@@ -439,9 +455,13 @@ def stack(values: Sequence[Any], alloc: Optional[Allocator] = None) -> Any:
 
     def stack_leaf(path: tuple, leaves: Sequence[Any]) -> np.ndarray:
         try:
-            return _stack_leaf(leaves, alloc)
+            out = _stack_leaf(leaves, alloc)
         except ValueError as e:
+            _check_leaves(path, leaves)  # a node among the leaves explains it better
             raise _LeafMismatch(path, str(e)) from e
+        if out.dtype.hasobject:
+            _check_leaves(path, leaves)
+        return out
 
     try:
         return _map(stack_leaf, values, (), None)

@@ -168,6 +168,10 @@ def test_stack_walks_dataclasses_subclasses_and_keeps_none():
     assert out["none"] is None and out["pair"].b is None
     with pytest.raises(ValueError, match=r"cannot stack the elements at \['none'\]: expected None"):
         tree.stack([{"none": None}, {"none": 1}])
+    with pytest.raises(ValueError, match=r"at \['a'\]: expected a leaf, got dict"):
+        tree.stack([{"a": 1}, {"a": {"b": 1}}])
+    # Object leaves (no node among them) still stack, into an object array.
+    assert tree.stack([{"a": object()}, {"a": object()}])["a"].dtype == object
 
 
 def test_docstring_examples_run():
