@@ -94,10 +94,16 @@ class _WorkerSliceTask:
         self._parent = parent
         self._worker_init_fn = worker_init_fn
         self._dataset_bytes: Optional[bytes] = None
+        # The DatasetOptions of the whole pipeline, including those set after
+        # mp_prefetch: the workers' stages follow them too, as in grain.
+        self.dataset_options: Any = None
 
     def __getstate__(self) -> dict:
-        data = cloudpickle.dumps(self._parent) if self._dataset_bytes is None else self._dataset_bytes
-        return {"_parent": None, "_worker_init_fn": self._worker_init_fn, "_dataset_bytes": data}
+        state = dict(self.__dict__)
+        if self._dataset_bytes is None:
+            state["_dataset_bytes"] = cloudpickle.dumps(self._parent)
+        state["_parent"] = None
+        return state
 
     def _dataset(self) -> IterDataset:
         """A copy of the parent dataset, this worker's to slice."""
@@ -121,6 +127,8 @@ class _WorkerSliceTask:
         if ctx is not None:
             # Random stages on iterators draw per process (grain's mp_context).
             ctx.mp_context = MultiprocessingContext(process_index=worker_index, process_count=worker_count)
+            if self.dataset_options is not None:
+                ctx.dataset_options = self.dataset_options.merge(ctx.dataset_options)
         try:
             if state is not None:
                 it.set_state(state)
@@ -257,6 +265,7 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
 
     def _ensure_pool(self) -> WorkerPool:
         if self._pool is None:
+            self._task.dataset_options = self._ctx.dataset_options
             self._pool = WorkerPool(
                 self._task,
                 self._w,

@@ -110,7 +110,8 @@ class _SpawnWithoutMain(types.ModuleType):
         self.get_preparation_data = lambda name: _strip_main(spawn.get_preparation_data(name))
 
 
-def _popen_class() -> type:
+@functools.lru_cache(maxsize=None)
+def _worker_popen() -> type:
     """The forkserver ``Popen``, launching with preparation data that names no main module.
 
     Its ``_launch`` is the standard library's own code, bound to a ``spawn``
@@ -135,11 +136,6 @@ class _WorkerProcess(multiprocessing.context.ForkServerProcess):
     @staticmethod
     def _Popen(process_obj):
         return _worker_popen()(process_obj)
-
-
-@functools.lru_cache(maxsize=None)
-def _worker_popen() -> type:
-    return _popen_class()
 
 
 def _forkserver_context():
@@ -209,19 +205,28 @@ def _describe_exit(code: Optional[int]) -> str:
     return f"exited with code {code}"
 
 
-def _stop_process(proc: Any, control: Any) -> None:
-    """Asks one worker to stop, then terminates and kills it if it does not."""
+def _ask_to_stop(control: Any) -> None:
     try:
         control.send(("stop",))
     except Exception:
-        pass
-    proc.join(_JOIN_TIMEOUT_S)
+        pass  # Already gone.
+
+
+def _force_exit(proc: Any) -> None:
+    """Terminates, then kills, a worker that did not exit when asked to."""
     if proc.exitcode is None:
         proc.terminate()
         proc.join(1.0)
     if proc.exitcode is None:
         proc.kill()
         proc.join(1.0)
+
+
+def _stop_process(proc: Any, control: Any) -> None:
+    """Asks one worker to stop, then makes it."""
+    _ask_to_stop(control)
+    proc.join(_JOIN_TIMEOUT_S)
+    _force_exit(proc)
 
 
 class _Shutdown:
@@ -248,20 +253,13 @@ class _Shutdown:
         launcher = self.launcher
         if launcher is not None and launcher is not threading.current_thread():
             launcher.join()  # At most one more worker start; then it sees done.
+        # All are asked first, so that they exit together.
         for conn in self.controls:
-            try:
-                conn.send(("stop",))
-            except Exception:
-                pass
+            _ask_to_stop(conn)
         for p in self.procs:
             p.join(_JOIN_TIMEOUT_S)
         for p in self.procs:
-            if p.exitcode is None:
-                p.terminate()
-                p.join(1.0)
-            if p.exitcode is None:
-                p.kill()
-                p.join(1.0)
+            _force_exit(p)
         for conn in self.controls + self.results:
             try:
                 conn.close()

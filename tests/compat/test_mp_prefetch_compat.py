@@ -9,25 +9,23 @@ are spawned processes (seconds each), so grain runs only twice per worker count.
 import pytest
 
 from tests.compat.dataset_pairs import GRAINLIKE, assert_same, grain_namespace, rest
-from tests.helpers import leaks
+from tests.dataset.test_mp_prefetch import FailAt
+from tests.helpers.leaks import no_leaks  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def grain_started(grain_ref):
-    """grain after its first mp_prefetch, which opens descriptors it keeps for good."""
-    it = iter(grain_ref.MapDataset.range(2).to_iter_dataset().mp_prefetch(grain_ref.MultiprocessingOptions(num_workers=1)))
+    """grain after its first mp_prefetch, which opens descriptors it keeps for good.
+
+    Module-scoped, so it runs before ``no_leaks`` takes its snapshot.
+    """
+    options = grain_ref.MultiprocessingOptions(num_workers=1)
+    it = iter(grain_ref.MapDataset.range(2).to_iter_dataset().mp_prefetch(options))
     list(it)
     it.close()
     return grain_ref
-
-
-@pytest.fixture
-def no_leaks(grain_started):
-    check = leaks.LeakCheck()
-    yield check
-    check.assert_clean()
 
 
 def _pipeline(lib, workers, n=17):
@@ -85,16 +83,6 @@ def test_mp_prefetch_matches_reference(grain_ref, no_leaks, workers):
     it.close()
 
 
-class _FailAt:
-    def __init__(self, bad):
-        self.bad = bad
-
-    def __call__(self, x):
-        if x == self.bad:
-            raise KeyError(f"element {x} is bad")
-        return x
-
-
 def _steps(ds, limit=50):
     """Each step's element or exception type, with the state after it."""
     it = iter(ds)
@@ -112,9 +100,36 @@ def _steps(ds, limit=50):
 
 def test_error_in_a_worker_matches_reference(grain_ref, no_leaks):
     def build(lib):
-        ds = lib.MapDataset.range(12).map(_FailAt(5)).to_iter_dataset()
+        ds = lib.MapDataset.range(12).map(FailAt(5)).to_iter_dataset()
         return ds.mp_prefetch(lib.MultiprocessingOptions(num_workers=2))
 
     expected = _steps(build(grain_namespace(grain_ref)))
     assert [v for v, _ in expected].count(KeyError) == 1  # the reference failed once
     assert _steps(build(GRAINLIKE)) == expected
+
+
+def test_options_set_after_mp_prefetch_reach_the_workers(grain_ref, no_leaks):
+    from grain._src.python.dataset import base as grain_base
+    from grain._src.python.dataset import dataset as grain_dataset
+
+    from grainlike.dataset import WithOptionsIterDataset
+    from grainlike.dataset.options import DatasetOptions
+
+    def build(lib, with_options, options):
+        ds = lib.MapDataset.range(2400).to_iter_dataset().filter(lambda x: x % 10 == 0)
+        ds = ds.mp_prefetch(lib.MultiprocessingOptions(num_workers=2))
+        return with_options(ds, options(filter_raise_threshold_ratio=0.5))
+
+    def outcome(ds):
+        it = iter(ds)
+        try:
+            return len(list(it))
+        except ValueError as e:
+            return ("ValueError", "skipped" in str(e))
+        finally:
+            it.close()
+
+    grain_lib = grain_namespace(grain_ref)
+    expected = outcome(build(grain_lib, grain_dataset.WithOptionsIterDataset, grain_base.DatasetOptions))
+    assert expected == ("ValueError", True)  # the filter in a worker raised
+    assert outcome(build(GRAINLIKE, WithOptionsIterDataset, DatasetOptions)) == expected

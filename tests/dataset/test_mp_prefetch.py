@@ -25,13 +25,6 @@ from tests.helpers import leaks
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.fixture
-def no_leaks():
-    check = leaks.LeakCheck()
-    yield check
-    check.assert_clean()
-
-
 def _options(workers, **kw):
     return MultiprocessingOptions(num_workers=workers, **kw)
 
@@ -139,7 +132,7 @@ def test_bad_states_are_refused_before_anything_changes(no_leaks):
     it2.close()
 
 
-class _Fail:
+class FailAt:
     def __init__(self, bad):
         self.bad = bad
 
@@ -151,7 +144,7 @@ class _Fail:
 
 def test_an_error_arrives_once_with_its_type_then_that_worker_counts_as_ended(no_leaks):
     # Worker 1 of 2 computes 1, 3, 5, 7, 9; 5 fails.
-    ds = MapDataset.range(10).map(_Fail(5)).to_iter_dataset().mp_prefetch(_options(2))
+    ds = MapDataset.range(10).map(FailAt(5)).to_iter_dataset().mp_prefetch(_options(2))
     it = iter(ds)
     got = []
     with pytest.raises(KeyError, match="element 5 is bad") as info:

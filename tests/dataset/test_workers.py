@@ -14,18 +14,10 @@ import numpy as np
 import pytest
 
 from grainlike.dataset.workers import WorkerDiedError, WorkerPool
-from tests.helpers import leaks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def no_leaks():
-    check = leaks.LeakCheck()
-    yield check
-    check.assert_clean()
 
 
 class Countdown:

@@ -7,6 +7,7 @@ import threading
 import time
 
 import psutil
+import pytest
 
 
 def shm_entries(prefix: str = "grainlike_") -> set:
@@ -125,3 +126,11 @@ class LeakCheck:
         assert wait_until(lambda: not new_fds(self.fds), timeout), (
             f"file descriptors left: {new_fds(self.fds)}"
         )
+
+
+@pytest.fixture
+def no_leaks():
+    """Fails the test if it left worker processes, threads, fds or segments behind."""
+    check = LeakCheck()
+    yield check
+    check.assert_clean()

@@ -1,10 +1,3 @@
-import pytest
+"""Fixtures of these tests."""
 
-from tests.helpers.leaks import LeakCheck
-
-
-@pytest.fixture
-def no_leaks():
-    check = LeakCheck()
-    yield check
-    check.assert_clean()
+from tests.helpers.leaks import no_leaks  # noqa: F401  (a fixture)
