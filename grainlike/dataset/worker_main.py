@@ -121,7 +121,7 @@ def run(
         if idle:
             stop.wait()
         task = None if stop.is_set() else cloudpickle.loads(task_bytes)
-        if hold:
+        if hold and task is not None:
             results.send(("ready",))
             started.wait()
             state = start = start_at[0]

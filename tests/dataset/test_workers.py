@@ -77,8 +77,11 @@ def test_a_pool_started_from_saved_states_goes_on_from_there(no_leaks):
         assert head + list(pool) == _expected(sizes)
 
 
-def test_exhausted_workers_are_skipped_and_produce_nothing(no_leaks):
-    with WorkerPool(Countdown([3, 3]), 2, [{"i": 0}, {"i": 1}], 1, exhausted=[False, True]) as pool:
+@pytest.mark.parametrize("warm_start", [False, True])
+def test_exhausted_workers_are_skipped_and_produce_nothing(no_leaks, warm_start):
+    with WorkerPool(
+        Countdown([3, 3]), 2, [{"i": 0}, {"i": 1}], 1, exhausted=[False, True], warm_start=warm_start
+    ) as pool:
         assert list(pool) == [(0, 0), (0, 1), (0, 2)]
         assert pool.states[1] == {"i": 1}
 
