@@ -9,6 +9,7 @@ tests against grain itself are in tests/compat/test_mp_prefetch_compat.py.
 import gc
 import os
 import signal
+import sys
 import threading
 
 import numpy as np
@@ -58,14 +59,15 @@ def test_each_worker_computes_its_slice_and_outputs_alternate(no_leaks, workers)
     it.close()
 
 
-def test_outputs_are_computed_in_the_workers(no_leaks):
-    ds = MapDataset.range(8).to_iter_dataset().map(lambda x: (x, os.getpid())).mp_prefetch(_options(2))
-    it = iter(ds)
+def test_outputs_are_computed_in_workers_that_do_not_import_jax(no_leaks):
+    ds = MapDataset.range(8).to_iter_dataset().map(lambda x: (x, os.getpid(), "jax" in sys.modules))
+    it = iter(ds.mp_prefetch(_options(2)))
     got = list(it)
     it.close()
-    assert [x for x, _ in got] == list(range(8))
-    pids = {pid for _, pid in got}
+    assert [x for x, _, _ in got] == list(range(8))
+    pids = {pid for _, pid, _ in got}
     assert len(pids) == 2 and os.getpid() not in pids
+    assert not any(jax for _, _, jax in got)
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
