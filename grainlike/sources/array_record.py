@@ -25,7 +25,7 @@ from typing import Any, Optional, SupportsIndex
 
 import numpy as np
 
-__all__ = ["ArrayRecordDataSource", "RecordKeyOutOfRangeError"]
+__all__ = ["ArrayRecordDataSource", "RecordKeyOutOfRangeError", "SourceFileNotFoundError"]
 
 _log = logging.getLogger(__name__)
 
@@ -49,6 +49,14 @@ class RecordKeyOutOfRangeError(IndexError, ValueError):
     """
 
 
+class SourceFileNotFoundError(FileNotFoundError, RuntimeError):
+    """A file the source reads does not exist (its path is in the message).
+
+    A ``FileNotFoundError`` and a ``RuntimeError`` (what Grain's
+    ``ArrayRecordDataSource`` raises), so handlers written for either work.
+    """
+
+
 def _is_file_instruction(x: Any) -> bool:
     return (
         not isinstance(x, (str, bytes, os.PathLike))
@@ -62,8 +70,8 @@ def _is_local(path: str) -> bool:
     return "://" not in path
 
 
-def _missing(path: str) -> FileNotFoundError:
-    return FileNotFoundError(f"ArrayRecordDataSource: file not found: {path!r}")
+def _missing(path: str) -> SourceFileNotFoundError:
+    return SourceFileNotFoundError(f"ArrayRecordDataSource: file not found: {path!r}")
 
 
 def _open_reader(path: str, options: str):
@@ -171,7 +179,8 @@ class ArrayRecordDataSource:
         ``{"index_storage_option": "offloaded"}``.
 
     Raises:
-      FileNotFoundError: a path does not exist (named in the message).
+      SourceFileNotFoundError: a path does not exist (named in the message); a
+        ``FileNotFoundError`` and a ``RuntimeError``, as Grain raises.
       ValueError: ``paths`` is empty or holds something that is not a path; a
         file is not an ArrayRecord file.
 

@@ -44,6 +44,8 @@ def _failing_map(lib):
     return Fail()
 
 
+_MISSING_FILE = "/nonexistent/grainlike-test/missing.array_record"
+
 _OTHER_PIPELINE_STATE = json.dumps(
     {
         "version": 2,
@@ -92,6 +94,11 @@ CASES = {
     "RangeDataSource key past the end": lambda lib: lib.RangeDataSource(0, 5, 1)[5],
     "RangeDataSource negative key": lambda lib: lib.RangeDataSource(0, 5, 1)[-1],
     "InMemoryDataSource without elements or name": lambda lib: lib.InMemoryDataSource(),
+    "ArrayRecordDataSource of a missing file": lambda lib: lib.ArrayRecordDataSource(_MISSING_FILE),
+    "ArrayRecordDataSource of missing files": lambda lib: lib.ArrayRecordDataSource([_MISSING_FILE] * 2),
+    # grain opens a "file[start:end]" path only when it reads.
+    "ArrayRecordDataSource read from a missing file": lambda lib: lib.ArrayRecordDataSource(
+        f"{_MISSING_FILE}[0:3]")[0],
     # options
     "ReadOptions negative num_threads": lambda lib: lib.ReadOptions(num_threads=-1),
     "ReadOptions negative prefetch_buffer_size": lambda lib: lib.ReadOptions(prefetch_buffer_size=-1),
