@@ -33,5 +33,9 @@ class StateIndexError(InvalidStateError, IndexError):
     """A state's position is out of range (an ``IndexError``, as grain raises)."""
 
 
+class StateTypeError(InvalidStateError, TypeError):
+    """A state, or a value in it, has the wrong type (a ``TypeError``, as grain raises)."""
+
+
 class ClosedIteratorError(ValueError):
     """An iterator was used after ``close()`` (a ``ValueError``, as grain raises)."""

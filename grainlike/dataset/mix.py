@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from grainlike.core.errors import InvalidStateError, add_note
+from grainlike.core.errors import InvalidStateError, StateTypeError, add_note
 from grainlike.dataset.base import DatasetIterator, DatasetSelectionMap, IterDataset, MapDataset
 from grainlike.dataset.state import non_negative_int, require_keys
 
@@ -281,15 +281,17 @@ class _MixedDatasetIterator(DatasetIterator):
         index = non_negative_int(state, "index", self)
         stop = state["stop"]
         if not isinstance(stop, (bool, np.bool_)):
-            raise InvalidStateError(f"{self}: state['stop'] must be a bool, got {stop!r}")
+            raise StateTypeError(f"{self}: state['stop'] must be a bool, got {stop!r}")
         parents_state = state["parents"]
         if self._keys is not None:
             if not isinstance(parents_state, Mapping):
-                raise InvalidStateError(f"{self}: state['parents'] must map names to states, got {parents_state!r}")
+                raise StateTypeError(f"{self}: state['parents'] must map names to states, got {parents_state!r}")
             # Components absent from the state start from the beginning (as grain).
             todo = [(p, parents_state[k]) for k, p in zip(self._keys, self._parents) if parents_state.get(k) is not None]
         else:
-            if not isinstance(parents_state, Sequence) or len(parents_state) != len(self._parents):
+            if not isinstance(parents_state, Sequence):
+                raise StateTypeError(f"{self}: state['parents'] must be a list of states, got {parents_state!r}")
+            if len(parents_state) != len(self._parents):
                 raise InvalidStateError(
                     f"{self}: state['parents'] must hold {len(self._parents)} states, got {parents_state!r}"
                 )

@@ -6,7 +6,7 @@ from typing import Sequence
 
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
 from grainlike.dataset.state import require_keys
-from grainlike.core.errors import InvalidStateError
+from grainlike.core.errors import InvalidStateError, StateTypeError
 
 
 class ZipMapDataset(MapDataset):
@@ -76,7 +76,9 @@ class _ZipDatasetIterator(DatasetIterator):
     def set_state(self, state: dict) -> None:
         require_keys(state, self, ("parents",))
         states = state["parents"]
-        if not isinstance(states, Sequence) or len(states) != len(self._parents):
+        if not isinstance(states, Sequence):
+            raise StateTypeError(f"{self}: state['parents'] must be a list of states, got {states!r}")
+        if len(states) != len(self._parents):
             raise InvalidStateError(f"{self}: state['parents'] must hold {len(self._parents)} states, got {states!r}")
         before = [it.get_state() for it in self._parents]
         try:

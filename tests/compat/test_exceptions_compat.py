@@ -28,6 +28,26 @@ def _restore(lib, state):
     iter(_loader(lib)).set_state(state)
 
 
+def _restore_dataset(make, **changes):
+    """Sets a state of the iterator ``make()`` builds, with ``changes`` to its keys."""
+    it = iter(make())
+    state = it.get_state()
+    state.update(changes)
+    it.set_state(state)
+
+
+def _range_iter(lib):
+    return lib.MapDataset.range(5).to_iter_dataset()
+
+
+def _mixed(lib):
+    return lib.IterDataset.mix([_range_iter(lib), _range_iter(lib)])
+
+
+def _zipped(lib):
+    return lib.experimental.ZipIterDataset([_range_iter(lib), _range_iter(lib)])
+
+
 class _SamplerWithoutShardOptions:
     def __len__(self):
         return 3
@@ -104,6 +124,21 @@ CASES = {
     "ReadOptions negative prefetch_buffer_size": lambda lib: lib.ReadOptions(prefetch_buffer_size=-1),
     # state
     "state of another pipeline": lambda lib: _restore(lib, _OTHER_PIPELINE_STATE),
+    # Dataset iterator states
+    "Dataset state that is a list": lambda lib: iter(_range_iter(lib)).set_state([1]),
+    "Dataset state that is None": lambda lib: iter(_range_iter(lib)).set_state(None),
+    "Dataset state without next_index": lambda lib: iter(_range_iter(lib)).set_state({}),
+    "Dataset next_index that is a str": lambda lib: _restore_dataset(lambda: _range_iter(lib), next_index="2"),
+    "Dataset next_index that is None": lambda lib: _restore_dataset(lambda: _range_iter(lib), next_index=None),
+    "Dataset negative next_index": lambda lib: _restore_dataset(lambda: _range_iter(lib), next_index=-1),
+    "Dataset next_index past the end": lambda lib: _restore_dataset(lambda: _range_iter(lib), next_index=6),
+    "Dataset next_index of a batch that is a str": lambda lib: _restore_dataset(
+        lambda: _range_iter(lib).batch(2), next_index="2"),
+    "Dataset next_index under a map that is a str": lambda lib: _restore_dataset(
+        lambda: _range_iter(lib).map(lambda x: x), next_index="2"),
+    "mix state whose parents are not a list": lambda lib: _restore_dataset(lambda: _mixed(lib), parents=3),
+    "mix state whose parent state is not a dict": lambda lib: _restore_dataset(lambda: _mixed(lib), parents=[3, 3]),
+    "zip state whose parents are not a list": lambda lib: _restore_dataset(lambda: _zipped(lib), parents=3),
 }
 
 

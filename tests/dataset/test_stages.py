@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from grainlike.core.errors import InvalidStateError, StateIndexError, StateKeyError
+from grainlike.core.errors import InvalidStateError, StateIndexError, StateKeyError, StateTypeError
 from grainlike.core.transforms import MapTransform
 from grainlike.dataset import IterDataset, MapDataset
 from grainlike.dataset.options import ReadOptions
@@ -105,9 +105,9 @@ def test_batch_error_names_the_batch():
     "state, error",
     [
         ({}, StateKeyError),
-        ([3], InvalidStateError),
-        ({"next_index": -1}, InvalidStateError),
-        ({"next_index": "2"}, InvalidStateError),
+        ([3], StateTypeError),
+        ({"next_index": -1}, StateIndexError),
+        ({"next_index": "2"}, StateTypeError),
         ({"next_index": 11}, StateIndexError),
     ],
 )
@@ -124,6 +124,7 @@ def test_bad_state_is_rejected_and_changes_nothing(state, error):
 def test_state_errors_are_grain_types():
     assert issubclass(StateKeyError, KeyError) and issubclass(StateKeyError, ValueError)
     assert issubclass(StateIndexError, IndexError) and issubclass(StateIndexError, ValueError)
+    assert issubclass(StateTypeError, TypeError) and issubclass(StateTypeError, ValueError)
     assert str(StateKeyError("lacks 'x'")) == "lacks 'x'"
 
 
