@@ -9,3 +9,5 @@ if ROOT not in sys.path:
 
 # Tests run JAX on the CPU, one device per process.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from tests.helpers.leaks import no_leaks  # noqa: E402,F401  (a fixture for every test)

@@ -8,18 +8,10 @@ import pytest
 import grainlike as grain
 from grainlike.builder import LoaderBuilder, from_source
 from grainlike.core.sampling import RandomSampler
-from tests.helpers.leaks import LeakCheck
 
 pytestmark = pytest.mark.timeout(60)
 
 N = 30
-
-
-@pytest.fixture
-def no_leaks():
-    check = LeakCheck()
-    yield check
-    check.assert_clean()
 
 
 def run(loader, stop_at=4):

@@ -14,19 +14,11 @@ import pytest
 import grainlike as grain
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
 from grainlike.device import DeviceIterator, make_global_batch
-from tests.helpers.leaks import LeakCheck
 
 pytestmark = pytest.mark.timeout(60)
 
 WORKERS = [0, 2]
 DIM = 8192  # 128 KiB batches: above the inline limit, so workers use shared memory
-
-
-@pytest.fixture
-def no_leaks():
-    check = LeakCheck()
-    yield check
-    check.assert_clean()
 
 
 def make_loader(worker_count=0, num_records=40, batch_size=4, seed=3):

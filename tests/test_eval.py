@@ -8,18 +8,10 @@ import pytest
 
 import grainlike as grain
 from grainlike.evaluation import evaluate
-from tests.helpers.leaks import LeakCheck
 
 pytestmark = pytest.mark.timeout(60)
 
 N = 23  # not a multiple of any batch size used here
-
-
-@pytest.fixture
-def no_leaks():
-    check = LeakCheck()
-    yield check
-    check.assert_clean()
 
 
 def features():

@@ -10,16 +10,8 @@ import pytest
 import grainlike as grain
 from grainlike.in_jit import InJitIterator
 from grainlike.specs import element_spec
-from tests.helpers.leaks import LeakCheck
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def no_leaks():
-    check = LeakCheck()
-    yield check
-    check.assert_clean()
 
 
 def make_loader(worker_count=0, num_epochs=None, num_records=20):

@@ -9,18 +9,10 @@ import pytest
 
 import grainlike as grain
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
-from tests.helpers.leaks import LeakCheck
 
 pytestmark = pytest.mark.timeout(60)
 
 WORKERS = [0, 2]
-
-
-@pytest.fixture
-def no_leaks():
-    check = LeakCheck()
-    yield check
-    check.assert_clean()
 
 
 def make_loader(worker_count=0, num_records=10, batch_size=4, pad=True, as_dict=True,

@@ -10,18 +10,10 @@ import pytest
 import grainlike as grain
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
 from grainlike.core.sampling import PaddedEpochSampler, RandomSampler
-from tests.helpers.leaks import LeakCheck
 
 pytestmark = pytest.mark.timeout(60)
 
 WORKERS = [0, 2]
-
-
-@pytest.fixture
-def no_leaks():
-    check = LeakCheck()
-    yield check
-    check.assert_clean()
 
 
 def ids(loader):
