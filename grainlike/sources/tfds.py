@@ -36,6 +36,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, Iterator, Optional, SupportsIndex
 
+from grainlike.core.errors import add_note
 from grainlike.sources.array_record import ArrayRecordDataSource
 
 __all__ = ["TfdsDataSource", "from_tfds", "is_tfds_source", "tfds_source"]
@@ -56,11 +57,6 @@ def is_tfds_source(obj: Any) -> bool:
 
 def _is_tfds_array_record_source(obj: Any) -> bool:
     return is_tfds_source(obj) and type(obj).__name__ == "ArrayRecordDataSource"
-
-
-def _add_note(error: BaseException, note: str) -> None:
-    if hasattr(error, "add_note"):  # Python >= 3.11
-        error.add_note(note)
 
 
 class TfdsDataSource:
@@ -139,7 +135,7 @@ class TfdsDataSource:
         try:
             return self._deserialize(record)
         except Exception as e:
-            _add_note(e, f"grainlike: while decoding record_key {key} of {self._repr} ({self._where(key)})")
+            add_note(e, f"grainlike: while decoding record_key {key} of {self._repr} ({self._where(key)})")
             raise
 
     def _where(self, key: int) -> str:

@@ -41,6 +41,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from grainlike.core.errors import add_note
 from grainlike.formats import encode_record
 
 __all__ = [
@@ -181,8 +182,7 @@ def write_records(
                     try:
                         data = encode(example)
                     except Exception as e:
-                        if hasattr(e, "add_note"):
-                            e.add_note(f"grainlike-convert: while encoding record {index}")
+                        add_note(e, f"grainlike-convert: while encoding record {index}")
                         raise
                     writer.write(data)
                     index += 1
