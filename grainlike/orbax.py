@@ -9,6 +9,10 @@ checkpoint written by grain restores in grainlike and the reverse:
 - a DataLoader iterator's ``get_state()`` bytes, as they are;
 - a Dataset iterator's ``get_state()`` dict as ``json.dumps(state, indent=4)``.
 
+The form is decided by what ``get_state()`` returns, not by the iterator's class,
+so any iterator with ``get_state``/``set_state`` checkpoints: a ``DeviceIterator``
+over either kind, or one of your own. Restoring hands ``set_state`` the same form.
+
 Orbax v0 (``CheckpointManager``) uses ``CheckpointHandler`` with the args
 ``CheckpointSave`` / ``CheckpointRestore`` (also named ``PyGrainCheckpoint*``, as
 in ``grain.python``). Orbax v1 (``StatefulCheckpointable``) calls an iterator's
@@ -133,23 +137,22 @@ def _state_text(iterator: Any) -> str:
     )
 
 
-def _takes_dict_state(iterator: Any) -> bool:
-    """Whether ``set_state`` takes a dict (a Dataset iterator) rather than bytes.
+def _state_from_text(iterator: Any, text: str) -> Any:
+    """The file's text in the form ``iterator.set_state`` takes.
 
-    grainlike's ``DatasetIterator`` and grain's own (restored through this
-    handler) take dicts; DataLoader iterators and the iterators wrapping them
-    take bytes.
+    That is the form the iterator's own ``get_state()`` returns: a dict (a Dataset
+    iterator, grain's or grainlike's, and any wrapper of one such as a
+    ``DeviceIterator``) gets the parsed JSON, bytes (a DataLoader iterator and its
+    wrappers) the file's bytes, a str the text. Deciding on the state, not on the
+    iterator's class, lets any iterator with ``get_state``/``set_state`` restore.
     """
-    try:
-        from grainlike.dataset import DatasetIterator
-    except ImportError:
-        DatasetIterator = None
-    if DatasetIterator is not None and isinstance(iterator, DatasetIterator):
-        return True
-    return any(
-        cls.__name__ == "DatasetIterator" and cls.__module__.startswith("grain.")
-        for cls in type(iterator).__mro__
-    )
+    get_state = getattr(iterator, "get_state", None)
+    current = get_state() if callable(get_state) else None
+    if isinstance(current, dict):
+        return json.loads(text)
+    if isinstance(current, str):
+        return text
+    return text.encode()
 
 
 def _missing_state_error(filename: Any) -> ValueError:
@@ -176,7 +179,7 @@ def _apply_state(iterator: Any, text: str, filename: Any) -> None:
     from grainlike.core.errors import add_note
     from grainlike.loader.state import InvalidStateError
 
-    state = json.loads(text) if _takes_dict_state(iterator) else text.encode()
+    state = _state_from_text(iterator, text)
     try:
         iterator.set_state(state)
     except Exception as e:
@@ -254,8 +257,9 @@ async def load_state_async(iterator: Any, directory: Any) -> Awaitable[None]:
     """Orbax v1 ``StatefulCheckpointable.load`` for an iterator.
 
     Args:
-      iterator: has ``set_state``: a Dataset iterator gets the file's JSON as a
-        dict, any other iterator the file's bytes.
+      iterator: has ``set_state``; it gets the file's JSON as a dict if its
+        ``get_state()`` returns a dict (a Dataset iterator, or a wrapper of one),
+        otherwise the file's bytes.
       directory: the checkpoint directory of this item.
 
     Returns:

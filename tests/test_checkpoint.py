@@ -347,3 +347,63 @@ def test_dataset_iterator_is_an_orbax_v1_checkpointable(tmp_path):
     it = iter(make_dataset())
     v1.load_checkpointables(tmp_path / "ckpt", {"data_iter": it})
     assert dataset_ids(it) == expected[1:]
+
+
+# --- any iterator with get_state/set_state ---------------------------------------
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_device_iterator_over_a_dataset_iterator_restores_through_a_manager(tmp_path, no_leaks, num_workers):
+    def make():
+        ds = make_dataset()
+        if num_workers:
+            ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
+        return DeviceIterator(iter(ds), prefetch=2)
+
+    with make() as it:
+        expected = [np.asarray(b["id"]).tolist() for b in it]
+    with ocp.CheckpointManager(tmp_path) as mngr, make() as it:
+        next(it), next(it), next(it)
+        state = it.get_state()
+        mngr.save(3, args=ocp.args.Composite(data_iter=gckpt.CheckpointSave(it)))
+        next(it)
+        mngr.wait_until_finished()
+    # grain's bytes for a Dataset iterator's state, though the DeviceIterator wraps it.
+    written = (tmp_path / "3" / "data_iter" / "process_0-of-1.json").read_text()
+    assert written == json.dumps(state, indent=4)
+    with ocp.CheckpointManager(tmp_path) as mngr, make() as it:
+        mngr.restore(3, args=ocp.args.Composite(data_iter=gckpt.CheckpointRestore(it)))
+        assert it.get_state() == state
+        assert [np.asarray(b["id"]).tolist() for b in it] == expected[3:]
+
+
+class _CountingIterator:
+    """Neither a DataLoader nor a Dataset iterator: a dict state of its own."""
+
+    def __init__(self):
+        self.position = 0
+
+    def __next__(self):
+        self.position += 1
+        return self.position
+
+    def get_state(self):
+        return {"position": self.position}
+
+    def set_state(self, state):
+        self.position = state["position"]
+
+
+def test_any_iterator_with_a_dict_state_restores_through_a_manager(tmp_path):
+    it = _CountingIterator()
+    next(it), next(it)
+    with ocp.CheckpointManager(tmp_path) as mngr:
+        mngr.save(2, args=ocp.args.Composite(data_iter=gckpt.CheckpointSave(it)))
+        mngr.wait_until_finished()
+    assert (tmp_path / "2" / "data_iter" / "process_0-of-1.json").read_text() == json.dumps(
+        {"position": 2}, indent=4
+    )
+    restored = _CountingIterator()
+    with ocp.CheckpointManager(tmp_path) as mngr:
+        mngr.restore(2, args=ocp.args.Composite(data_iter=gckpt.CheckpointRestore(restored)))
+    assert next(restored) == 3
