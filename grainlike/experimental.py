@@ -7,6 +7,8 @@ with the reason, in ``docs/migrating.md``.
 from grainlike.core.index_shuffle import index_shuffle
 from grainlike.core.transforms import FlatMapTransform, MapWithIndexTransform
 from grainlike.dataset import (
+    DatasetOptions,
+    ExecutionTrackingMode,
     FlatMapIterDataset,
     FlatMapMapDataset,
     LimitIterDataset,
@@ -15,6 +17,7 @@ from grainlike.dataset import (
     ThreadPrefetchIterDataset,
     WindowShuffleIterDataset,
     WindowShuffleMapDataset,
+    WithOptionsIterDataset,
     ZipIterDataset,
     ZipMapDataset,
     apply_transformations,
@@ -25,6 +28,8 @@ from grainlike.dataset import (
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
 
 __all__ = [
+    "DatasetOptions",
+    "ExecutionTrackingMode",
     "FlatMapIterDataset",
     "FlatMapMapDataset",
     "FlatMapTransform",
@@ -35,6 +40,7 @@ __all__ = [
     "ThreadPrefetchIterDataset",
     "WindowShuffleIterDataset",
     "WindowShuffleMapDataset",
+    "WithOptionsIterDataset",
     "ZipIterDataset",
     "ZipMapDataset",
     "apply_transformations",
