@@ -1,10 +1,31 @@
 """``grain.samplers``: which record each step reads, and with which rng.
 
 ``IndexSampler``, ``SequentialSampler`` and the ``Sampler`` protocol are grain's;
-``RandomSampler`` and ``PaddedEpochSampler`` are grainlike's.
+``RandomSampler`` and ``PaddedEpochSampler`` are grainlike's. ``BaseSampler``,
+``SampledIndices``, ``BatchPadding`` and ``as_sampler`` are grainlike's sampler
+contract: a sampler derived from ``BaseSampler`` locates many global indices in
+one call.
 """
 
-from grainlike.core.samplers import IndexSampler, Sampler, SequentialSampler
+from grainlike.core.samplers import (
+    BaseSampler,
+    BatchPadding,
+    IndexSampler,
+    SampledIndices,
+    Sampler,
+    SequentialSampler,
+    as_sampler,
+)
 from grainlike.core.sampling import PaddedEpochSampler, RandomSampler
 
-__all__ = ["IndexSampler", "PaddedEpochSampler", "RandomSampler", "Sampler", "SequentialSampler"]
+__all__ = [
+    "BaseSampler",
+    "BatchPadding",
+    "IndexSampler",
+    "PaddedEpochSampler",
+    "RandomSampler",
+    "SampledIndices",
+    "Sampler",
+    "SequentialSampler",
+    "as_sampler",
+]
