@@ -50,16 +50,34 @@ class MultiprocessingOptions:
         states), so the first batch does not wait for a worker to start. Off by
         default: with workers, transforms run only in the workers. grainlike
         only.
+      stall_timeout_s: a worker that makes no progress for this many seconds
+        while its next output is awaited raises ``WorkerStalledError`` naming the
+        worker, its pid, its state and its Python stack, instead of waiting
+        forever. Progress is any change of the line the worker executes, so only
+        a worker stuck in one place (a deadlock, a hung read, a stopped process)
+        is reported, never a slow one that keeps moving. The default, 300 s, is
+        far longer than any single step of a healthy pipeline and short enough
+        that a stuck job fails before a scheduler's usual time limits. ``None``
+        or 0 turns the check off. grainlike only.
     """
 
     num_workers: int = 0
     per_worker_buffer_size: int = 1
     enable_profiling: bool = False
     warm_start: bool = False
+    stall_timeout_s: Optional[float] = 300.0
 
     def __post_init__(self):
         _check_non_negative_int("num_workers", self.num_workers)
         _check_non_negative_int("per_worker_buffer_size", self.per_worker_buffer_size)
+        timeout = self.stall_timeout_s
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0
+        ):
+            raise ValueError(
+                f"stall_timeout_s must be a number of seconds >= 0, or None to turn the "
+                f"check off; got {timeout!r}"
+            )
 
 
 class ExecutionTrackingMode(enum.Enum):

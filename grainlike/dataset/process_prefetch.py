@@ -32,7 +32,7 @@ import cloudpickle
 from grainlike.core.errors import InvalidStateError, StateKeyError, add_note
 from grainlike.core.tree import Allocator
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset, MultiprocessingContext
-from grainlike.dataset.workers import WorkerPool
+from grainlike.dataset.workers import DEFAULT_STALL_TIMEOUT_S, WorkerPool
 
 _STATE_KEYS = (
     "next_index_in_cycle",
@@ -213,6 +213,7 @@ class MultiprocessPrefetchIterDataset(IterDataset):
             enable_profiling=bool(_options_value(self._options, "enable_profiling", False)),
             warm_start=bool(_options_value(self._options, "warm_start", False)),
             worker_init_fn=self._worker_init_fn,
+            stall_timeout_s=_options_value(self._options, "stall_timeout_s", DEFAULT_STALL_TIMEOUT_S),
         )
 
 
@@ -235,6 +236,7 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
       warm_start: compute the first outputs in the calling process while the
         workers start (not with a ``worker_init_fn``, which only workers run).
       worker_init_fn: called in each worker as ``fn(worker_index, worker_count)``.
+      stall_timeout_s: see ``MultiprocessingOptions.stall_timeout_s``.
     """
 
     def __init__(
@@ -246,9 +248,11 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
         enable_profiling: bool = False,
         warm_start: bool = False,
         worker_init_fn: Optional[Callable[[int, int], None]] = None,
+        stall_timeout_s: Optional[float] = DEFAULT_STALL_TIMEOUT_S,
     ):
         super().__init__()
         self._parent_ds = parent
+        self._stall_timeout_s = stall_timeout_s
         self._task = _WorkerSliceTask(parent, worker_init_fn)
         self._w = num_workers
         self._buffer_size = buffer_size
@@ -276,6 +280,7 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
                 profile=self._profile,
                 warm_start=self._warm_start,
                 error_ends_worker=True,
+                stall_timeout_s=self._stall_timeout_s,
             )
         return self._pool
 

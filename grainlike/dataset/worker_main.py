@@ -6,9 +6,12 @@ Never imports jax.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import mmap
 import os
 import signal
+import struct
 import sys
 import threading
 import time
@@ -35,6 +38,61 @@ def _send_error(conn, state: Any, error: BaseException) -> None:
     conn.send(("err", state, payload, type(error).__qualname__, text, tb))
 
 
+# CPU time (of the process, less the sampling thread) per sample that counts as
+# progress: a blocked process uses none, a computing one about the whole interval.
+_BUSY_CPU_S = 0.002
+
+
+class _Progress:
+    """This worker's slot of the pool's progress page (see ``workers``).
+
+    ``sample()`` stores the time whenever the worker moved since the last sample:
+    it used CPU time (in any thread but the sampling one), or its main thread is
+    somewhere else (another frame or instruction). A worker blocked in one call
+    (a lock, a sleep, a hung read, a stopped process) stops updating it; a slow
+    one that keeps computing or moving does not.
+    """
+
+    def __init__(self, fd: int, slot: int):
+        try:
+            self._mm = mmap.mmap(fd, mmap.PAGESIZE)
+        finally:
+            os.close(fd)
+        self._offset = slot * 8
+        self._main = threading.main_thread().ident
+        self._where = None
+        self._cpu = 0.0
+        self._sampled = 0.0
+        self.sample(force=True)
+
+    def sample(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._sampled < 0.25:
+            return
+        self._sampled = now
+        cpu = time.process_time() - time.thread_time()
+        frame = sys._current_frames().get(self._main)
+        where = None if frame is None else (id(frame), frame.f_lasti)
+        del frame
+        if force or where != self._where or cpu - self._cpu >= _BUSY_CPU_S:
+            struct.pack_into("d", self._mm, self._offset, now)
+        self._where, self._cpu = where, cpu
+
+
+def _watch(watch) -> "_Progress | None":
+    """Sets up the liveness report: the progress slot, and stacks on request."""
+    if watch is None:
+        return None
+    progress_fd, slot, stack_fd = watch
+    try:
+        # The pool sends this signal when the worker stalls; the dump goes to a
+        # pipe it reads. chain=False: the signal is ours, nothing else is told.
+        faulthandler.register(signal.SIGUSR1, file=stack_fd, all_threads=True, chain=False)
+    except (AttributeError, ValueError, OSError):
+        pass  # Then the stall report has no stack.
+    return None if progress_fd is None else _Progress(progress_fd, slot)
+
+
 def run(
     task_bytes: bytes,
     worker_index: int,
@@ -48,6 +106,7 @@ def run(
     profile: bool = False,
     hold: bool = False,
     idle: bool = False,
+    watch: Any = None,
 ) -> None:
     """Produces one worker's outputs and sends them to the consumer.
 
@@ -61,10 +120,14 @@ def run(
     waits for ``("start", state)``: meanwhile the consumer computes this
     worker's first outputs itself, and only it knows where they end. An ``idle``
     worker (already exhausted) produces nothing and waits to be stopped.
+
+    ``watch`` is ``(progress fd or None, slot, stack fd)``: where the worker
+    records its progress and writes its stacks on ``SIGUSR1``.
     """
     # Ctrl-C goes to the whole process group; the consumer decides what happens,
     # and stops the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    progress = _watch(watch)
     pool = shm.SegmentPool(shm_prefix) if shm.available() else None
     credits = threading.Semaphore(buffer_size)
     stop = threading.Event()
@@ -83,7 +146,10 @@ def run(
             while True:
                 # EOF on the control pipe says the consumer died; checking its pid
                 # too covers a pipe end leaked into some other process it forked.
-                if not control.poll(1.0):
+                idle_tick = not control.poll(1.0 if progress is None else 0.5)
+                if progress is not None:
+                    progress.sample()
+                if idle_tick:
                     if consumer_pid and not shm.pid_alive(consumer_pid):
                         consumer_gone()
                     continue

@@ -13,6 +13,13 @@ main module, so it never re-runs the user's ``__main__``, and nothing in the
 user's process is edited to achieve that. The task travels as cloudpickle bytes,
 so lambdas and classes defined in a notebook or an unguarded script work. Batch
 leaves come back through shared memory (``shm``).
+
+Liveness: each worker records, in a page of memory shared with the consumer, the
+last time its main thread was seen somewhere new. A worker awaited for longer
+than ``stall_timeout_s`` without moving is reported (``WorkerStalledError``) with
+its Python stack, which the worker dumps (``faulthandler``) into a pipe when the
+consumer sends it ``SIGUSR1``. Nothing the consumer does waits on a worker
+without a bound, so ``close()`` from another thread ends a blocked ``next()``.
 """
 
 from __future__ import annotations
@@ -24,21 +31,33 @@ import itertools
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.context
+import mmap
 import os
+import select
 import signal
+import struct
 import threading
+import time
 import types
 import weakref
 from typing import Any, Iterator, Optional, Protocol, Sequence
 
 import cloudpickle
 
-from grainlike.core.errors import add_note
+from grainlike.core.errors import ClosedIteratorError, add_note
 from grainlike.core.tree import Allocator
 from grainlike.dataset import shm
+from grainlike.dataset.options import MultiprocessingOptions
 
 # How long close() waits for a worker to exit by itself before terminating it.
 _JOIN_TIMEOUT_S = 2.0
+# How often a consumer waiting for an output looks at liveness and close().
+_POLL_S = 0.5
+# How long a stalled worker gets to write its stack.
+_STACK_WAIT_S = 2.0
+DEFAULT_STALL_TIMEOUT_S = MultiprocessingOptions.stall_timeout_s
+# The signal on which a worker dumps its threads' stacks.
+STACK_SIGNAL = signal.SIGUSR1
 _WORKER_MODULE = "grainlike.dataset.worker_main"
 _pool_ids = itertools.count()
 _context_lock = threading.Lock()
@@ -51,6 +70,98 @@ class WorkerError(RuntimeError):
 
 class WorkerDiedError(RuntimeError):
     """A worker process exited unexpectedly (killed, crashed, out of memory)."""
+
+
+class WorkerStalledError(RuntimeError):
+    """A worker made no progress for ``stall_timeout_s`` while its output was awaited."""
+
+
+class PassedFd:
+    """A file descriptor handed to a worker as it starts (duplicated into it).
+
+    Pickle it only as part of a worker's start arguments; in the worker it turns
+    into the plain int of its own copy.
+    """
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+
+        return (_detach_fd, (reduction.DupFd(self.fd),))
+
+
+def _detach_fd(dup: Any) -> int:
+    return dup.detach()
+
+
+class _Progress:
+    """One float64 per worker, shared by the pool and its workers: last progress time.
+
+    Times are ``time.monotonic()``, which on Linux is one clock for every
+    process of the machine.
+    """
+
+    _SLOT = struct.Struct("d")
+
+    def __init__(self, worker_count: int):
+        size = max(worker_count * self._SLOT.size, mmap.PAGESIZE)
+        self.fd = os.memfd_create("grainlike-progress", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, size)
+            self.mm = mmap.mmap(self.fd, size)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.size = size
+
+    def last(self, w: int) -> float:
+        return self._SLOT.unpack_from(self.mm, w * self._SLOT.size)[0]
+
+    def close_fd(self) -> None:
+        """Every worker has its copy: the pool needs only its mapping."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def close(self) -> None:
+        self.close_fd()
+        self.mm.close()
+
+
+def _process_state(pid: int) -> str:
+    """The state letter of ``/proc/<pid>/stat`` ("R", "S", "D", "T", ...); "" if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode("ascii", "replace")
+        return data.rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _read_stack(pid: int, fd: int) -> str:
+    """Asks worker ``pid`` for its threads' stacks and reads them from ``fd``."""
+    try:
+        os.kill(pid, STACK_SIGNAL)
+    except OSError as e:
+        return f"(could not ask for its stack: {e})"
+    chunks = []
+    deadline = time.monotonic() + _STACK_WAIT_S
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        # Once the dump has begun it is written at once; a pause means it ended.
+        ready, _, _ = select.select([fd], [], [], min(left, 0.3) if chunks else left)
+        if not ready:
+            break
+        data = os.read(fd, 1 << 16)
+        if not data:
+            break
+        chunks.append(data)
+    text = b"".join(chunks).decode("utf-8", "replace").rstrip()
+    return text or f"(no answer to {STACK_SIGNAL.name} within {_STACK_WAIT_S:g} s)"
 
 
 class WorkerTask(Protocol):
@@ -216,16 +327,21 @@ def _force_exit(proc: Any) -> None:
     """Terminates, then kills, a worker that did not exit when asked to."""
     if proc.exitcode is None:
         proc.terminate()
+        try:
+            os.kill(proc.pid, signal.SIGCONT)  # A stopped worker acts on SIGTERM only once resumed.
+        except OSError:
+            pass
         proc.join(1.0)
     if proc.exitcode is None:
         proc.kill()
         proc.join(1.0)
 
 
-def _stop_process(proc: Any, control: Any) -> None:
-    """Asks one worker to stop, then makes it."""
-    _ask_to_stop(control)
-    proc.join(_JOIN_TIMEOUT_S)
+def _stop_process(proc: Any, control: Any, ask: bool = True) -> None:
+    """Asks one worker to stop (unless ``ask`` is False: it cannot act on it), then makes it."""
+    if ask:
+        _ask_to_stop(control)
+        proc.join(_JOIN_TIMEOUT_S)
     _force_exit(proc)
 
 
@@ -237,6 +353,9 @@ class _Shutdown:
         self.controls: list = []
         self.results: list = []
         self.readers: list = []
+        # Read ends of the pipes each worker writes its stacks to.
+        self.stacks: list = []
+        self.progress: Optional[_Progress] = None
         self.prefix = ""
         self.done = False
         self.lock = threading.Lock()
@@ -267,6 +386,13 @@ class _Shutdown:
                 pass
         for reader in self.readers:
             reader.close()
+        for fd in self.stacks:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if self.progress is not None:
+            self.progress.close()
         for p in self.procs:
             try:
                 p.close()
@@ -322,6 +448,8 @@ class WorkerPool:
         exhausted at its last delivered state while the others go on (grain's
         ``mp_prefetch``). Otherwise every error stops all workers and the pool is
         ``broken``; its owner starts a new one from ``states`` (the DataLoader).
+      stall_timeout_s: a worker awaited for this long without making progress
+        raises ``WorkerStalledError`` (see the module doc); None or 0: never.
     """
 
     def __init__(
@@ -336,6 +464,7 @@ class WorkerPool:
         profile: bool = False,
         warm_start: bool = False,
         error_ends_worker: bool = False,
+        stall_timeout_s: Optional[float] = DEFAULT_STALL_TIMEOUT_S,
     ):
         if worker_count < 1:
             raise ValueError(f"a worker pool needs worker_count >= 1, got {worker_count}")
@@ -350,6 +479,7 @@ class WorkerPool:
         self._profile = bool(profile)
         self._warm_start = bool(warm_start)
         self._error_ends_worker = bool(error_ends_worker)
+        self._stall_timeout_s = float(stall_timeout_s) if stall_timeout_s else None
         # Workers whose error was raised: they end at their next turn.
         self._failed = [False] * worker_count
         self._payload = pickle_task(task)
@@ -397,6 +527,8 @@ class WorkerPool:
         shm.sweep_orphans()
         sd = self._shutdown
         sd.prefix = f"grainlike_{os.getpid()}_{next(_pool_ids)}_{os.urandom(3).hex()}_"
+        if hasattr(os, "memfd_create"):
+            sd.progress = _Progress(self._w)
         _live.add(self)
         self._held = [hold and not e for e in self.exhausted]
         launch = functools.partial(
@@ -417,31 +549,85 @@ class WorkerPool:
         else:
             launch()
 
+    def _then(self) -> str:
+        """What happens to the pool after a worker failed."""
+        if self._error_ends_worker:
+            return "It counts as exhausted from the next call on; the other workers go on."
+        return (
+            "The other workers were stopped; call next() again to restart the "
+            "workers from the last delivered output, or set_state() a checkpoint."
+        )
+
+    def _closed_error(self, w: int) -> ClosedIteratorError:
+        return ClosedIteratorError(
+            f"the worker pool was closed (close() from another thread, or at exit) "
+            f"while next() waited for worker {w} of {self._w}; the iterator keeps the "
+            "state of its last delivered output"
+        )
+
     def _recv(self, w: int) -> Any:
         sd = self._shutdown
         conn, proc = sd.results[w], sd.procs[w]
+        waiting_since = time.monotonic()
         while True:
-            ready = multiprocessing.connection.wait([conn, proc.sentinel], timeout=1.0)
-            if not ready:
-                continue
-            if conn in ready or conn.poll():
-                try:
-                    return conn.recv()
-                except EOFError:
-                    pass  # The worker is gone; report how.
-            proc.join(0.5)
-            if self._error_ends_worker:
-                then = "It counts as exhausted from the next call on; the other workers go on."
-            else:
-                then = (
-                    "The other workers were stopped; call next() again to restart the "
-                    "workers from the last delivered output, or set_state() a checkpoint."
-                )
+            if self._closed:
+                raise self._closed_error(w)
+            try:
+                ready = multiprocessing.connection.wait([conn, proc.sentinel], timeout=_POLL_S)
+                if not ready:
+                    self._check_progress(w, waiting_since)
+                    continue
+                if conn in ready or conn.poll():
+                    try:
+                        return conn.recv()
+                    except EOFError:
+                        pass  # The worker is gone; report how.
+                proc.join(0.5)
+                code = proc.exitcode
+            except (OSError, ValueError):
+                # close() in another thread closed the pipes or the process handle.
+                if self._closed:
+                    raise self._closed_error(w) from None
+                raise
             raise WorkerDiedError(
                 f"grainlike worker {w} of {self._w} (pid {proc.pid}) "
-                f"{_describe_exit(proc.exitcode)} before finishing its outputs "
-                f"(its state after its last delivered output: {self.states[w]!r}). {then}"
+                f"{_describe_exit(code)} before finishing its outputs "
+                f"(its state after its last delivered output: {self.states[w]!r}). {self._then()}"
             )
+
+    def _check_progress(self, w: int, waiting_since: float) -> None:
+        """Raises ``WorkerStalledError`` if worker ``w`` has not moved for the stall timeout.
+
+        Only the time since the consumer began waiting counts: before that, the
+        worker may rightly have been idle with its buffer full.
+        """
+        timeout = self._stall_timeout_s
+        if timeout is None:
+            return
+        sd = self._shutdown
+        last = waiting_since
+        if sd.progress is not None:
+            last = max(last, sd.progress.last(w))
+        if time.monotonic() - last < timeout:
+            return
+        pid = sd.procs[w].pid
+        state = _process_state(pid)
+        if state in ("T", "t"):
+            stack = (
+                f"none: the process is stopped (state {state}: SIGSTOP or SIGTSTP, or a "
+                "debugger), and a stopped process cannot report its stack; `kill -CONT "
+                f"{pid}` resumes it"
+            )
+        else:
+            stack = "\n" + _read_stack(pid, sd.stacks[w])
+        raise WorkerStalledError(
+            f"grainlike worker {w} of {self._w} (pid {pid}) made no progress for "
+            f"{timeout:g} s while its next output was awaited (its state after its last "
+            f"delivered output: {self.states[w]!r}). {self._then()} If a single step "
+            "of the pipeline rightly takes that long, raise "
+            "MultiprocessingOptions.stall_timeout_s (None turns the check off). The "
+            f"worker's Python stack (where it is stuck): {stack}"
+        )
 
     def _tick(self, w: int) -> None:
         released = self._released[w]
@@ -498,6 +684,8 @@ class WorkerPool:
                 msg = self._recv(w)
             except WorkerDiedError as e:
                 raise self._failure(w, e) from None
+            except WorkerStalledError as e:
+                raise self._failure(w, e, responsive=False) from None
             kind = msg[0]
             if kind == "out":
                 output = self._shutdown.readers[w].materialize(msg[2])
@@ -514,14 +702,19 @@ class WorkerPool:
                 raise self._failure(w, _rebuild_error(w, self._shutdown.procs[w].pid, msg))
             raise RuntimeError(f"unexpected message from worker {w}: {kind!r}")
 
-    def _failure(self, w: int, error: BaseException) -> BaseException:
-        """What to raise for worker ``w``'s error: it ends ``w`` only, or every worker."""
+    def _failure(self, w: int, error: BaseException, responsive: bool = True) -> BaseException:
+        """What to raise for worker ``w``'s error: it ends ``w`` only, or every worker.
+
+        A worker that is not ``responsive`` (stalled) is not asked to stop first.
+        """
         if not self._error_ends_worker:
+            if not responsive:
+                _stop_process(self._shutdown.procs[w], None, ask=False)
             self.close()
             return error
         self._failed[w] = True
         sd = self._shutdown
-        _stop_process(sd.procs[w], sd.controls[w])
+        _stop_process(sd.procs[w], sd.controls[w], ask=responsive)
         return _WorkerFailed(error)
 
     def _release_ready(self) -> None:
@@ -610,31 +803,42 @@ def _launch(
                 return
             result_r, result_w = ctx.Pipe(duplex=False)
             control_r, control_w = ctx.Pipe(duplex=False)
+            stack_r, stack_w = os.pipe()
+            os.set_inheritable(stack_r, False)
+            progress = None if sd.progress is None else PassedFd(sd.progress.fd)
             proc = _WorkerProcess(
                 target=_worker_entry,
                 args=(
                     payload, w, worker_count, starts[w], buffer_size,
                     f"{sd.prefix}{w}_", result_w, control_r, os.getpid(), profile, hold,
-                    exhausted[w],
+                    exhausted[w], (progress, w, PassedFd(stack_w)),
                 ),
                 name=f"grainlike-worker-{w}",
                 daemon=True,
             )
             try:
                 proc.start()
+            except BaseException:
+                os.close(stack_r)
+                raise
             finally:
                 # Only the worker may hold these ends, so that EOF means its exit.
                 result_w.close()
                 control_r.close()
+                os.close(stack_w)
             sd.procs.append(proc)
             sd.results.append(result_r)
             sd.controls.append(control_w)
+            sd.stacks.append(stack_r)
             sd.readers.append(shm.SegmentReader(on_release[w]))
             sd.launched = w + 1
     except BaseException as e:  # noqa: B902 - handed to the consumer
         if sd.launcher is None:
             raise
         sd.launch_error = e
+    finally:
+        if sd.progress is not None:
+            sd.progress.close_fd()
 
 
 def _worker_entry(*args) -> None:

@@ -81,3 +81,39 @@ class Big(grain.MapTransform):
 
     def map(self, x):
         return np.full((256, 256), float(x), np.float32)
+
+
+class StuckAt(grain.MapTransform):
+    """Gets stuck on record ``at``: sleeps, or waits on a lock it already holds."""
+
+    def __init__(self, at, how="sleep"):
+        self.at = at
+        self.how = how
+
+    def map(self, x):
+        if x == self.at:
+            if self.how == "sleep":
+                time.sleep(600)
+            else:
+                import threading
+
+                lock = threading.Lock()
+                lock.acquire()
+                lock.acquire()  # deadlock
+        return x
+
+
+class Spin(grain.MapTransform):
+    """Busy for ``seconds`` in Python on record ``at``: slow, but never stuck."""
+
+    def __init__(self, at, seconds):
+        self.at = at
+        self.seconds = seconds
+
+    def map(self, x):
+        if x == self.at:
+            end = time.monotonic() + self.seconds
+            total = 0
+            while time.monotonic() < end:
+                total += sum(range(100))
+        return x

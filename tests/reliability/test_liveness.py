@@ -1,0 +1,120 @@
+"""Liveness: a worker that stops making progress is reported, never waited for forever.
+
+Also: close() and get_state() from another thread return while next() is blocked.
+"""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from grainlike.core.errors import ClosedIteratorError
+from grainlike.dataset.base import MapDataset
+from grainlike.dataset.options import MultiprocessingOptions
+from grainlike.dataset.workers import WorkerPool, WorkerStalledError
+from tests.reliability.transforms import Spin, StuckAt
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _prefetched(n, transform, stall_timeout_s, workers=2):
+    ds = MapDataset.range(n).to_iter_dataset().map(transform)
+    return ds.mp_prefetch(MultiprocessingOptions(num_workers=workers, stall_timeout_s=stall_timeout_s))
+
+
+class Endless:
+    """A WorkerTask: every worker yields its index forever."""
+
+    def outputs(self, worker_index, worker_count, state, alloc):
+        while True:
+            time.sleep(0.01)
+            yield state + 1, worker_index
+
+    def end_state(self, worker_index, worker_count, state):
+        return state
+
+    def pickling_error(self, error):
+        return error
+
+
+def test_a_stopped_worker_is_reported_naming_it_and_why_it_has_no_stack(no_leaks):
+    pool = WorkerPool(Endless(), 2, [0, 0], stall_timeout_s=1.0)
+    try:
+        next(pool), next(pool)
+        victim = pool.pids[1]
+        os.kill(victim, signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(WorkerStalledError) as info:
+            for _ in range(10_000):
+                next(pool)
+        assert time.monotonic() - start < 10
+        message = str(info.value)
+        assert f"worker 1 of 2 (pid {victim}) made no progress for 1 s" in message
+        assert "the process is stopped" in message and "cannot report its stack" in message
+        assert pool.broken  # the stopped worker was killed with the others
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("how", ["sleep", "deadlock"])
+def test_a_worker_stuck_in_a_transform_is_reported_with_its_stack(no_leaks, how):
+    it = iter(_prefetched(10, StuckAt(5, how), stall_timeout_s=1.0))
+    got = []
+    start = time.monotonic()
+    with pytest.raises(WorkerStalledError) as info:
+        for x in it:
+            got.append(x)
+    assert time.monotonic() - start < 15
+    message = str(info.value)
+    # Element 5 is worker 1's (2 workers take elements 1, 3, 5, ...).
+    assert "worker 1 of 2 (pid " in message
+    assert "transforms.py" in message and "in map" in message  # the stuck transform, from its stack
+    assert got == [0, 1, 2, 3, 4]
+    # As after any worker error in mp_prefetch, the other worker goes on.
+    assert list(it) == [6, 8]
+    it.close()
+
+
+def test_a_slow_worker_that_keeps_moving_is_not_reported(no_leaks):
+    it = iter(_prefetched(4, Spin(1, 2.0), stall_timeout_s=1.0))
+    try:
+        assert list(it) == [0, 1, 2, 3]
+    finally:
+        it.close()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_close_and_get_state_from_another_thread_do_not_wait_behind_a_blocked_next(no_leaks, workers):
+    it = iter(_prefetched(6, StuckAt(0), stall_timeout_s=None, workers=workers))
+    outcome = {}
+
+    def consume():
+        try:
+            outcome["value"] = next(it)
+        except BaseException as e:  # noqa: B902 - reported to the test
+            outcome["error"] = e
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    time.sleep(1.0)  # next() is now waiting for worker 0, stuck on element 0
+    assert consumer.is_alive()
+    start = time.monotonic()
+    state = it.get_state()
+    assert time.monotonic() - start < 1.0
+    assert state["iterators_in_use_states"] == it.get_state()["iterators_in_use_states"]
+    assert state["next_index_in_cycle"] == 0
+    start = time.monotonic()
+    it.close()
+    assert time.monotonic() - start < 6.0
+    consumer.join(5.0)
+    assert not consumer.is_alive()
+    assert isinstance(outcome.get("error"), ClosedIteratorError), outcome
+    assert "closed" in str(outcome["error"]) and "while next() waited for worker 0" in str(outcome["error"])
+
+
+def test_stall_timeout_is_validated():
+    with pytest.raises(ValueError, match="stall_timeout_s must be a number of seconds >= 0, or None"):
+        MultiprocessingOptions(num_workers=1, stall_timeout_s=-1)
+    assert MultiprocessingOptions().stall_timeout_s == 300.0
