@@ -103,6 +103,7 @@ class _WorkerSliceTask:
         if self._dataset_bytes is None:
             state["_dataset_bytes"] = cloudpickle.dumps(self._parent)
         state["_parent"] = None
+        state.pop("_worker_dataset", None)
         return state
 
     def _dataset(self) -> IterDataset:
@@ -116,6 +117,7 @@ class _WorkerSliceTask:
         if self._worker_init_fn is not None:
             self._worker_init_fn(worker_index, worker_count)
         ds = self._dataset()
+        self._worker_dataset = ds  # For describe_output.
         if worker_count > 1:
             _set_slice(ds, slice(worker_index, None, worker_count))
         set_allocator = getattr(ds, "set_allocator", None)
@@ -144,6 +146,18 @@ class _WorkerSliceTask:
     def end_state(self, worker_index: int, worker_count: int, state: Any) -> Any:
         # As grain: an exhausted worker keeps the state of its last output.
         return state
+
+    def describe_output(self, worker_index: int, worker_count: int, before: Any, after: Any) -> str:
+        """The stages that made an output (nearest first) and the worker's states around it."""
+        stages, ds = [], getattr(self, "_worker_dataset", None) or self._parent
+        while ds is not None and len(stages) < 4:
+            stages.append(str(ds))
+            parents = getattr(ds, "_parents", ())
+            ds = parents[0] if len(parents) == 1 else None
+        return (
+            f"The output of worker {worker_index} came from {' <- '.join(stages)}, after its "
+            f"iterator state {before!r} (its state after it: {after!r})."
+        )
 
     def pickling_error(self, error: Exception) -> BaseException:
         try:

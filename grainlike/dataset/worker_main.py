@@ -18,24 +18,103 @@ import time
 import traceback
 from typing import Any
 
+from multiprocessing.reduction import ForkingPickler
+
 import cloudpickle
 import numpy as np  # noqa: F401  (preloaded for the forked workers)
 
+from grainlike.core import tree
+from grainlike.core.errors import add_note
 from grainlike.dataset import shm
 
 
+def _safe(fn, fallback: str) -> str:
+    try:
+        return str(fn())
+    except Exception as e:  # Formatting user objects may raise anything.
+        try:
+            return f"{fallback} ({type(e).__name__}: {e})"
+        except Exception:
+            return fallback
+
+
+def _error_text(error: BaseException) -> str:
+    """The exception's message, or as much of it as can be recovered."""
+    try:
+        return str(error)
+    except Exception as e:
+        args = _safe(lambda: repr(error.args), "<args that cannot be printed>")
+        return f"<str() of the exception raised {type(e).__name__}; its args: {args}>"
+
+
+def _pickled(obj: Any) -> "tuple[bytes | None, str]":
+    """``(cloudpickle bytes, "")``, or ``(None, why not)`` when they cannot be rebuilt."""
+    try:
+        payload = cloudpickle.dumps(obj)
+        cloudpickle.loads(payload)  # Some objects pickle but cannot be rebuilt.
+        return payload, ""
+    except BaseException as e:  # noqa: B902 - any failure means: send less
+        return None, _safe(lambda: f"{type(e).__name__}: {e}", type(e).__name__)
+
+
 def _send_error(conn, state: Any, error: BaseException) -> None:
-    tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    """Sends ``error`` to the consumer: itself if possible, else its type, text and notes.
+
+    Every part is made safely, so that an exception that cannot be printed or
+    pickled still reaches the consumer (which rebuilds it in ``workers``).
+    """
+    tb = _safe(
+        lambda: "".join(traceback.format_exception(type(error), error, error.__traceback__)),
+        "<the traceback could not be formatted>",
+    )
+    payload, why = _pickled(error)
+    type_payload = None
+    if payload is None:
+        type_payload, _ = _pickled(type(error))
+    notes = [_safe(lambda n=n: n, "<a note that cannot be printed>") for n in getattr(error, "__notes__", ())]
+    name = _safe(lambda: f"{type(error).__module__}.{type(error).__qualname__}", "<unknown type>")
+    conn.send(("err", state, payload, name, _error_text(error), tb, type_payload, notes, why))
+
+
+def _explain_unpicklable(error: BaseException, output: Any, origin: str) -> None:
+    """Adds a note to ``error`` naming the part of ``output`` that cannot be pickled, and ``origin``."""
+    culprit = f"the output itself ({type(output).__module__}.{type(output).__qualname__})"
     try:
-        payload = cloudpickle.dumps(error)
-        cloudpickle.loads(payload)  # Some exceptions pickle but cannot be rebuilt.
+        for path, leaf in tree.flatten_with_path(output):
+            try:
+                ForkingPickler.dumps(leaf)
+            except Exception:
+                kind = type(leaf)
+                culprit = f"the leaf at {path or '<root>'} ({kind.__module__}.{kind.__qualname__})"
+                break
     except Exception:
-        payload = None
-    try:
-        text = str(error)
-    except Exception:  # An exception whose __str__ fails still reaches the consumer.
-        text = f"<{type(error).__qualname__} that cannot be printed>"
-    conn.send(("err", state, payload, type(error).__qualname__, text, tb))
+        pass
+    if "__main__" in culprit:
+        advice = (
+            "Its class is defined in __main__, which worker processes do not run: "
+            "define it in a module that both processes can import."
+        )
+    else:
+        advice = (
+            "Keep locks, open files, generators and similar objects out of outputs, "
+            "or give their class __getstate__/__reduce__."
+        )
+    add_note(
+        error,
+        f"grainlike: a worker's output cannot be sent to the consumer: {culprit} cannot be "
+        f"pickled. Outputs crossing processes must be picklable. {advice} {origin}",
+    )
+
+
+def _origin(task: Any, worker_index: int, worker_count: int, before: Any, after: Any) -> str:
+    """Where an output came from: the task's ``describe_output`` if it has one, else its states."""
+    describe = getattr(task, "describe_output", None)
+    if describe is not None:
+        try:
+            return describe(worker_index, worker_count, before, after)
+        except Exception:
+            pass
+    return f"The output came after worker state {before!r} (its state after it: {after!r})."
 
 
 # CPU time (of the process, less the sampling thread) per sample that counts as
@@ -194,16 +273,26 @@ def run(
         # Stopped while held: nothing to produce.
         outputs = () if stop.is_set() else task.outputs(worker_index, worker_count, start, alloc)
         t0 = clock()
+        before = start
         for state, output in outputs:
             if pool is not None:
                 with pool_lock:
                     output = pool.export(output)
+            try:
+                message = ForkingPickler.dumps(("out", state, output))
+            except Exception as e:
+                _explain_unpicklable(e, output, _origin(task, worker_index, worker_count, before, state))
+                state = before  # The output was not delivered.
+                raise
+            del output
+            before = state
             t1 = clock()
             busy += t1 - t0
             credits.acquire()
             if stop.is_set():
                 break
-            results.send(("out", state, output))
+            results.send_bytes(message)
+            del message
             t0 = clock()
             waited += t0 - t1
             produced += 1
@@ -215,7 +304,9 @@ def run(
             try:
                 _send_error(results, state, e)
             except Exception:
-                pass
+                # Without a report the consumer would wait for this worker: exit,
+                # so that it reports the exit instead.
+                os._exit(70)
     if profile:
         logging.getLogger("grainlike").warning(
             "grainlike worker %d of %d: %d outputs, %.3f s producing (%.2f ms each), "

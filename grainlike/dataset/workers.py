@@ -201,6 +201,10 @@ class WorkerTask(Protocol):
     def pickling_error(self, error: Exception) -> BaseException:
         """The exception to raise when ``cloudpickle`` fails on the task with ``error``."""
 
+    # Optional: ``describe_output(worker_index, worker_count, state_before,
+    # state_after) -> str``, a sentence naming the records and the transform an
+    # output came from, for the error raised when the output cannot be pickled.
+
 
 def _strip_main(data: dict) -> dict:
     # Without these entries the child keeps the forkserver's own __main__ instead
@@ -848,14 +852,38 @@ def _worker_entry(*args) -> None:
 
 
 def _rebuild_error(w: int, pid: int, msg: tuple) -> BaseException:
-    _, state, payload, type_name, text, tb = msg
+    """The exception a worker sent (see ``worker_main._send_error``), as close to itself as possible.
+
+    In order: the exception itself; else an instance of its type carrying its
+    message and notes; else a ``WorkerError`` naming the type.
+    """
+    _, _, payload, type_name, text, tb, type_payload, notes, why = msg
     error = None
     if payload is not None:
         try:
             error = cloudpickle.loads(payload)
+            notes = []  # They travelled with it.
+        except Exception as e:
+            error, why = None, f"{type(e).__name__}: {e}"
+    if error is None and type_payload is not None:
+        try:
+            cls = cloudpickle.loads(type_payload)
+            error = cls.__new__(cls)
+            error.args = (text,)
         except Exception:
             error = None
     if error is None:
         error = WorkerError(f"{type_name}: {text}")
+        why = f"grainlike: the worker's {type_name} could not be sent ({why}) nor rebuilt from its type"
+    elif why:
+        why = (
+            f"grainlike: the worker's exception could not be sent as itself ({why}); this is "
+            f"an instance of its type rebuilt from its message, without its other "
+            f"attributes; the message: {text}"
+        )
+    for note in notes:
+        add_note(error, note)
+    if why:
+        add_note(error, why)
     add_note(error, f"grainlike: raised in worker {w} (pid {pid}); the worker's traceback:\n{tb.rstrip()}")
     return error

@@ -117,3 +117,80 @@ class Spin(grain.MapTransform):
             while time.monotonic() < end:
                 total += sum(range(100))
         return x
+
+
+class StrFails(Exception):
+    """An exception that cannot be printed."""
+
+    def __str__(self):
+        raise RuntimeError("__str__ of StrFails fails")
+
+
+class HoldsLock(Exception):
+    """An exception that cannot be pickled."""
+
+    def __init__(self, message):
+        super().__init__(message)
+        import threading
+
+        self.lock = threading.Lock()
+
+
+class NeedsTwo(Exception):
+    """An exception that pickles but cannot be rebuilt from its pickle."""
+
+    def __init__(self, a, b):
+        super().__init__(f"{a}-{b}")
+
+
+class StrFailsHoldsLock(StrFails, HoldsLock):
+    """Neither printable nor picklable."""
+
+
+def _unsendable_type():
+    import threading
+
+    class Local(Exception):
+        lock = threading.Lock()  # The class itself cannot be pickled by value.
+
+    return Local("local message")
+
+
+EXCEPTIONS = {
+    "str_fails": lambda: StrFails("hidden"),
+    "holds_lock": lambda: HoldsLock("held lock message"),
+    "needs_two": lambda: NeedsTwo(1, 2),
+    "str_fails_holds_lock": lambda: StrFailsHoldsLock("hidden too"),
+    "unsendable_type": _unsendable_type,
+}
+
+
+class RaiseAt(grain.MapTransform):
+    """Raises ``EXCEPTIONS[kind]()`` on record ``at``."""
+
+    def __init__(self, kind, at=3):
+        self.kind = kind
+        self.at = at
+
+    def map(self, x):
+        if x == self.at:
+            raise EXCEPTIONS[self.kind]()
+        return x
+
+
+class UnpicklableOutputAt(grain.MapTransform):
+    """On record ``at``, outputs a lock, or an object of a class defined in ``__main__``."""
+
+    def __init__(self, kind, at=3):
+        self.kind = kind
+        self.at = at
+
+    def map(self, x):
+        if x != self.at:
+            return {"x": np.int64(x), "extra": np.int64(0)}
+        if self.kind == "lock":
+            import threading
+
+            return {"x": np.int64(x), "extra": threading.Lock()}
+        point = type("Point", (), {"__module__": "__main__"})  # as a class in a script
+        return {"x": np.int64(x), "extra": point()}
