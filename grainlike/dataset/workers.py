@@ -72,6 +72,10 @@ class WorkerDiedError(RuntimeError):
     """A worker process exited unexpectedly (killed, crashed, out of memory)."""
 
 
+class ForeignWorkersError(RuntimeError):
+    """A forked child tried to use the worker processes of its parent."""
+
+
 class WorkerStalledError(RuntimeError):
     """A worker made no progress for ``stall_timeout_s`` while its output was awaited."""
 
@@ -363,12 +367,17 @@ class _Shutdown:
         self.prefix = ""
         self.done = False
         self.lock = threading.Lock()
+        # Only this process may stop the workers: a forked child has copies of
+        # this object, and its exit must leave its parent's workers alone.
+        self.owner_pid = os.getpid()
         # Set when workers are started from a background thread (warm start).
         self.launcher: Optional[threading.Thread] = None
         self.launched = 0
         self.launch_error: Optional[BaseException] = None
 
     def __call__(self) -> None:
+        if os.getpid() != self.owner_pid:
+            return
         with self.lock:
             if self.done:
                 return
@@ -413,7 +422,54 @@ _live: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
 @atexit.register
 def _close_all_at_exit() -> None:
     for pool in list(_live):
-        pool.close()
+        if pool._shutdown.owner_pid == os.getpid():
+            pool.close()
+
+
+def _after_fork_in_child() -> None:
+    """Makes a forked child independent of its parent's workers and forkserver.
+
+    The child keeps copies of the parent's pools (using one raises
+    ``ForeignWorkersError``); here it drops what would let it touch the parent's
+    workers: its copies of their pipes, and multiprocessing's record of them as
+    children (whose exit handler would terminate them). The forkserver record is
+    reset so that the child can start workers of its own.
+    """
+    global _context_lock
+    _context_lock = threading.Lock()
+    from multiprocessing import forkserver, process
+
+    for pool in list(_live):
+        sd = pool._shutdown
+        for conn in sd.controls + sd.results:
+            try:
+                conn.close()
+            except Exception:
+                pass
+        for fd in sd.stacks:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        sd.stacks = []
+        for proc in sd.procs:
+            process._children.discard(proc)
+    _live.clear()
+    server = forkserver._forkserver
+    alive_fd = getattr(server, "_forkserver_alive_fd", None)
+    if alive_fd is not None:
+        try:
+            os.close(alive_fd)  # The parent keeps its own copy.
+        except OSError:
+            pass
+    for name in ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_forkserver_authkey"):
+        if hasattr(server, name):
+            setattr(server, name, None)
+    server._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _WorkerFailed(Exception):
@@ -522,11 +578,13 @@ class WorkerPool:
         workers of a process waits for the forkserver to boot, and the calling
         process has outputs to compute meanwhile.
         """
+        self._check_owner()
         if self._started:
             return
         if self._closed:
             raise RuntimeError("the worker pool is closed")
         self._started = True
+        self._shutdown.owner_pid = os.getpid()
         _raise_fd_limit()
         shm.sweep_orphans()
         sd = self._shutdown
@@ -643,7 +701,19 @@ class WorkerPool:
         except (OSError, ValueError):
             pass
 
+    def _check_owner(self) -> None:
+        owner = self._shutdown.owner_pid
+        if self._started and owner != os.getpid():
+            raise ForeignWorkersError(
+                f"this iterator's worker processes (pids {self.pids}) belong to process "
+                f"{owner}; process {os.getpid()} is a fork of it (os.fork(), or a "
+                "multiprocessing Process with the 'fork' start method) and cannot use "
+                "them. In the child, create a new iterator (iter(loader) or iter(dataset), "
+                "then set_state() to continue from a position): it starts workers of its own."
+            )
+
     def __next__(self) -> Any:
+        self._check_owner()
         before = (list(self.states), self.next_worker, list(self.exhausted))
         try:
             self.start(hold=self._warm_start)
