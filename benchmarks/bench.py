@@ -31,6 +31,7 @@ PLAN = [
     ("W3", [0, 2], 32),
     ("W4", [0, 2], 128),
     ("W5", [0, 2], 128),
+    ("W6", [2], 64),
 ]
 DESCRIPTIONS = {
     "W1": "1e6 small int records, identity map, Batch(128): records/s",
@@ -39,6 +40,8 @@ DESCRIPTIONS = {
     "W4": "iter() to first batch in a fresh process (W1 pipeline): seconds",
     "W4b": "the same for a second iterator in that process (new epoch / restart): seconds",
     "W5": "get_state + set_state + first batch after restore (W1 pipeline): seconds",
+    "W6": "Dataset API, MaxText-style: source(W2 images).shuffle.repeat[0::1].to_iter_dataset"
+    ".map(decode).random_map(crop_flip).batch(64).mp_prefetch(W workers): images/s",
 }
 
 
@@ -71,6 +74,8 @@ def _loader(lib_name: str, workload: str, workers: int, batch: int):
         from benchmarks import grainlike_ops as ops
 
         lib = ops.lib
+    if workload == "W6":
+        return workloads.maxtext_style(lib, ops, workers, batch)
     if workload in ("W1", "W4", "W5"):
         source = lib.RangeDataSource(0, workloads.N_SMALL, 1)
         operations = [ops.Identity(), lib.Batch(batch)]
@@ -230,20 +235,20 @@ def main(argv=None) -> int:
 
     from benchmarks import workloads
 
-    if any(p[0] == "W2" for p in plan):
+    if any(p[0] in ("W2", "W6") for p in plan):
         print(f"preparing {workloads.images_path()} ...", file=sys.stderr)
     results: dict = {}
     for rep in range(args.reps):
         for workload, worker_counts, batch in plan:
             for w in worker_counts:
                 for lib in libs:
-                    if workload == "W5" and lib == "torch":
-                        continue  # torch's DataLoader has no iterator state
+                    if workload in ("W5", "W6") and lib == "torch":
+                        continue  # torch has no iterator state, nor grain's Dataset API
                     r, peak = _run_child([lib, workload, str(w), str(batch), str(args.seconds)], timeout=180)
                     r["peak_mb"] = peak
                     results.setdefault((workload, w, lib), []).append(r)
                     print(f"[{rep + 1}/{args.reps}] {workload} W={w} {lib}: {r}", file=sys.stderr)
-    floor = _run_child(["floors", "-", "0", "0", "0"], timeout=300)[0] if any(p[0] in ("W2", "W3") for p in plan) else {}
+    floor = _run_child(["floors", "-", "0", "0", "0"], timeout=300)[0] if any(p[0] in ("W2", "W3", "W6") for p in plan) else {}
 
     print(_report(results, libs, plan, floor, args))
     if args.json:
@@ -261,7 +266,7 @@ def _report(results: dict, libs: list, plan: list, floor: dict, args) -> str:
     import platform
 
     metric = {"W1": "records_per_s", "W2": "records_per_s", "W3": "mb_per_s", "W4": "first_batch_s",
-              "W4b": "second_first_batch_s", "W5": "restore_s"}
+              "W4b": "second_first_batch_s", "W5": "restore_s", "W6": "records_per_s"}
     lines = [
         f"machine: {os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}; "
         f"{args.reps} repetition(s), {args.seconds:g} s per throughput run; medians",

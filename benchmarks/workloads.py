@@ -78,3 +78,20 @@ def crop_flip(x: dict, rng: np.random.Generator) -> dict:
     if rng.random() < 0.5:
         img = img[:, ::-1]
     return {"image": np.ascontiguousarray(img), "label": x["label"]}
+
+
+# -- pipelines written with grain's Dataset API ----------------------------------------
+
+
+def maxtext_style(lib, ops, workers: int, batch: int, host: int = 0, host_count: int = 1):
+    """W6: the Dataset API pipeline MaxText builds, for ``lib`` (grain.python or grainlike).
+
+    Shuffled and repeated as a MapDataset, sharded by host with a slice, then an
+    IterDataset (where grain allows ``mp_prefetch`` to slice it per worker):
+    decode, random crop and flip, batch, worker processes.
+    """
+    ds = lib.MapDataset.source(lib.ArrayRecordDataSource(images_path()))
+    ds = ds.shuffle(seed=0).repeat()[host::host_count]
+    ds = ds.to_iter_dataset()
+    ds = ds.map(ops.DecodeResize()).random_map(ops.CropFlip(), seed=0).batch(batch)
+    return ds.mp_prefetch(lib.MultiprocessingOptions(num_workers=workers))

@@ -18,7 +18,6 @@ import numpy as np
 
 from grainlike.core import tree
 from grainlike.loader.options import ReadOptions
-from grainlike.loader.pipeline import Pipeline
 
 __all__ = ["element_spec", "first_output", "zeros_batch"]
 
@@ -35,19 +34,13 @@ def first_output(loader: Any) -> Any:
     Raises:
       ValueError: the pipeline produces no output (e.g. a filter drops every record).
     """
-    pipeline = Pipeline(
-        loader.data_source,
-        loader.sampler,
-        loader.operations,
-        loader.shard_options,
-        ReadOptions(num_threads=0, prefetch_buffer_size=loader.read_options.prefetch_buffer_size),
-    )
-    outputs = pipeline.outputs(0, loader.worker_count, 0)
+    options = ReadOptions(num_threads=0, prefetch_buffer_size=loader.read_options.prefetch_buffer_size)
+    it = loader._worker_dataset(0, options).__iter__()
     try:
-        for _, output in outputs:
+        for output in it:
             return output
     finally:
-        outputs.close()
+        it.close()
     raise ValueError(
         f"the loader produced no output to describe (sampler {loader.sampler!r}, "
         f"{len(loader.operations)} operations): every record was filtered out or "

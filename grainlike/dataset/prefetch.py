@@ -28,7 +28,7 @@ from grainlike.dataset.options import ReadOptions
 from grainlike.dataset.state import non_negative_int, require_keys
 
 # Chunks never exceed this many elements, nor about this many bytes.
-_MAX_CHUNK = 128
+_MAX_CHUNK = 256
 _CHUNK_BYTES = 8 << 20
 # With threads, one read task holds at most this many elements.
 _MAX_THREAD_CHUNK = 64
@@ -117,6 +117,12 @@ class PrefetchIterDataset(IterDataset):
 class PrefetchDatasetIterator(DatasetIterator):
     """Reads its MapDataset in chunks; see the module docstring."""
 
+    # Chunks double from one element, so that the first elements do not wait
+    # behind a long read (a MapDataset may compute its elements as it reads them).
+    # A subclass whose reads only read sets it False: after the first element,
+    # chunks are as long as the caps allow.
+    _double_chunks = True
+
     def __init__(self, parent: MapDataset, read_options: ReadOptions, allow_nones: bool, threads: int):
         super().__init__()
         self._map_parent = parent
@@ -162,14 +168,18 @@ class PrefetchDatasetIterator(DatasetIterator):
         start = self._read_until
         stop = min(self._length, start + self._chunk)
         self._read_until = stop
-        self._chunk = min(self._chunk * 2, self._chunk_cap)
+        self._chunk = min(self._chunk * 2, self._chunk_cap) if self._double_chunks else self._chunk_cap
         return start, stop
+
+    def _element_nbytes(self, element: Any) -> int:
+        """Roughly the bytes of an element, which size the chunks."""
+        return tree.estimate_nbytes(element)
 
     def _fit_chunk(self, values: list) -> None:
         """Caps chunks at about ``_CHUNK_BYTES`` once the element size is known."""
         for v in values:
             if v is not None:
-                cap = max(1, _CHUNK_BYTES // max(tree.estimate_nbytes(v), 1))
+                cap = max(1, _CHUNK_BYTES // max(self._element_nbytes(v), 1))
                 if cap < self._chunk_cap:
                     self._chunk_cap = cap
                     self._chunk = min(self._chunk, cap)

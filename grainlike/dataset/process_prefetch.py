@@ -68,6 +68,17 @@ def _set_slice(ds: Any, sl: slice) -> None:
         _set_slice(parent, sl)
 
 
+def _stage_copy(ds: Any) -> Any:
+    """``ds`` with every iterator stage copied (what slicing changes); the rest is shared."""
+    if not isinstance(ds, IterDataset):
+        return ds
+    out = copy.copy(ds)
+    parents = getattr(ds, "_parents", ())
+    if parents:
+        out._parents = tuple(_stage_copy(p) for p in parents)
+    return out
+
+
 def _pickling_error(ds: Any, error: Exception) -> Exception:
     """The error of the first stage (parents first) that cannot be pickled, as grain."""
     for parent in getattr(ds, "_parents", ()):
@@ -87,7 +98,7 @@ class _WorkerSliceTask:
 
     States are the sliced iterator's states; None starts a fresh iterator. The
     dataset travels as bytes of its own and is loaded after ``worker_init_fn``
-    has run in the worker, as in grain.
+    has run in the worker, as in grain (without one, as the task is loaded).
     """
 
     def __init__(self, parent: IterDataset, worker_init_fn: Optional[Callable[[int, int], None]]):
@@ -106,10 +117,20 @@ class _WorkerSliceTask:
         state.pop("_worker_dataset", None)
         return state
 
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self._worker_init_fn is None:
+            # Loaded with the task, so that a worker reports itself loaded (warm
+            # start hands over to it then) only once its sources and transforms are.
+            self._parent = cloudpickle.loads(self._dataset_bytes)
+
     def _dataset(self) -> IterDataset:
         """A copy of the parent dataset, this worker's to slice."""
-        data = self._dataset_bytes if self._dataset_bytes is not None else cloudpickle.dumps(self._parent)
-        return cloudpickle.loads(data)
+        if self._parent is not None:
+            # A copy of the stages only (what slicing changes): in the calling
+            # process, a pickled copy would unpickle the sources and transforms too.
+            return _stage_copy(self._parent)
+        return cloudpickle.loads(self._dataset_bytes)
 
     def outputs(
         self, worker_index: int, worker_count: int, state: Any, alloc: Optional[Allocator]
@@ -184,6 +205,10 @@ class MultiprocessPrefetchIterDataset(IterDataset):
         computed ahead.
       worker_init_fn: called in each worker as ``fn(worker_index, worker_count)``
         before the worker loads the dataset.
+      error_ends_worker: an error in worker ``w`` ends ``w`` only, as in grain
+        (see the iterator). False stops every worker instead, and the next
+        ``next()`` restarts them all from their last delivered outputs (the
+        DataLoader's behaviour).
 
     Raises:
       ValueError: ``num_workers`` or ``per_worker_buffer_size`` is not positive.
@@ -200,6 +225,8 @@ class MultiprocessPrefetchIterDataset(IterDataset):
         parent: IterDataset,
         options: Any,
         worker_init_fn: Optional[Callable[[int, int], None]] = None,
+        *,
+        error_ends_worker: bool = True,
     ):
         super().__init__(parent)
         num_workers = _options_value(options, "num_workers", None)
@@ -212,6 +239,7 @@ class MultiprocessPrefetchIterDataset(IterDataset):
         self._num_workers = num_workers
         self._buffer_size = buffer_size
         self._worker_init_fn = worker_init_fn
+        self._error_ends_worker = error_ends_worker
 
     def __str__(self) -> str:
         return (
@@ -227,6 +255,7 @@ class MultiprocessPrefetchIterDataset(IterDataset):
             enable_profiling=bool(_options_value(self._options, "enable_profiling", False)),
             warm_start=bool(_options_value(self._options, "warm_start", False)),
             worker_init_fn=self._worker_init_fn,
+            error_ends_worker=self._error_ends_worker,
             stall_timeout_s=_options_value(self._options, "stall_timeout_s", DEFAULT_STALL_TIMEOUT_S),
         )
 
@@ -250,6 +279,9 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
       warm_start: compute the first outputs in the calling process while the
         workers start (not with a ``worker_init_fn``, which only workers run).
       worker_init_fn: called in each worker as ``fn(worker_index, worker_count)``.
+      error_ends_worker: False: an error (or a worker's death) stops every worker
+        instead, and the next ``next()`` restarts them all from their last
+        delivered outputs.
       stall_timeout_s: see ``MultiprocessingOptions.stall_timeout_s``.
     """
 
@@ -262,6 +294,7 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
         enable_profiling: bool = False,
         warm_start: bool = False,
         worker_init_fn: Optional[Callable[[int, int], None]] = None,
+        error_ends_worker: bool = True,
         stall_timeout_s: Optional[float] = DEFAULT_STALL_TIMEOUT_S,
     ):
         super().__init__()
@@ -272,6 +305,7 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
         self._buffer_size = buffer_size
         self._profile = enable_profiling
         self._warm_start = warm_start and worker_init_fn is None
+        self._error_ends_worker = error_ends_worker
         # Each worker's state after its last delivered output; None: not started.
         self._states: list = [None] * num_workers
         self._exhausted = [False] * num_workers
@@ -293,7 +327,7 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
                 buffer_size=self._buffer_size,
                 profile=self._profile,
                 warm_start=self._warm_start,
-                error_ends_worker=True,
+                error_ends_worker=self._error_ends_worker,
                 stall_timeout_s=self._stall_timeout_s,
             )
         return self._pool

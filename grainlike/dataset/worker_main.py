@@ -26,6 +26,7 @@ import numpy as np  # noqa: F401  (preloaded for the forked workers)
 from grainlike.core import tree
 from grainlike.core.errors import add_note
 from grainlike.dataset import shm
+from grainlike.dataset import process_prefetch, source  # noqa: F401  (preloaded: tasks need them)
 
 
 def _safe(fn, fallback: str) -> str:

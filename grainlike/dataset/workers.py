@@ -4,8 +4,8 @@ A task is any picklable object with the ``WorkerTask`` methods. Worker ``w`` of
 ``W`` starts at a state (JSON-able: an int, a dict of indices) and yields
 ``(state after this output, output)``; the pool takes the workers' outputs
 strictly round-robin and keeps every worker's state after its last delivered
-output, which is all a checkpoint needs. The DataLoader's pipeline (states are
-positions) and ``mp_prefetch`` (states are dataset iterator states) are two tasks.
+output, which is all a checkpoint needs. ``mp_prefetch`` is the task (states are
+dataset iterator states), for the Dataset API and the DataLoader alike.
 
 Workers are forked from a forkserver that has preloaded ``worker_main``, so a
 worker starts in milliseconds. The preparation data a worker receives names no

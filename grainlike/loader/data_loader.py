@@ -1,7 +1,8 @@
-"""DataLoader: grain's ``grain.python.DataLoader`` API, in process or with workers."""
+"""DataLoader: grain's ``grain.python.DataLoader`` API, composed of Dataset stages."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -9,9 +10,10 @@ from typing import Any, Iterator, Optional, Sequence
 
 from grainlike.core import sharding
 from grainlike.core.transforms import Batch, FilterTransform, Map, MapWithIndex, RandomMap
+from grainlike.dataset.base import IterDataset
+from grainlike.loader import pipeline
 from grainlike.loader import state as state_lib
 from grainlike.loader.options import MultiprocessingOptions, ReadOptions
-from grainlike.loader.pipeline import Pipeline, check_operations
 
 
 def _determine_worker_count(worker_count: Optional[int]) -> int:
@@ -31,24 +33,26 @@ class DataLoader:
     """Reads records chosen by a sampler, transforms and batches them.
 
     A drop-in for ``grain.python.DataLoader``: the same arguments, the same
-    records in the same order, and the same checkpoint state.
+    records in the same order, and the same checkpoint state. As in grain, it is
+    a pipeline of Dataset stages (see ``grainlike.loader.pipeline``): the sampler's
+    records, read in chunks; one stage per operation; with workers,
+    ``mp_prefetch``; and at the top grain's legacy JSON state.
 
     Args:
       data_source: random-access source: ``len(source)`` and ``source[key]``.
       sampler: maps global indices to records, e.g. ``IndexSampler``.
       operations: transforms applied in order (Map, RandomMap, Filter,
-        MapWithIndex, Batch).
+        MapWithIndex, Batch, and grain's legacy operations).
       worker_count: worker processes; 0 runs in the calling process, None uses one
         per CPU.
       worker_buffer_size: finished outputs each worker keeps ready.
       shard_options: which shard of the data this process loads; defaults to the
         sampler's shard options.
       read_options: read-ahead threads and buffer per process. Left as None,
-        sources in memory and local ArrayRecord files are read without threads
-        (their batched reads are faster alone, see docs/performance.md); other
-        sources get grain's default of 16 threads if reading their first record
-        mostly waited (I/O) rather than computed, and none otherwise. A given
-        ReadOptions is used as it is.
+        sources in memory and local ArrayRecord / TFDS files are read without
+        threads (their batched reads are faster alone, see docs/performance.md)
+        and other sources get grain's default of 16 threads. A given ReadOptions
+        is used as it is, except that sources in memory never get threads.
       enable_profiling: log per-stage timings of the workers.
       warm_start: with workers, compute the first outputs in the calling process
         while the workers start (same outputs, order and states), so the first
@@ -99,24 +103,35 @@ class DataLoader:
                 )
         if not isinstance(shard_options, sharding.ShardOptions):
             raise TypeError(f"shard_options must be a ShardOptions, got {shard_options!r}")
-        threads_chosen = read_options is not None
-        if read_options is None:
-            read_options = ReadOptions()
         self._data_source = data_source
         self._sampler = sampler
-        self._operations = check_operations(operations)
+        self._operations = pipeline.check_operations(operations)
         self._shard_options = shard_options
-        self._read_options = read_options
+        self._read_options = read_options or ReadOptions()
         self._multiprocessing_options = MultiprocessingOptions(
             num_workers=worker_count,
             per_worker_buffer_size=max(worker_buffer_size, 1),
             enable_profiling=enable_profiling,
             warm_start=bool(warm_start),
         )
-        self._pipeline = Pipeline(
-            data_source, sampler, self._operations, shard_options, read_options
+        self._records = pipeline.SamplerMapDataset(data_source, sampler, shard_options)
+        self._locator = self._records.locator
+        self._local_length = self._records.local_length
+        self._codec = state_lib.LegacyState(
+            worker_count=worker_count,
+            shard_index=shard_options.shard_index,
+            shard_count=shard_options.shard_count,
+            sampler_repr=repr(sampler),
+            data_source_repr=state_lib.source_repr(data_source),
+            worker_lengths=tuple(state_lib.worker_lengths(self._local_length, worker_count)),
         )
-        self._pipeline.threads_chosen = threads_chosen
+        self._dataset = pipeline.loader_dataset(
+            self._records,
+            self._operations,
+            pipeline.reading_options(data_source, read_options),
+            self._multiprocessing_options,
+            self._codec,
+        )
         if worker_count > 0:
             from grainlike.dataset import workers
 
@@ -150,7 +165,12 @@ class DataLoader:
     def worker_count(self) -> int:
         return self._multiprocessing_options.num_workers
 
+    def _check_padding(self) -> None:
+        if self._locator.batch_padding is not None:
+            pipeline.check_padding_sampler(self._locator, self._operations, self.worker_count)
+
     def __iter__(self) -> "DataLoaderIterator":
+        self._check_padding()
         return DataLoaderIterator(self)
 
     def __len__(self) -> int:
@@ -160,7 +180,7 @@ class DataLoader:
           TypeError: the sampler repeats forever, or a FilterTransform makes the
             count unknowable without running the pipeline.
         """
-        if self._pipeline.local_length >= sys.maxsize // max(self._shard_options.shard_count, 1):
+        if self._local_length >= sys.maxsize // max(self._shard_options.shard_count, 1):
             raise TypeError("len() of an infinite DataLoader (the sampler has num_epochs=None)")
         if any(isinstance(op, FilterTransform) for op in self._operations):
             raise TypeError(
@@ -173,90 +193,27 @@ class DataLoader:
                 f"len() of a DataLoader with the legacy operation {legacy[0]!r} is unknown "
                 "until it has run"
             )
-        w = max(self.worker_count, 1)
         total = 0
-        for i in range(w):
-            count = self._pipeline.worker_length(i, self.worker_count)
+        for count in self._codec.worker_lengths:
             for op in self._operations:
                 if isinstance(op, Batch):
                     count = count // op.batch_size if op.drop_remainder else -(-count // op.batch_size)
             total += count
         return total
 
-    # -- state helpers used by the iterator ---------------------------------------
-
-    def _initial_positions(self) -> state_lib.Positions:
-        return state_lib.Positions([0] * max(self.worker_count, 1), 0)
-
-    def _worker_lengths(self) -> list[int]:
-        return [
-            self._pipeline.worker_length(i, self.worker_count)
-            for i in range(max(self.worker_count, 1))
-        ]
-
     def _encode(self, positions: state_lib.Positions) -> bytes:
-        return state_lib.encode(
-            positions,
-            self.worker_count,
-            self._shard_options.shard_index,
-            self._shard_options.shard_count,
-            repr(self._sampler),
-            state_lib.source_repr(self._data_source),
+        """The ``get_state()`` bytes of an iterator at ``positions``."""
+        return state_lib.dumps(self._codec.encode(positions))
+
+    def _worker_dataset(self, worker_index: int, read_options: ReadOptions) -> IterDataset:
+        """The outputs worker ``worker_index`` computes, as a dataset to run in process."""
+        self._check_padding()
+        return pipeline.records_dataset(
+            self._records,
+            self._operations,
+            pipeline.reading_options(self._data_source, read_options),
+            worker=(worker_index, self.worker_count),
         )
-
-    def _decode(self, state: Any) -> state_lib.Positions:
-        return state_lib.decode(
-            state,
-            worker_count=self.worker_count,
-            shard_index=self._shard_options.shard_index,
-            shard_count=self._shard_options.shard_count,
-            sampler_repr=repr(self._sampler),
-            data_source_repr=state_lib.source_repr(self._data_source),
-            worker_lengths=self._worker_lengths(),
-        )
-
-    def _open_stream(self, positions: state_lib.Positions):
-        if self.worker_count == 0:
-            return _InProcessStream(self._pipeline, positions)
-        from grainlike.loader.pipeline_task import PipelineWorkers
-
-        return PipelineWorkers(
-            self._pipeline,
-            worker_count=self.worker_count,
-            positions=positions,
-            options=self._multiprocessing_options,
-        )
-
-
-class _InProcessStream:
-    """worker_count=0: the pipeline runs in the calling thread."""
-
-    def __init__(self, pipeline: Pipeline, positions: state_lib.Positions):
-        self.positions = state_lib.Positions(list(positions.next_positions), 0)
-        self._length = pipeline.worker_length(0, 0)
-        self._outputs = pipeline.outputs(0, 0, positions.next_positions[0])
-        self.broken = False
-
-    def __next__(self) -> Any:
-        try:
-            position, output = next(self._outputs)
-        except StopIteration:
-            # Trailing records a filter dropped were read too.
-            self.positions.next_positions[0] = self._length
-            raise
-        except BaseException:
-            # A generator that raised cannot resume; the iterator restarts from
-            # the last delivered position on the next call.
-            self.broken = True
-            raise
-        self.positions.next_positions[0] = position
-        return output
-
-    def start(self) -> None:
-        """Nothing runs ahead in process."""
-
-    def close(self) -> None:
-        self._outputs.close()
 
 
 class DataLoaderIterator(Iterator[Any]):
@@ -266,7 +223,9 @@ class DataLoaderIterator(Iterator[Any]):
     written by grain or grainlike for the same pipeline. Worker processes (if any)
     start on the first ``next()`` (or ``start_prefetch()``) and stop on ``close()``,
     at the end of a ``with`` block, when the iterator is garbage collected, or at
-    interpreter exit.
+    interpreter exit. After an exception in ``next()`` (a transform's error, a
+    worker that died, Ctrl-C) the next call goes on from the last delivered
+    output.
 
     Example:
       >>> import grainlike as grain
@@ -284,45 +243,46 @@ class DataLoaderIterator(Iterator[Any]):
 
     def __init__(self, loader: DataLoader):
         self._loader = loader
-        self._positions = loader._initial_positions()
-        self._stream = None
+        self._iterator = loader._dataset.__iter__()
         self._closed = False
         self._lock = threading.RLock()
 
     def __iter__(self) -> "DataLoaderIterator":
         return self
 
-    def _ensure_stream(self):
-        if self._closed:
-            raise RuntimeError("DataLoaderIterator is closed; create a new one with iter(loader)")
-        if self._stream is None:
-            self._stream = self._loader._open_stream(self._positions)
-        return self._stream
-
     def __next__(self) -> Any:
         with self._lock:
-            stream = self._ensure_stream()
-            try:
-                return next(stream)
-            except StopIteration:
-                raise
-            except BaseException:
-                if stream.broken:
-                    self._stream = None
-                    self._positions = stream.positions
-                    stream.close()
-                raise
+            if self._closed:
+                raise RuntimeError("DataLoaderIterator is closed; create a new one with iter(loader)")
+            return next(self._iterator)
+
+    @property
+    def _stream(self) -> Any:
+        """The worker pool running now (None: no worker runs); for diagnostics."""
+        parents = self._iterator._parents
+        return getattr(parents[0], "_pool", None) if parents else None
 
     def start_prefetch(self) -> None:
         """Starts the workers now, so the first batch is ready sooner."""
         with self._lock:
-            self._ensure_stream().start()
+            if self._closed:
+                raise RuntimeError("DataLoaderIterator is closed; create a new one with iter(loader)")
+            self._iterator.start_prefetch()
+
+    def _guard(self) -> Any:
+        """The lock ``next()`` holds, for calls from other threads.
+
+        With workers, ``close()`` and ``get_state()`` do not wait behind a blocked
+        ``next()``: the worker pool keeps its states consistent and ends a
+        ``next()`` waiting for a worker when it is closed. In process, a state taken
+        halfway through a batch would be wrong, so they wait for ``next()``.
+        """
+        return contextlib.nullcontext() if self._loader.worker_count else self._lock
 
     def get_state(self) -> bytes:
         """The position of the iterator as grain's JSON state (bytes)."""
-        with self._lock:
-            positions = self._stream.positions if self._stream is not None else self._positions
-            return self._loader._encode(positions)
+        with self._guard():
+            return state_lib.dumps(self._iterator.get_state())
 
     def set_state(self, state: bytes) -> None:
         """Restores a position from ``get_state()`` of grain or grainlike.
@@ -335,23 +295,29 @@ class DataLoaderIterator(Iterator[Any]):
             pipeline (sampler, source, worker count).
           TypeError: state is not bytes.
         """
-        positions = self._loader._decode(state)
+        data = state_lib.parse(state)
         with self._lock:
-            self._close_stream()
-            self._positions = positions
-            self._closed = False
-
-    def _close_stream(self) -> None:
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            self._positions = stream.positions
-            stream.close()
+            if self._closed:
+                # A closed iterator restarts from the state it is given.
+                fresh = self._loader._dataset.__iter__()
+                try:
+                    fresh.set_state(data)
+                except BaseException:
+                    fresh.close()
+                    raise
+                self._iterator, self._closed = fresh, False
+                return
+            self._iterator.set_state(data)
 
     def close(self) -> None:
-        """Stops the workers and releases their resources. Idempotent."""
-        with self._lock:
-            self._close_stream()
+        """Stops the workers and releases their resources. Idempotent.
+
+        From another thread, with workers, it ends a ``next()`` waiting for a
+        worker (which raises ``ClosedIteratorError``, a ValueError).
+        """
+        with self._guard():
             self._closed = True
+            self._iterator.close()
 
     def __enter__(self) -> "DataLoaderIterator":
         return self

@@ -1,0 +1,635 @@
+"""The DataLoader's own stages: records chosen by a sampler, and operations on records.
+
+grain 0.2.18 builds its DataLoader from Dataset stages over ``Record``s (see
+``pipeline.py`` for the composition). These are the stages only a loader needs:
+
+* ``SamplerMapDataset``: element ``i`` is the record at shard-local position ``i``
+  of the sampler's stream: its metadata (global index, record key, rng) and its
+  data. A chunk of positions is located in one call of the sampler contract
+  (``BaseSampler.locate``) and read in one batched read of the source.
+* one stage per operation, on records: ``MapRecordsIterDataset`` (Map,
+  RandomMap, MapWithIndex), ``FilterRecordsIterDataset``,
+  ``BatchRecordsIterDataset`` (with ``pad=True`` and a padding sampler's mask)
+  and ``OperationIterDataset`` (grain's legacy ``Operation``s). Their state is
+  their parent's: every one is a function of the records it reads.
+* ``RecordDataIterDataset``: a record's data (grain's ``map(lambda r: r.data)``).
+* ``LoaderStateIterDataset``: the top, whose state is grain's legacy JSON object.
+
+Errors raised by a transform keep their type and get a note naming the
+operation, the record's global index and its record key.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import itertools
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import numpy as np
+
+from grainlike.core import tree
+from grainlike.core.errors import add_note
+from grainlike.core.record import LazyRng, Record, RecordMetadata
+from grainlike.core.samplers import BaseSampler, as_sampler
+from grainlike.core.sharding import ShardOptions
+from grainlike.core.transforms import (
+    Batch,
+    FilterTransform,
+    MapTransform,
+    MapWithIndexTransform,
+    RandomMapTransform,
+    transform_name,
+)
+from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
+from grainlike.dataset.filter import FilterThresholdChecker
+from grainlike.dataset.map import PassThroughStateIterator
+from grainlike.dataset.prefetch import PrefetchDatasetIterator, PrefetchIterDataset
+from grainlike.loader import state as state_lib
+
+
+def describe_op(op: Any) -> str:
+    """How errors and stages name an operation."""
+    if isinstance(op, Batch):
+        pad = ", pad=True" if op.pad else ""
+        return f"Batch(batch_size={op.batch_size}, drop_remainder={op.drop_remainder}{pad})"
+    return transform_name(op)
+
+
+def short_repr(obj: Any, limit: int = 200) -> str:
+    """``repr(obj)`` cut to ``limit`` characters; never raises."""
+    try:
+        text = repr(obj)
+    except Exception:
+        text = f"<{type(obj).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# -- the sampler stage -------------------------------------------------------------------
+
+
+class SamplerMapDataset(MapDataset):
+    """The records a sampler chooses for one shard, by shard-local position.
+
+    Element ``i`` is ``Record(metadata, source[metadata.record_key])`` for the
+    sampler's global index ``(start + i * step) * shard_count + shard_index``
+    (``start, step``: 0 and 1 unless sliced). Slicing (a worker's share) stays a
+    ``SamplerMapDataset``, so a chunk of positions is always one vectorised
+    ``locate`` and one batched read.
+
+    Args:
+      data_source: random-access source (``len`` and ``[key]``; ``__getitems__``
+        is used when present).
+      sampler: a grainlike sampler, or any object with grain's ``__getitem__ ->
+        RecordMetadata`` (wrapped by ``as_sampler``).
+      shard_options: which shard this process reads.
+    """
+
+    def __init__(self, data_source: Any, sampler: Any, shard_options: ShardOptions):
+        # The source is the parent, as in grain: stages that look for sources
+        # (what is in memory) find it.
+        super().__init__(MapDataset.source(data_source))
+        self._data_source = data_source
+        self._sampler = sampler
+        self._locator: BaseSampler = as_sampler(sampler)
+        self._shard_index = shard_options.shard_index
+        self._shard_count = shard_options.shard_count
+        self._local_length = len(self._locator) // self._shard_count
+        self._start, self._step, self._length = 0, 1, self._local_length
+
+    @property
+    def data_source(self) -> Any:
+        return self._data_source
+
+    @property
+    def local_length(self) -> int:
+        """How many positions the shard has (before slicing)."""
+        return self._local_length
+
+    @property
+    def locator(self) -> BaseSampler:
+        """The sampler, as the sampler contract."""
+        return self._locator
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __str__(self) -> str:
+        sliced = "" if (self._start, self._step) == (0, 1) else f", positions {self._start}::{self._step}"
+        return (
+            f"SamplerMapDataset(sampler={short_repr(self._sampler, 120)}, shard "
+            f"{self._shard_index} of {self._shard_count}{sliced})"
+        )
+
+    def slice(self, sl: slice) -> "SamplerMapDataset":
+        """The positions of ``sl``, as a sampler stage of its own."""
+        if not isinstance(sl, slice):
+            raise ValueError(f"sl is not a slice: {type(sl)}")
+        start, stop, step = sl.indices(self._length)
+        out = copy.copy(self)
+        out._start = self._start + start * self._step
+        out._step = self._step * step
+        out._length = len(range(start, stop, step))
+        return out
+
+    def _global_indices(self, indices: Any) -> np.ndarray:
+        if isinstance(indices, range):
+            local = np.arange(indices.start, indices.stop, indices.step, dtype=np.int64)
+        else:
+            local = np.asarray(indices, dtype=np.int64)
+        if (self._start, self._step) != (0, 1):
+            local = local * self._step + self._start
+        if self._shard_count != 1:
+            local = local * self._shard_count + self._shard_index
+        return local
+
+    def _metadata(self, global_indices: np.ndarray) -> list:
+        located = self._locator.locate(global_indices)
+        if located.metadata is not None:
+            return located.metadata  # A grain-protocol sampler's own metadata.
+        gs = global_indices.tolist()
+        keys = located.keys.tolist()
+        if located.seeds is None:
+            return [RecordMetadata(g, k) for g, k in zip(gs, keys)]
+        return [RecordMetadata(g, k, LazyRng(s)) for g, k, s in zip(gs, keys, located.seeds.tolist())]
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.slice(index)
+        (metadata,) = self._metadata(self._global_indices([index]))
+        try:
+            value = self._data_source[metadata.record_key]
+        except Exception as e:
+            add_note(
+                e,
+                f"grainlike: while reading record_key {metadata.record_key} (global index "
+                f"{metadata.index}) from data source {short_repr(self._data_source)}",
+            )
+            raise
+        return Record(metadata, value)
+
+    def to_iter_dataset(self, read_options: Any = None, *, allow_nones: bool = False) -> IterDataset:
+        """Reads the records in order, in chunks (``ReadRecordsIterDataset``)."""
+        return ReadRecordsIterDataset(self, read_options=read_options, allow_nones=allow_nones)
+
+    def _getitems(self, indices: Sequence[int]) -> list:
+        # On an error the reading stage reads the chunk again one record at a
+        # time (__getitem__), so the error names the record that failed.
+        metadata = self._metadata(self._global_indices(indices))
+        source = self._data_source
+        keys = [m.record_key for m in metadata]
+        getitems = getattr(source, "__getitems__", None)
+        values = getitems(keys) if getitems is not None else [source[k] for k in keys]
+        return [Record(m, v) for m, v in zip(metadata, values)]
+
+
+class ReadRecordsIterDataset(PrefetchIterDataset):
+    """``to_iter_dataset()`` of the sampler's records: chunks as long as the caps allow.
+
+    A chunk of records is only located and read (the operations come after), so
+    after the first record, which learns the records' size, every chunk is as
+    long as the caps allow (256 records, about 8 MiB of data): few calls of the
+    sampler and the source, and allocations of one size (growing chunks cost
+    W3 a fifth of its throughput in page faults).
+    """
+
+    def __iter__(self) -> "_ReadRecordsIterator":
+        return _ReadRecordsIterator(self._parent, self._read_options, self._allow_nones, self.read_threads())
+
+    def __str__(self) -> str:
+        return f"ReadRecordsIterDataset(read_options={self._read_options})"
+
+
+class _ReadRecordsIterator(PrefetchDatasetIterator):
+    _double_chunks = False
+
+    def _element_nbytes(self, element: Any) -> int:
+        # The data: the metadata is small, and measuring it would build its rng.
+        return tree.estimate_nbytes(element.data)
+
+    def __str__(self) -> str:
+        return f"ReadRecordsIterator(read_options={self._read_options})"
+
+
+# -- operations on records ----------------------------------------------------------------
+
+
+def note_record(error: BaseException, op: Any, record: Any) -> None:
+    """Notes the operation that failed and the record it failed on."""
+    m = getattr(record, "metadata", None)
+    if m is None:
+        add_note(error, f"grainlike: in transform {describe_op(op)}")
+        return
+    key = "" if m.record_key is None else f", record_key {m.record_key}"
+    add_note(error, f"grainlike: in transform {describe_op(op)} on the record at global index {m.index}{key}")
+
+
+class _OperationStage(IterDataset):
+    """A stage running ``operations[position]`` of a DataLoader on records."""
+
+    def __init__(self, parent: IterDataset, op: Any, position: int):
+        super().__init__(parent)
+        self._op = op
+        self._position = position
+
+    def __str__(self) -> str:
+        # Names the operation when the stage cannot be sent to the workers.
+        return f"{type(self).__name__}(operations[{self._position}] {describe_op(self._op)})"
+
+
+class _MapRecordsIterator(PassThroughStateIterator):
+    """``map(data)``; subclasses call the transform's other methods."""
+
+    def __init__(self, parent: DatasetIterator, op: Any, fn: Callable):
+        super().__init__(parent)
+        self._op = op
+        self._fn = fn
+        # Called once per record: the bound method, without next()'s lookups.
+        self._pull = parent.__next__
+
+    def __next__(self) -> Record:
+        r = self._pull()
+        try:
+            r.data = self._fn(r.data)
+        except Exception as e:
+            note_record(e, self._op, r)
+            raise
+        return r
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}({describe_op(self._op)})"
+
+
+class _RandomMapRecordsIterator(_MapRecordsIterator):
+    """``random_map(data, rng)`` with the record's own rng (built only here)."""
+
+    def __next__(self) -> Record:
+        r = self._pull()
+        try:
+            r.data = self._fn(r.data, r.metadata.rng)
+        except Exception as e:
+            note_record(e, self._op, r)
+            raise
+        return r
+
+
+class _MapWithIndexRecordsIterator(_MapRecordsIterator):
+    """``map_with_index(global index, data)``."""
+
+    def __next__(self) -> Record:
+        r = self._pull()
+        try:
+            r.data = self._fn(r.metadata.index, r.data)
+        except Exception as e:
+            note_record(e, self._op, r)
+            raise
+        return r
+
+
+class MapRecordsIterDataset(_OperationStage):
+    """A ``MapTransform``, ``RandomMapTransform`` or ``MapWithIndexTransform`` on each record's data."""
+
+    def __iter__(self) -> DatasetIterator:
+        op, parent = self._op, self._parent.__iter__()
+        if isinstance(op, RandomMapTransform):
+            return _RandomMapRecordsIterator(parent, op, op.random_map)
+        if isinstance(op, MapWithIndexTransform):
+            return _MapWithIndexRecordsIterator(parent, op, op.map_with_index)
+        return _MapRecordsIterator(parent, op, op.map)
+
+
+class _FilterRecordsIterator(_MapRecordsIterator):
+    def __init__(self, parent: DatasetIterator, op: Any, fn: Callable):
+        super().__init__(parent, op, fn)
+        self._checker: Any = False  # grain's filter check, built once the options are final.
+
+    def __next__(self) -> Record:
+        pull, fn = self._pull, self._fn
+        checker = self._checker
+        if checker is False:
+            checker = self._checker = FilterThresholdChecker.for_iterator(self)
+        while True:
+            r = pull()
+            try:
+                keep = fn(r.data)
+            except Exception as e:
+                note_record(e, self._op, r)
+                raise
+            if checker is not None:
+                checker.check(keep)
+            if keep:
+                return r
+
+
+class FilterRecordsIterDataset(_OperationStage):
+    """Keeps the records whose data a ``FilterTransform`` accepts."""
+
+    def __iter__(self) -> DatasetIterator:
+        return _FilterRecordsIterator(self._parent.__iter__(), self._op, self._op.filter)
+
+
+class BatchRecordsIterDataset(_OperationStage):
+    """A ``Batch``: consecutive records' data stacked (or ``batch_fn``), in one record.
+
+    The batch's record has the last record's metadata without its record key,
+    as in grain. With ``pad=True`` a short batch is filled up with all-zero
+    elements and a ``mask`` leaf says which elements are real; with a padding
+    sampler (``padding``), the records it marks as padding are zeroed and masked
+    too.
+
+    Args:
+      parent: the records.
+      op: the ``Batch``.
+      position: its index in the loader's operations.
+      padding: the sampler whose padding this Batch masks, or None.
+      producer: what made the elements (named when their shapes differ).
+    """
+
+    def __init__(
+        self,
+        parent: IterDataset,
+        op: Batch,
+        position: int,
+        padding: Optional[BaseSampler] = None,
+        producer: str = "",
+    ):
+        super().__init__(parent, op, position)
+        self._padding = padding if op.pad else None
+        self._producer = producer
+        self._alloc: Optional[tree.Allocator] = None
+
+    def set_allocator(self, alloc: Optional[tree.Allocator]) -> None:
+        """Stacks leaves into arrays from ``alloc(shape, dtype)`` (None: numpy)."""
+        self._alloc = alloc
+
+    def __iter__(self) -> DatasetIterator:
+        return _BatchRecordsIterator(self._parent.__iter__(), self._op, self._padding, self._producer, self._alloc)
+
+
+class _BatchRecordsIterator(PassThroughStateIterator):
+    def __init__(
+        self,
+        parent: DatasetIterator,
+        op: Batch,
+        padding: Optional[BaseSampler],
+        producer: str,
+        alloc: Optional[tree.Allocator],
+    ):
+        super().__init__(parent)
+        self._records = parent
+        self._op = op
+        self._size = op.batch_size
+        self._padding = padding
+        self._producer = producer
+        self._alloc = alloc
+
+    def __next__(self) -> Record:
+        records = list(itertools.islice(self._records, self._size))
+        if not records or (len(records) < self._size and self._op.drop_remainder):
+            raise StopIteration
+        try:
+            data = self._batch(records)
+        except Exception as e:
+            self._note(e, records)
+            raise
+        return Record(records[-1].metadata.remove_record_key(), data)
+
+    def _batch(self, records: list) -> Any:
+        op = self._op
+        values = [r.data for r in records]
+        if not op.pad:
+            if op.batch_fn is not None:
+                return op.batch_fn(values)
+            return tree.stack(values, self._alloc)
+        size = self._size
+        mask = np.zeros(size, dtype=bool)
+        mask[: len(values)] = True
+        if self._padding is not None:
+            flags = self._padding.locate(np.array([r.metadata.index for r in records], np.int64)).padding
+            if flags is not None:
+                for i in np.flatnonzero(flags).tolist():
+                    mask[i] = False
+                    values[i] = tree.zeros_like(values[i])
+        if len(values) < size:
+            values.extend([tree.zeros_like(values[0])] * (size - len(values)))
+        data = op.batch_fn(values) if op.batch_fn is not None else tree.stack(values, self._alloc)
+        return _with_mask(data, mask, op)
+
+    def _note(self, error: BaseException, records: list) -> None:
+        idx = [r.metadata.index for r in records]
+        keys = [r.metadata.record_key for r in records]
+        add_note(
+            error,
+            f"grainlike: in {describe_op(self._op)} of the records at global indices "
+            f"{idx} (record_keys {keys})",
+        )
+        if self._op.batch_fn is None:
+            odd = _odd_elements(records, self._producer)
+            if odd:
+                add_note(error, odd)
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}({describe_op(self._op)})"
+
+
+def _with_mask(data: Any, mask: np.ndarray, op: Batch) -> Any:
+    """Adds the ``mask`` leaf: a key of a dict batch, else ``{"data": ..., "mask": ...}``."""
+    if isinstance(data, dict):
+        if "mask" in data:
+            raise ValueError(
+                f"{describe_op(op)}: the elements already have a 'mask' key, where pad=True "
+                "puts the padding mask; rename that key"
+            )
+        if type(data) is dict:
+            return {**data, "mask": mask}
+        out = copy.copy(data)  # keeps the subclass (and a defaultdict's factory)
+        out["mask"] = mask
+        return out
+    return {"data": data, "mask": mask}
+
+
+def _odd_elements(records: list, producer: str) -> str:
+    """Names the records whose structure or shapes differ from the most common one."""
+    try:
+        specs = [repr(tree.shape_spec(r.data)) for r in records]
+        common, count = collections.Counter(specs).most_common(1)[0]
+        if count == len(specs):
+            return ""
+        odd = [(r, s) for r, s in zip(records, specs) if s != common]
+        lines = [
+            f"  record_key {r.metadata.record_key} (global index {r.metadata.index}): {s}"
+            for r, s in odd[:8]
+        ]
+        if len(odd) > 8:
+            lines.append(f"  ... and {len(odd) - 8} more")
+        return (
+            f"grainlike: {len(odd)} of the {len(records)} elements differ in structure or "
+            f"shape from the other {count}, which are {common} (structure with leaf "
+            f"shapes); the elements were produced by {producer}:\n" + "\n".join(lines)
+        )
+    except Exception:  # Never hide the original error.
+        return ""
+
+
+class _OperationIterator(PassThroughStateIterator):
+    """grain's legacy ``Operation``: a function from the record iterator to an iterator.
+
+    The operation is called at the first ``next()`` (not when the iterator is
+    made: an iterator made only to read a state runs no user code), and again
+    after ``set_state`` or an error, on the restored records.
+    """
+
+    def __init__(self, parent: DatasetIterator, op: Callable):
+        super().__init__(parent)
+        self._op = op
+        self._outputs: Optional[Iterator] = None
+
+    def __next__(self) -> Any:
+        outputs = self._outputs
+        if outputs is None:
+            outputs = self._outputs = iter(self._op(self._parent))
+        return next(outputs)
+
+    def _drop_outputs(self) -> None:
+        outputs, self._outputs = self._outputs, None
+        close = getattr(outputs, "close", None)
+        if close is not None:
+            close()
+
+    def set_state(self, state: dict) -> None:
+        self._parent.set_state(state)
+        self._drop_outputs()
+
+    def close(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        self._drop_outputs()
+        super().close()
+
+    def __str__(self) -> str:
+        return f"OperationIterator({describe_op(self._op)})"
+
+
+class OperationIterDataset(_OperationStage):
+    """grain's legacy ``Operation`` (a callable over the iterator of records).
+
+    It keeps no state of its own: a checkpoint holds the positions in the
+    sampler's stream, as in grain.
+    """
+
+    def __iter__(self) -> DatasetIterator:
+        return _OperationIterator(self._parent.__iter__(), self._op)
+
+
+# -- the loader's outputs and state ----------------------------------------------------------
+
+
+class _RecordDataIterator(PassThroughStateIterator):
+    def __init__(self, parent: DatasetIterator):
+        super().__init__(parent)
+        self._pull = parent.__next__
+
+    def __next__(self) -> Any:
+        return self._pull().data
+
+    def __str__(self) -> str:
+        return "RecordDataIterator"
+
+
+class RecordDataIterDataset(IterDataset):
+    """Each record's data: what the DataLoader yields (grain's ``map(lambda r: r.data)``)."""
+
+    def set_allocator(self, alloc: Optional[tree.Allocator]) -> None:
+        """Gives ``alloc`` to the nearest stage upstream that stacks batches.
+
+        A worker calls it so that its batches are written once, into shared
+        memory.
+        """
+        node = self._parent
+        while node is not None:
+            set_allocator = getattr(node, "set_allocator", None)
+            if callable(set_allocator):
+                set_allocator(alloc)
+                return
+            parents = getattr(node, "_parents", ())
+            node = parents[0] if len(parents) == 1 else None
+
+    def __iter__(self) -> DatasetIterator:
+        return _RecordDataIterator(self._parent.__iter__())
+
+    def __str__(self) -> str:
+        return "RecordDataIterDataset"
+
+
+def _reading_stage(it: DatasetIterator) -> Optional[PrefetchDatasetIterator]:
+    """The stage reading the sampler's records under ``it`` (None: it runs in workers)."""
+    # The loader's stages form a chain: each has one parent, the reader none.
+    while it._parents:
+        it = it._parents[0]
+    return it if isinstance(it, PrefetchDatasetIterator) else None
+
+
+class LoaderStateIterDataset(IterDataset):
+    """The DataLoader's top stage: its state is grain's legacy JSON object.
+
+    Args:
+      parent: the records' data, computed in process or by ``mp_prefetch``.
+      codec: converts this loader's states (see ``state.LegacyState``).
+    """
+
+    def __init__(self, parent: IterDataset, codec: state_lib.LegacyState):
+        super().__init__(parent)
+        self._codec = codec
+
+    def __iter__(self) -> "LoaderStateDatasetIterator":
+        return LoaderStateDatasetIterator(self._parent.__iter__(), self._codec)
+
+    def __str__(self) -> str:
+        return f"LoaderStateIterDataset(worker_count={self._codec.worker_count})"
+
+
+class LoaderStateDatasetIterator(DatasetIterator):
+    """Converts between grain's legacy state and the Dataset state below it.
+
+    After an exception in ``next()`` the next call goes on from the last
+    delivered output (the records of a batch cut short are read again): with
+    workers ``mp_prefetch`` restarts them from there; in process this stage
+    moves the reading stage back.
+    """
+
+    def __init__(self, parent: DatasetIterator, codec: state_lib.LegacyState):
+        super().__init__(parent)
+        self._codec = codec
+        self._reader = _reading_stage(parent) if codec.worker_count == 0 else None
+        self._pull = parent.__next__
+
+    def __next__(self) -> Any:
+        reader = self._reader
+        if reader is None:
+            return self._pull()
+        delivered = reader._get_next_index()
+        try:
+            return self._pull()
+        except StopIteration:
+            raise
+        except BaseException:
+            try:
+                self._parent.set_state({"next_index": delivered})
+            except Exception:  # Never hide the original error.
+                pass
+            raise
+
+    def get_state(self) -> dict:
+        return self._codec.encode(self._codec.from_dataset_state(self._parent.get_state()))
+
+    def set_state(self, state: dict) -> None:
+        """Restores a legacy state, checked completely before anything changes.
+
+        Raises:
+          InvalidStateError: the state is malformed or belongs to another pipeline.
+        """
+        positions = self._codec.decode(state)
+        self._parent.set_state(self._codec.to_dataset_state(positions))
+
+    def __str__(self) -> str:
+        return f"LoaderStateDatasetIterator(worker_count={self._codec.worker_count})"
