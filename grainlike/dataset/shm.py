@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from grainlike.core import tree
+from grainlike.core import shm_owner, tree
 
 try:
     import _posixshmem
@@ -80,27 +80,33 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def sweep_orphans(prefix: str = "grainlike_") -> int:
-    """Unlinks segments left by grainlike processes that no longer exist.
+def sweep_orphans() -> int:
+    """Unlinks ``InMemoryDataSource`` segments whose owner is provably dead.
 
-    Names carry the creating process's pid (``grainlike_<pid>_...`` and
-    ``grainlike_src_<pid>_...``). Normally the workers remove them when their
-    consumer dies, but if a whole process group is killed at once nobody is left
-    to do it; the next loader in any process does. Returns how many went.
+    Their owner unlinks them on close or exit, but if a whole process group is
+    killed at once nobody is left to do it; the next loader does, for segments
+    of its own PID namespace and user only (see ``core.shm_owner``). Returns
+    how many went.
     """
-    count = 0
-    for name in _names(prefix):
-        rest = name[len(prefix):]
-        if rest.startswith("src_"):
-            rest = rest[4:]
-        pid_text = rest.split("_", 1)[0]
-        if not pid_text.isdigit():
-            continue
-        pid = int(pid_text)
-        if pid != os.getpid() and not pid_alive(pid):
-            unlink(name)
-            count += 1
-    return count
+    return shm_owner.sweep_orphans("grainlike_src_")
+
+
+def raise_fd_limit() -> None:
+    """Raises this process's soft limit of open files to its hard limit (at most 65536).
+
+    Each batch leaf mapped from a segment may hold a descriptor, and workers
+    hold one per segment they made.
+    """
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard if hard != resource.RLIM_INFINITY else 1 << 16
+        target = min(target, 1 << 16)
+        if soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, ValueError, OSError):
+        pass
 
 
 class ShmLeaf:

@@ -207,6 +207,7 @@ def run(
     # Ctrl-C goes to the whole process group; the consumer decides what happens,
     # and stops the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    shm.raise_fd_limit()
     progress = _watch(watch)
     pool = shm.SegmentPool(shm_prefix) if shm.available() else None
     credits = threading.Semaphore(buffer_size)

@@ -289,20 +289,6 @@ def prestart() -> None:
         pass  # Starting workers later reports the problem with its context.
 
 
-def _raise_fd_limit() -> None:
-    # Each batch leaf the user holds keeps one mapping (and descriptor) alive.
-    try:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        target = hard if hard != resource.RLIM_INFINITY else 1 << 16
-        target = min(target, 1 << 16)
-        if soft < target:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (ImportError, ValueError, OSError):
-        pass
-
-
 def pickle_task(task: WorkerTask) -> bytes:
     """cloudpickle bytes of the task, or the task's own error naming what fails."""
     try:
@@ -585,7 +571,7 @@ class WorkerPool:
             raise RuntimeError("the worker pool is closed")
         self._started = True
         self._shutdown.owner_pid = os.getpid()
-        _raise_fd_limit()
+        shm.raise_fd_limit()
         shm.sweep_orphans()
         sd = self._shutdown
         sd.prefix = f"grainlike_{os.getpid()}_{next(_pool_ids)}_{os.urandom(3).hex()}_"

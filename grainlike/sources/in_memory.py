@@ -34,7 +34,6 @@ import hashlib
 import operator
 import os
 import pickle
-import secrets
 import struct
 import sys
 import threading
@@ -44,6 +43,8 @@ from multiprocessing import resource_tracker, shared_memory
 from typing import Any, Optional, SupportsIndex
 
 import numpy as np
+
+from grainlike.core import shm_owner
 
 try:  # POSIX only; used to unlink a segment that this process did not create.
     import _posixshmem
@@ -94,16 +95,35 @@ def _attach(name: str) -> shared_memory.SharedMemory:
             resource_tracker.register = original
 
 
-def _create(name: Optional[str], size: int) -> shared_memory.SharedMemory:
+def _create(name: Optional[str], size: int, what: str) -> shared_memory.SharedMemory:
+    """A new segment of ``size`` bytes, its pages reserved (a full ``/dev/shm`` raises here).
+
+    Without ``name``, the name records this process as the owner
+    (``shm_owner.owned_name``), so that only a sweep that can prove this process
+    dead removes it.
+    """
+    shm_owner.check_free(what, size)
     if name is not None:
-        return shared_memory.SharedMemory(name=name, create=True, size=size)
-    while True:
-        # Our own prefix (not Python's "psm_") so leak checks can find our segments.
-        candidate = f"{_NAME_PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
-        try:
-            return shared_memory.SharedMemory(name=candidate, create=True, size=size)
-        except FileExistsError:
-            continue
+        shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+    else:
+        # Segments of owners that died without unlinking (a killed process group).
+        shm_owner.sweep_orphans(_NAME_PREFIX)
+        while True:
+            # Our own prefix (not Python's "psm_") so leak checks can find our segments.
+            try:
+                shm = shared_memory.SharedMemory(
+                    name=shm_owner.owned_name(_NAME_PREFIX), create=True, size=size
+                )
+                break
+            except FileExistsError:
+                continue
+    try:
+        shm_owner.reserve(shm._fd, size, what)
+    except BaseException:
+        shm.close()
+        shm.unlink()
+        raise
+    return shm
 
 
 def _unlink_owned(shm: shared_memory.SharedMemory, pid: int) -> None:
@@ -307,6 +327,8 @@ class InMemoryDataSource:
         different lengths; a 0-d array.
       TypeError: an element of a type that cannot be stored.
       FileExistsError: ``name`` is taken by an existing segment.
+      SharedMemoryFullError (an OSError, ENOSPC): ``/dev/shm`` has too little
+        free space for the data; raised before anything is written.
 
     Example:
         images = np.zeros((1000, 28, 28), np.uint8)
@@ -386,7 +408,9 @@ class InMemoryDataSource:
         header = pickle.dumps(self._meta, protocol=pickle.HIGHEST_PROTOCOL)
         data_start = _align(_PREFIX.size + len(header))
         self._meta["data_start"] = data_start
-        shm = _create(name, data_start + max(offset, 1))
+        shm = _create(
+            name, data_start + max(offset, 1), f"InMemoryDataSource of {self._meta['len']} records"
+        )
         try:
             raw = np.frombuffer(shm.buf, np.uint8)
             raw[: _PREFIX.size] = np.frombuffer(_PREFIX.pack(_MAGIC, len(header)), np.uint8)
