@@ -21,7 +21,6 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from grainlike.core.operations import loader_operation
-from grainlike.core.sharding import ShardOptions
 from grainlike.core.transforms import (
     Batch,
     FilterTransform,

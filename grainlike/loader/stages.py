@@ -7,6 +7,8 @@ grain 0.2.18 builds its DataLoader from Dataset stages over ``Record``s (see
   of the sampler's stream: its metadata (global index, record key, rng) and its
   data. A chunk of positions is located in one call of the sampler contract
   (``BaseSampler.locate``) and read in one batched read of the source.
+* ``ReadRecordsIterDataset``: its ``to_iter_dataset()``, reading chunks as long
+  as the caps allow after the first record.
 * one stage per operation, on records: ``MapRecordsIterDataset`` (Map,
   RandomMap, MapWithIndex), ``FilterRecordsIterDataset``,
   ``BatchRecordsIterDataset`` (with ``pad=True`` and a padding sampler's mask)
@@ -33,14 +35,7 @@ from grainlike.core.errors import add_note
 from grainlike.core.record import LazyRng, Record, RecordMetadata
 from grainlike.core.samplers import BaseSampler, as_sampler
 from grainlike.core.sharding import ShardOptions
-from grainlike.core.transforms import (
-    Batch,
-    FilterTransform,
-    MapTransform,
-    MapWithIndexTransform,
-    RandomMapTransform,
-    transform_name,
-)
+from grainlike.core.transforms import Batch, MapWithIndexTransform, RandomMapTransform, transform_name
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
 from grainlike.dataset.filter import FilterThresholdChecker
 from grainlike.dataset.map import PassThroughStateIterator
