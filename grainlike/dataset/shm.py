@@ -1,14 +1,23 @@
 """Shared-memory arrays for batches: written once by a worker, mapped by the consumer.
 
-A worker stacks each large batch leaf straight into a POSIX shared-memory segment
-from its ``SegmentPool``; the message to the consumer names the segment. The
-consumer (``SegmentReader``) opens the segment once, unlinks its name at once (so
-nothing is left in ``/dev/shm`` even if every process is killed later), and maps it
-afresh for every batch. The arrays it hands out keep that mapping alive for as long
-as they, or any view of them, are referenced; when the last one goes, the segment
-is returned to the worker for reuse. Segments are never registered with
-multiprocessing's resource tracker: their lifetime is managed here, so there are
-no tracker warnings at exit.
+A worker stacks each large batch leaf straight into a segment of anonymous
+shared memory (``memfd_create``) from its ``SegmentPool``. A segment's file
+descriptor travels to the consumer once, over the worker's socket
+(``SCM_RIGHTS``), right after the first message that uses it; each process maps
+the segment and closes the descriptor at once. The memory has no name, so no
+other process can see or delete it, and it ends with its last mapping: even if
+every process is killed at once, nothing is left behind and nothing needs
+sweeping. Mappings are made with ``mmap(2)`` directly, not ``mmap.mmap`` (which
+keeps a descriptor per mapping), so holding any number of batches costs no
+descriptors in either process.
+
+The consumer (``SegmentReader``) maps each segment once. The arrays it hands out
+for one message reference a small lease on that mapping; when the last of them
+(or any view of them) goes, the segment is returned to the worker for reuse, and
+the mapping itself stays until the reader is closed and no array refers to it.
+
+``InMemoryDataSource`` segments, which other processes attach to by name, are
+the only named ones; ``sweep_orphans`` removes those of dead owners.
 """
 
 from __future__ import annotations
@@ -16,57 +25,47 @@ from __future__ import annotations
 import collections
 import mmap
 import os
+import socket
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from grainlike.core import shm_owner, tree
 
-try:
-    import _posixshmem
-except ImportError:  # pragma: no cover - non-POSIX platforms
-    _posixshmem = None
-
 # Leaves smaller than this travel inline through the pipe: below it a segment's
-# open/map costs more than pickling the bytes.
+# map costs more than pickling the bytes.
 INLINE_LIMIT = 64 * 1024
-_ALIGN = 64
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
-SHM_DIR = "/dev/shm"
+_libc: Any = None
+
+
+def _lib() -> Any:
+    """libc's ``mmap``/``munmap`` through ctypes (loaded on first use)."""
+    global _libc
+    if _libc is None:
+        import ctypes
+
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.mmap.restype = ctypes.c_void_p
+        lib.mmap.argtypes = [
+            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long,
+        ]
+        lib.munmap.restype = ctypes.c_int
+        lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        _libc = (lib, ctypes.c_void_p(-1).value, ctypes.get_errno)
+    return _libc
 
 
 def available() -> bool:
-    return _posixshmem is not None
-
-
-def _open(name: str, create: bool) -> int:
-    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-    return _posixshmem.shm_open("/" + name, flags, 0o600)
-
-
-def unlink(name: str) -> None:
-    """Removes a segment's name; mappings that exist stay valid."""
+    """Whether batches can travel in anonymous shared memory on this platform."""
+    if not (hasattr(os, "memfd_create") and hasattr(socket, "send_fds")):
+        return False
     try:
-        _posixshmem.shm_unlink("/" + name)
-    except FileNotFoundError:
-        pass
-
-
-def _names(prefix: str) -> list:
-    """Names of the segments in ``/dev/shm`` that start with ``prefix``."""
-    try:
-        return [n for n in os.listdir(SHM_DIR) if n.startswith(prefix)]
-    except OSError:
-        return []
-
-
-def unlink_prefix(prefix: str) -> int:
-    """Unlinks every segment whose name starts with ``prefix``; returns how many."""
-    names = _names(prefix)
-    for name in names:
-        unlink(name)
-    return len(names)
+        _lib()
+    except (ImportError, OSError, AttributeError):
+        return False
+    return True
 
 
 def pid_alive(pid: int) -> bool:
@@ -94,8 +93,7 @@ def sweep_orphans() -> int:
 def raise_fd_limit() -> None:
     """Raises this process's soft limit of open files to its hard limit (at most 65536).
 
-    Each batch leaf mapped from a segment may hold a descriptor, and workers
-    hold one per segment they made.
+    Batches hold no descriptors; sources, sockets and the user's own files may.
     """
     try:
         import resource
@@ -109,41 +107,117 @@ def raise_fd_limit() -> None:
         pass
 
 
+class Region:
+    """One mapping of a segment, holding no descriptor; unmapped when the last reference goes.
+
+    ``np.asarray(region)`` is a writable uint8 array over the whole segment
+    whose ``.base`` is the region, so arrays on it keep it mapped.
+    """
+
+    __slots__ = ("size", "__array_interface__", "__weakref__")
+
+    def __init__(self, fd: int, size: int, populate: bool = False):
+        lib, failed, get_errno = _lib()
+        flags = mmap.MAP_SHARED | (_POPULATE if populate else 0)
+        address = lib.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
+        if address is None or address == failed:
+            err = get_errno()
+            raise OSError(err, f"cannot map a shared-memory segment of {size} bytes: {os.strerror(err)}")
+        self.size = size
+        self.__array_interface__ = {
+            "shape": (size,),
+            "typestr": "|u1",
+            "data": (address, False),
+            "version": 3,
+        }
+        # Not at exit: arrays may be in use until the very end, and the process's
+        # mappings go with it anyway.
+        weakref.finalize(self, lib.munmap, address, size).atexit = False
+
+
+class _Lease:
+    """The arrays of one message on a segment: their ``.base``, reporting when they are all gone."""
+
+    __slots__ = ("_region", "__array_interface__", "__weakref__")
+
+    def __init__(self, region: Region):
+        self._region = region
+        self.__array_interface__ = region.__array_interface__
+
+
+def new_segment(size: int) -> tuple[int, Region]:
+    """A new anonymous segment of ``size`` bytes: ``(its descriptor, a mapping of it)``."""
+    fd = os.memfd_create("grainlike-batch", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+        return fd, Region(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def send_fds(conn: Any, fds: Sequence[int]) -> None:
+    """Sends descriptors over a ``multiprocessing`` connection that is a Unix socket."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=conn.fileno())
+    try:
+        socket.send_fds(sock, [b"F"], list(fds))
+    finally:
+        sock.detach()  # The connection keeps owning the descriptor.
+
+
+def recv_fds(conn: Any, count: int) -> list:
+    """Receives ``count`` descriptors sent by ``send_fds``; raises EOFError if the peer is gone."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=conn.fileno())
+    try:
+        data, fds, flags, _ = socket.recv_fds(sock, 1, count)
+    finally:
+        sock.detach()
+    if len(fds) != count or not data:
+        for fd in fds:
+            os.close(fd)
+        if not data:
+            raise EOFError("the worker's socket closed before its segments arrived")
+        raise RuntimeError(f"expected {count} shared-memory descriptors from a worker, got {len(fds)}")
+    return fds
+
+
 class ShmLeaf:
     """A message's stand-in for an array in a segment."""
 
-    __slots__ = ("seg_id", "name", "size", "shape", "dtype")
+    __slots__ = ("seg_id", "shape", "dtype")
 
-    def __init__(self, seg_id: int, name: str, size: int, shape: tuple, dtype: str):
-        self.seg_id, self.name, self.size, self.shape, self.dtype = seg_id, name, size, shape, dtype
+    def __init__(self, seg_id: int, shape: tuple, dtype: str):
+        self.seg_id, self.shape, self.dtype = seg_id, shape, dtype
 
     def __reduce__(self):
-        return (ShmLeaf, (self.seg_id, self.name, self.size, self.shape, self.dtype))
+        return (ShmLeaf, (self.seg_id, self.shape, self.dtype))
 
 
 class _Segment:
-    __slots__ = ("seg_id", "name", "size", "mm")
+    __slots__ = ("seg_id", "size", "region")
 
-    def __init__(self, seg_id: int, name: str, size: int, mm: mmap.mmap):
-        self.seg_id, self.name, self.size, self.mm = seg_id, name, size, mm
+    def __init__(self, seg_id: int, size: int, region: Region):
+        self.seg_id, self.size, self.region = seg_id, size, region
+
+
+def _on(region: Region, nbytes: int, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    return np.asarray(region)[:nbytes].view(dtype).reshape(shape)
 
 
 class SegmentPool:
     """A worker's segments: allocated for batch leaves, reused once released.
 
-    Args:
-      prefix: name prefix of this worker's segments (the consumer can find and
-        unlink them by it if the worker is killed).
+    New segments' descriptors wait in ``take_unsent()`` until they are sent to
+    the consumer (and closed).
     """
 
-    def __init__(self, prefix: str):
-        self._prefix = prefix
+    def __init__(self):
         self._next_id = 0
         self._free: dict[int, list[_Segment]] = collections.defaultdict(list)
         self._lent: dict[int, _Segment] = {}
         # Arrays allocated for the output being built: id(array) -> segment.
         self._pending: dict[int, tuple[np.ndarray, _Segment]] = {}
-        self._all: dict[int, _Segment] = {}
+        self._unsent: list[tuple[int, int, int]] = []  # (seg_id, size, fd)
 
     @staticmethod
     def _round(nbytes: int) -> int:
@@ -155,16 +229,9 @@ class SegmentPool:
     def _new_segment(self, size: int) -> _Segment:
         seg_id = self._next_id
         self._next_id += 1
-        name = f"{self._prefix}{seg_id}"
-        fd = _open(name, create=True)
-        try:
-            os.ftruncate(fd, size)
-            mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        seg = _Segment(seg_id, name, size, mm)
-        self._all[seg_id] = seg
-        return seg
+        fd, region = new_segment(size)
+        self._unsent.append((seg_id, size, fd))
+        return _Segment(seg_id, size, region)
 
     def _take(self, nbytes: int) -> _Segment:
         size = self._round(nbytes)
@@ -180,7 +247,7 @@ class SegmentPool:
         if nbytes < INLINE_LIMIT or dtype.hasobject:
             return np.empty(shape, dtype)
         seg = self._take(nbytes)
-        arr = np.frombuffer(seg.mm, dtype=dtype, count=nbytes // dtype.itemsize).reshape(shape)
+        arr = _on(seg.region, nbytes, shape, dtype)
         self._pending[id(arr)] = (arr, seg)
         return arr
 
@@ -195,12 +262,11 @@ class SegmentPool:
                 seg = hit[1]
             elif x.nbytes >= INLINE_LIMIT and not x.dtype.hasobject:
                 seg = self._take(x.nbytes)
-                dst = np.frombuffer(seg.mm, dtype=x.dtype, count=x.size).reshape(x.shape)
-                np.copyto(dst, x)
+                np.copyto(_on(seg.region, x.nbytes, x.shape, x.dtype), x)
             else:
                 return x
             self._lent[seg.seg_id] = seg
-            return ShmLeaf(seg.seg_id, seg.name, seg.size, x.shape, x.dtype.str)
+            return ShmLeaf(seg.seg_id, x.shape, x.dtype.str)
 
         out = tree.map_structure(leaf, batch)
         # Leaves allocated but not part of the output (a batch_fn dropped them).
@@ -209,6 +275,15 @@ class SegmentPool:
         self._pending.clear()
         return out
 
+    def take_unsent(self) -> list[tuple[int, int, int]]:
+        """``(seg_id, size, fd)`` of segments the consumer has not received yet; the caller closes the fds."""
+        unsent, self._unsent = self._unsent, []
+        return unsent
+
+    def keep_unsent(self, unsent: list[tuple[int, int, int]]) -> None:
+        """Puts back what ``take_unsent`` returned, when it could not be sent."""
+        self._unsent[:0] = unsent
+
     def release(self, seg_ids) -> None:
         """The consumer no longer maps these segments: they can be reused."""
         for seg_id in seg_ids:
@@ -216,50 +291,41 @@ class SegmentPool:
             if seg is not None:
                 self._free[seg.size].append(seg)
 
-    def unlink_all(self) -> None:
-        """Removes the names of all segments (idempotent; mappings stay valid)."""
-        for seg in self._all.values():
-            unlink(seg.name)
-
 
 class SegmentReader:
-    """The consumer's side: turns ``ShmLeaf``s into arrays that own their mapping.
+    """The consumer's side: turns ``ShmLeaf``s into arrays on its mappings of the segments.
 
     Args:
       on_release: called with a segment id from whichever thread drops the last
-        array of a mapping; it must only record the id (e.g. append to a deque).
+        array of a message on that segment; it must only record the id (e.g.
+        append to a deque).
     """
 
     def __init__(self, on_release: Callable[[int], None]):
-        self._fds: dict[int, int] = {}
+        self._regions: dict[int, Region] = {}
         self._on_release = on_release
 
-    def _fd(self, leaf: ShmLeaf) -> int:
-        fd = self._fds.get(leaf.seg_id)
-        if fd is None:
-            fd = _open(leaf.name, create=False)
-            # The name has served its purpose: from here the segment lives exactly
-            # as long as the mappings and descriptors that refer to it.
-            unlink(leaf.name)
-            self._fds[leaf.seg_id] = fd
-        return fd
+    def add(self, segments: Sequence[tuple[int, int]], fds: Sequence[int]) -> None:
+        """Maps new segments ``(seg_id, size)`` from their descriptors, which it closes."""
+        try:
+            for (seg_id, size), fd in zip(segments, fds):
+                self._regions[seg_id] = Region(fd, size, populate=True)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def array(self, leaf: ShmLeaf) -> np.ndarray:
-        mm = mmap.mmap(self._fd(leaf), leaf.size, flags=mmap.MAP_SHARED | _POPULATE)
-        weakref.finalize(mm, self._on_release, leaf.seg_id)
+        region = self._regions[leaf.seg_id]
+        lease = _Lease(region)
+        weakref.finalize(lease, self._on_release, leaf.seg_id).atexit = False
         dtype = np.dtype(leaf.dtype)
-        count = int(np.prod(leaf.shape, dtype=np.int64))
-        return np.frombuffer(mm, dtype=dtype, count=count).reshape(leaf.shape)
+        nbytes = int(np.prod(leaf.shape, dtype=np.int64)) * dtype.itemsize
+        return np.asarray(lease)[:nbytes].view(dtype).reshape(leaf.shape)
 
     def materialize(self, batch: Any) -> Any:
         """``batch`` with every ``ShmLeaf`` replaced by its array."""
         return tree.map_structure(lambda x: self.array(x) if type(x) is ShmLeaf else x, batch)
 
     def close(self) -> None:
-        """Closes the cached descriptors; arrays already handed out stay valid."""
-        fds, self._fds = self._fds, {}
-        for fd in fds.values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        """Drops the mappings; arrays already handed out keep theirs."""
+        self._regions = {}

@@ -179,7 +179,6 @@ def run(
     worker_count: int,
     start: Any,
     buffer_size: int,
-    shm_prefix: str,
     results,
     control,
     consumer_pid: int = 0,
@@ -190,11 +189,14 @@ def run(
 ) -> None:
     """Produces one worker's outputs and sends them to the consumer.
 
-    Messages out: ``("out", state, payload)``, ``("err", state, ...)`` and
-    finally ``("end", state)``. Messages in: ``("tick", released_segment_ids)``
-    (one more output may be sent) and ``("stop",)``. If the consumer's end of the
-    control pipe closes (it exited or was killed), the worker removes its
-    segments' names and exits at once.
+    Messages out: ``("out", state, payload, new_segments)``, ``("err", state,
+    ...)`` and finally ``("end", state)``; after an ``"out"`` whose
+    ``new_segments`` (``[(seg_id, size)]``) is not empty come those segments'
+    descriptors (``shm.send_fds``), so ``results`` is a Unix socket. Messages
+    in: ``("tick", released_segment_ids)`` (one more output may be sent) and
+    ``("stop",)``. If the consumer's end of the control pipe closes (it exited
+    or was killed), the worker exits at once; its segments end with the last
+    mapping.
 
     With ``hold``, the worker sends ``("ready",)`` once its task is loaded and
     waits for ``("start", state)``: meanwhile the consumer computes this
@@ -209,7 +211,7 @@ def run(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     shm.raise_fd_limit()
     progress = _watch(watch)
-    pool = shm.SegmentPool(shm_prefix) if shm.available() else None
+    pool = shm.SegmentPool() if shm.available() else None
     credits = threading.Semaphore(buffer_size)
     stop = threading.Event()
     started = threading.Event()
@@ -217,9 +219,6 @@ def run(
     pool_lock = threading.Lock()
 
     def consumer_gone() -> None:
-        # Nobody will read or unlink what we made.
-        if pool is not None:
-            pool.unlink_all()
         os._exit(0)
 
     def listen() -> None:
@@ -277,12 +276,16 @@ def run(
         t0 = clock()
         before = start
         for state, output in outputs:
+            unsent = []
             if pool is not None:
                 with pool_lock:
                     output = pool.export(output)
+                    unsent = pool.take_unsent()
             try:
-                message = ForkingPickler.dumps(("out", state, output))
+                message = ForkingPickler.dumps(("out", state, output, [u[:2] for u in unsent]))
             except Exception as e:
+                if pool is not None:
+                    pool.keep_unsent(unsent)  # Sent with a later output instead.
                 _explain_unpicklable(e, output, _origin(task, worker_index, worker_count, before, state))
                 state = before  # The output was not delivered.
                 raise
@@ -295,6 +298,12 @@ def run(
                 break
             results.send_bytes(message)
             del message
+            if unsent:
+                try:
+                    shm.send_fds(results, [u[2] for u in unsent])
+                finally:
+                    for u in unsent:
+                        os.close(u[2])
             t0 = clock()
             waited += t0 - t1
             produced += 1
@@ -316,7 +325,5 @@ def run(
             worker_index, worker_count, produced, busy, 1e3 * busy / max(produced, 1), waited,
         )
     stop.wait()
-    if pool is not None:
-        pool.unlink_all()
     results.close()
     sys.stdout.flush()

@@ -27,7 +27,6 @@ from __future__ import annotations
 import atexit
 import collections
 import functools
-import itertools
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.context
@@ -40,7 +39,7 @@ import threading
 import time
 import types
 import weakref
-from typing import Any, Iterator, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 import cloudpickle
 
@@ -59,7 +58,6 @@ DEFAULT_STALL_TIMEOUT_S = MultiprocessingOptions.stall_timeout_s
 # The signal on which a worker dumps its threads' stacks.
 STACK_SIGNAL = signal.SIGUSR1
 _WORKER_MODULE = "grainlike.dataset.worker_main"
-_pool_ids = itertools.count()
 _context_lock = threading.Lock()
 _context = None
 
@@ -350,7 +348,6 @@ class _Shutdown:
         # Read ends of the pipes each worker writes its stacks to.
         self.stacks: list = []
         self.progress: Optional[_Progress] = None
-        self.prefix = ""
         self.done = False
         self.lock = threading.Lock()
         # Only this process may stop the workers: a forked child has copies of
@@ -397,9 +394,6 @@ class _Shutdown:
                 p.close()
             except Exception:
                 pass
-        if self.prefix:
-            # Segments a killed worker made but never sent.
-            shm.unlink_prefix(self.prefix)
 
 
 _live: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
@@ -574,7 +568,6 @@ class WorkerPool:
         shm.raise_fd_limit()
         shm.sweep_orphans()
         sd = self._shutdown
-        sd.prefix = f"grainlike_{os.getpid()}_{next(_pool_ids)}_{os.urandom(3).hex()}_"
         if hasattr(os, "memfd_create"):
             sd.progress = _Progress(self._w)
         _live.add(self)
@@ -613,7 +606,12 @@ class WorkerPool:
             "state of its last delivered output"
         )
 
-    def _recv(self, w: int) -> Any:
+    def _recv(self, w: int, read: Optional[Callable[[Any], Any]] = None) -> Any:
+        """Worker ``w``'s next message (or ``read(connection)`` once it is readable).
+
+        Waits with a bound on each step: for ``close()`` from another thread, the
+        worker's exit, and its progress.
+        """
         sd = self._shutdown
         conn, proc = sd.results[w], sd.procs[w]
         waiting_since = time.monotonic()
@@ -627,7 +625,7 @@ class WorkerPool:
                     continue
                 if conn in ready or conn.poll():
                     try:
-                        return conn.recv()
+                        return conn.recv() if read is None else read(conn)
                     except EOFError:
                         pass  # The worker is gone; report how.
                 proc.join(0.5)
@@ -742,6 +740,10 @@ class WorkerPool:
                 continue
             try:
                 msg = self._recv(w)
+                if msg[0] == "out" and msg[3]:
+                    # New segments: their descriptors follow the message.
+                    fds = self._recv(w, functools.partial(shm.recv_fds, count=len(msg[3])))
+                    self._shutdown.readers[w].add(msg[3], fds)
             except WorkerDiedError as e:
                 raise self._failure(w, e) from None
             except WorkerStalledError as e:
@@ -861,7 +863,8 @@ def _launch(
         for w in range(worker_count):
             if sd.done:
                 return
-            result_r, result_w = ctx.Pipe(duplex=False)
+            # A socket: segment descriptors travel with the outputs (SCM_RIGHTS).
+            result_r, result_w = ctx.Pipe(duplex=True)
             control_r, control_w = ctx.Pipe(duplex=False)
             stack_r, stack_w = os.pipe()
             os.set_inheritable(stack_r, False)
@@ -870,7 +873,7 @@ def _launch(
                 target=_worker_entry,
                 args=(
                     payload, w, worker_count, starts[w], buffer_size,
-                    f"{sd.prefix}{w}_", result_w, control_r, os.getpid(), profile, hold,
+                    result_w, control_r, os.getpid(), profile, hold,
                     exhausted[w], (progress, w, PassedFd(stack_w)),
                 ),
                 name=f"grainlike-worker-{w}",

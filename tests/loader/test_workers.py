@@ -330,21 +330,6 @@ def test_main_killed_by_sigkill_workers_exit_and_segments_go(tmp_path):
         proc.stderr.close()
 
 
-def test_segments_of_dead_processes_are_swept_when_workers_start(no_leaks):
-    import _posixshmem
-
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, timeout=30)
-    pid = int(dead.stdout)
-    names = [f"grainlike_{pid}_0_abc_0_0", f"grainlike_src_{pid}_feed"]
-    for name in names:
-        fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_RDWR, 0o600)
-        os.close(fd)
-    assert set(names) <= leaks.shm_entries()
-    with iter(_loader(4, workers=1)) as it:
-        next(it)
-    assert not set(names) & leaks.shm_entries()
-
-
 def test_enable_profiling_reports_per_worker_timings(tmp_path):
     proc = _run_script(tmp_path, """
         import grainlike as grain

@@ -248,3 +248,101 @@ def test_workers_raise_their_own_open_file_limit(no_leaks):
     with WorkerPool(_FdLimit(), 2, [0, 0]) as pool:
         limits = list(pool)
     assert [soft for soft, _ in limits] == [target, target]
+
+
+# -- batches: anonymous memory ----------------------------------------------------------
+
+
+class _Frames:
+    """A WorkerTask: worker ``w`` yields ``count`` frames of 128 KiB (through shared memory)."""
+
+    def __init__(self, count):
+        self.count = count
+
+    def outputs(self, worker_index, worker_count, state, alloc):
+        for i in range(state, self.count):
+            yield i + 1, np.full((128, 256), worker_index * 1000 + i, np.float32)
+
+    def end_state(self, worker_index, worker_count, state):
+        return state
+
+    def pickling_error(self, error):
+        return error
+
+
+def _fd_count(pid="self"):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_holding_many_batches_costs_no_descriptors_in_either_process(no_leaks):
+    from grainlike.dataset.workers import WorkerPool
+
+    count = 300
+    with WorkerPool(_Frames(count), 1, [0], buffer_size=2) as pool:
+        held = [next(pool) for _ in range(5)]
+        consumer, worker = _fd_count(), _fd_count(pool.pids[0])
+        held += [next(pool) for _ in range(count - 5)]  # every one in a segment of its own
+        assert _fd_count() <= consumer + 2
+        assert _fd_count(pool.pids[0]) <= worker + 2
+        assert not leaks.own_shm_entries()  # no names in /dev/shm
+    assert [int(a[0, 0]) for a in held] == list(range(count))
+    assert all((a == i).all() for i, a in enumerate(held))  # still valid after close
+    del held
+
+
+_GROUP = """
+import sys, time
+sys.path.insert(0, {root!r})
+import grainlike as grain
+from tests.reliability.transforms import Big
+
+loader = grain.DataLoader(
+    data_source=list(range(64)),
+    sampler=grain.IndexSampler(64, grain.NoSharding(), shuffle=False, num_epochs=None, seed=0),
+    operations=[Big(), grain.Batch(2)], worker_count=2, worker_buffer_size=2)
+it = iter(loader)
+held = [next(it) for _ in range(6)]
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _session_processes(sid):
+    import psutil
+
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except (OSError, psutil.Error):
+            pass
+    return out
+
+
+def test_a_killed_process_group_leaves_no_batch_memory_behind(no_leaks, tmp_path):
+    script = tmp_path / "group.py"
+    script.write_text(textwrap.dedent(_GROUP.format(root=ROOT)))
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("ready"), proc.stderr.read()
+        # The held batches live in anonymous memory: mapped, but with no name in
+        # /dev/shm that could outlive the processes or be deleted by another job.
+        with open(f"/proc/{proc.pid}/maps") as f:
+            assert "/memfd:grainlike-batch" in f.read()
+        # (Named segments would carry its pid; other jobs' entries may come and go.)
+        assert not leaks.shm_entries(f"grainlike_{proc.pid}_")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert leaks.wait_until(lambda: not _session_processes(proc.pid))
+        assert not leaks.shm_entries(f"grainlike_{proc.pid}_")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
