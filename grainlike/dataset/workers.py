@@ -375,20 +375,25 @@ class _Shutdown:
             p.join(_JOIN_TIMEOUT_S)
         for p in self.procs:
             _force_exit(p)
+        self.close_ends()
+        for reader in self.readers:
+            reader.close()
+        if self.progress is not None:
+            self.progress.close()
+
+    def close_ends(self) -> None:
+        """Closes this process's ends of the workers' pipes and sockets."""
         for conn in self.controls + self.results:
             try:
                 conn.close()
             except Exception:
                 pass
-        for reader in self.readers:
-            reader.close()
-        for fd in self.stacks:
+        stacks, self.stacks = self.stacks, []
+        for fd in stacks:
             try:
                 os.close(fd)
             except OSError:
                 pass
-        if self.progress is not None:
-            self.progress.close()
         for p in self.procs:
             try:
                 p.close()
@@ -421,17 +426,7 @@ def _after_fork_in_child() -> None:
 
     for pool in list(_live):
         sd = pool._shutdown
-        for conn in sd.controls + sd.results:
-            try:
-                conn.close()
-            except Exception:
-                pass
-        for fd in sd.stacks:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        sd.stacks = []
+        sd.close_ends()
         for proc in sd.procs:
             process._children.discard(proc)
     _live.clear()
@@ -630,7 +625,7 @@ class WorkerPool:
                         pass  # The worker is gone; report how.
                 proc.join(0.5)
                 code = proc.exitcode
-            except (OSError, ValueError):
+            except (OSError, ValueError, IndexError):
                 # close() in another thread closed the pipes or the process handle.
                 if self._closed:
                     raise self._closed_error(w) from None

@@ -47,6 +47,18 @@ def worker_children() -> set:
     return out
 
 
+def session_processes(sid: int) -> list:
+    """Live processes of session ``sid`` (a script started with ``start_new_session=True``)."""
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except (OSError, psutil.Error):
+            pass
+    return out
+
+
 def grainlike_threads() -> set:
     return {t.name for t in threading.enumerate() if t.name.startswith("grainlike")}
 

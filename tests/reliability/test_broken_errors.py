@@ -88,8 +88,7 @@ def test_an_output_that_cannot_be_pickled_names_its_leaf_and_the_rule(no_leaks, 
     assert "Outputs crossing processes must be picklable" in notes
     if kind == "main_class":
         assert "__main__.Point" in notes and "define it in a module" in notes
-    if face == "dataset":
-        assert "UnpicklableOutputAt" in notes  # the transform that made the output
+    assert "UnpicklableOutputAt" in notes  # the transform that made the output
     assert "raised in worker 1" in notes
 
 

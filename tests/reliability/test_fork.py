@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 
-import psutil
 import pytest
 
 from tests.helpers import leaks
@@ -78,17 +77,6 @@ it.close()
 """
 
 
-def _session_processes(sid):
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p.pid)
-        except (OSError, psutil.Error):
-            pass
-    return out
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("how", ["os.fork", "process"])
 @pytest.mark.parametrize("face", ["loader", "dataset"])
@@ -115,6 +103,6 @@ def test_a_forked_child_neither_uses_nor_stops_the_parents_workers(no_leaks, tmp
     assert "child exit 0" in lines, out + err
     assert "parent same True" in lines, out + err  # no batch skipped, workers not stopped
     assert "WorkerDiedError" not in err and "Traceback" not in err, err
-    assert leaks.wait_until(lambda: not _session_processes(proc.pid)), "processes left behind"
+    assert leaks.wait_until(lambda: not leaks.session_processes(proc.pid)), "processes left behind"
     for pid in (proc.pid, child_pid):
         assert not leaks.shm_entries(f"grainlike_{pid}_")

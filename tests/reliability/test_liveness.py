@@ -114,39 +114,6 @@ def test_close_and_get_state_from_another_thread_do_not_wait_behind_a_blocked_ne
     assert "closed" in str(outcome["error"]) and "while next() waited for worker 0" in str(outcome["error"])
 
 
-def test_dataloader_close_and_get_state_from_another_thread_end_a_blocked_next(no_leaks):
-    import grainlike as grain
-
-    loader = grain.DataLoader(
-        data_source=list(range(8)),
-        sampler=grain.IndexSampler(8, grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
-        operations=[StuckAt(2), grain.Batch(1)],
-        worker_count=2,
-    )
-    it = iter(loader)
-    assert [int(next(it)[0]) for _ in range(2)] == [0, 1]
-    saved = it.get_state()
-    outcome = {}
-
-    def consume():
-        try:
-            outcome["value"] = next(it)  # record 2: worker 0 is stuck on it
-        except BaseException as e:  # noqa: B902 - reported to the test
-            outcome["error"] = e
-
-    consumer = threading.Thread(target=consume)
-    consumer.start()
-    time.sleep(1.0)
-    assert consumer.is_alive()
-    start = time.monotonic()
-    assert it.get_state() == saved  # the last delivered batch's position
-    it.close()
-    assert time.monotonic() - start < 6.0
-    consumer.join(5.0)
-    assert not consumer.is_alive()
-    assert isinstance(outcome.get("error"), ClosedIteratorError), outcome
-
-
 def test_stall_timeout_is_validated():
     with pytest.raises(ValueError, match="stall_timeout_s must be a number of seconds >= 0, or None"):
         MultiprocessingOptions(num_workers=1, stall_timeout_s=-1)

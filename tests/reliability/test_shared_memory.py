@@ -307,19 +307,6 @@ time.sleep(60)
 """
 
 
-def _session_processes(sid):
-    import psutil
-
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p.pid)
-        except (OSError, psutil.Error):
-            pass
-    return out
-
-
 def test_a_killed_process_group_leaves_no_batch_memory_behind(no_leaks, tmp_path):
     script = tmp_path / "group.py"
     script.write_text(textwrap.dedent(_GROUP.format(root=ROOT)))
@@ -338,7 +325,7 @@ def test_a_killed_process_group_leaves_no_batch_memory_behind(no_leaks, tmp_path
         assert not leaks.shm_entries(f"grainlike_{proc.pid}_")
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
-        assert leaks.wait_until(lambda: not _session_processes(proc.pid))
+        assert leaks.wait_until(lambda: not leaks.session_processes(proc.pid))
         assert not leaks.shm_entries(f"grainlike_{proc.pid}_")
     finally:
         if proc.poll() is None:
