@@ -205,22 +205,65 @@ print("left", os.listdir("/dev/shm"), flush=True)
 """
 
 
-def test_a_full_dev_shm_raises_instead_of_a_bus_error(no_leaks, tmp_path):
-    # A real 1 MiB /dev/shm, in a mount namespace of its own.
+def _run_with_a_small_dev_shm(tmp_path, body):
+    """Runs ``body`` (a script) with a real 1 MiB /dev/shm, in a mount namespace of its own."""
     if shutil.which("unshare") is None:
-        pytest.skip("unshare(1) is not installed; the free-space check is covered by the test above")
+        pytest.skip("unshare(1) is not installed; the tests above cover the rules")
     probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip(f"cannot create a mount namespace here: {probe.stderr.decode().strip()}")
     script = tmp_path / "small.py"
-    script.write_text(textwrap.dedent(_SMALL_SHM.format(root=ROOT)))
-    result = subprocess.run(
+    script.write_text(textwrap.dedent(body.format(root=ROOT)))
+    proc = subprocess.Popen(
         ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs /dev/shm && exec {sys.executable} {script}"],
-        capture_output=True, text=True, timeout=30, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
-    assert result.returncode == 0, result.stderr  # not -SIGBUS
-    assert f"raised {errno.ENOSPC}" in result.stdout
-    assert "left []" in result.stdout
+    try:
+        out, err = proc.communicate(timeout=40)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, err  # not -SIGBUS
+    return out
+
+
+def test_a_full_dev_shm_raises_instead_of_a_bus_error(no_leaks, tmp_path):
+    out = _run_with_a_small_dev_shm(tmp_path, _SMALL_SHM)
+    assert f"raised {errno.ENOSPC}" in out
+    assert "left []" in out
+
+
+_BIG_BATCHES = """
+import sys
+sys.path.insert(0, {root!r})
+import grainlike as grain
+from tests.reliability.transforms import Big
+
+loader = grain.DataLoader(
+    data_source=list(range(32)),
+    sampler=grain.IndexSampler(32, grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
+    operations=[Big(), grain.Batch(8)], worker_count=2, worker_buffer_size=2)
+batches = list(loader)
+print("bytes", batches[0].nbytes, flush=True)
+print("firsts", *[int(b[0, 0, 0]) for b in batches], flush=True)
+"""
+
+
+def test_batches_larger_than_dev_shm_come_through(no_leaks, tmp_path):
+    # Batches of 2 MiB with 1 MiB of /dev/shm: they do not use it.
+    import grainlike as grain
+    from tests.reliability.transforms import Big
+
+    out = _run_with_a_small_dev_shm(tmp_path, _BIG_BATCHES)
+    assert "bytes 2097152" in out
+    loader = grain.DataLoader(  # the same loader, here
+        data_source=list(range(32)),
+        sampler=grain.IndexSampler(32, grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
+        operations=[Big(), grain.Batch(8)], worker_count=2, worker_buffer_size=2)
+    with iter(loader) as it:
+        firsts = [int(b[0, 0, 0]) for b in it]
+    assert f"firsts {' '.join(map(str, firsts))}" in out
 
 
 class _FdLimit:
