@@ -91,6 +91,12 @@ _LAZY = {
     "zeros_batch": "grainlike.specs:zeros_batch",
     "evaluate": "grainlike.evaluation:evaluate",
     "InJitIterator": "grainlike.in_jit:InJitIterator",
+    # Errors from worker processes and shared memory (grainlike only).
+    "WorkerError": "grainlike.dataset.workers:WorkerError",
+    "WorkerDiedError": "grainlike.dataset.workers:WorkerDiedError",
+    "WorkerStalledError": "grainlike.dataset.workers:WorkerStalledError",
+    "ForeignWorkersError": "grainlike.dataset.workers:ForeignWorkersError",
+    "SharedMemoryFullError": "grainlike.core.shm_owner:SharedMemoryFullError",
 }
 
 __getattr__, __dir__ = _attach(globals(), _LAZY)

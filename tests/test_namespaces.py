@@ -260,3 +260,24 @@ def test_grainlike_config_is_one_object():
     import grainlike.python
 
     assert grainlike.python.config is grainlike.config
+
+
+def test_worker_and_shared_memory_errors_are_public_and_lazy():
+    """The errors a training loop catches are importable from the top level, and
+    reaching them does not load the worker pool at ``import grainlike``."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, grainlike\n"
+        "assert 'grainlike.dataset.workers' not in sys.modules\n"
+        "from grainlike.dataset import workers\n"
+        "from grainlike.core import shm_owner\n"
+        "assert grainlike.WorkerDiedError is workers.WorkerDiedError\n"
+        "assert grainlike.WorkerStalledError is workers.WorkerStalledError\n"
+        "assert grainlike.ForeignWorkersError is workers.ForeignWorkersError\n"
+        "assert grainlike.WorkerError is workers.WorkerError\n"
+        "assert grainlike.SharedMemoryFullError is shm_owner.SharedMemoryFullError\n"
+        "assert issubclass(grainlike.WorkerDiedError, RuntimeError)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -49,10 +49,11 @@ class DataLoader:
       shard_options: which shard of the data this process loads; defaults to the
         sampler's shard options.
       read_options: read-ahead threads and buffer per process. Left as None,
-        sources in memory and local ArrayRecord / TFDS files are read without
-        threads (their batched reads are faster alone, see docs/performance.md)
-        and other sources get grain's default of 16 threads. A given ReadOptions
-        is used as it is, except that sources in memory never get threads.
+        every source is read in the calling thread (batched reads of memory and
+        local files are faster without threads, see docs/performance.md; grain
+        starts 16). A given ReadOptions is used as it is, except that sources in
+        memory never get threads: pass ``ReadOptions()`` for sources that wait on
+        I/O, such as network storage.
       enable_profiling: log per-stage timings of the workers.
       warm_start: with workers, compute the first outputs in the calling process
         while the workers start (same outputs, order and states), so the first
@@ -60,6 +61,10 @@ class DataLoader:
         (process start, imports, unpickling the pipeline). Off by default: with
         workers, transforms run only in the workers. grainlike only; grain has
         no such argument.
+      stall_timeout_s: a worker that makes no progress for this many seconds
+        (stuck in one call: a deadlock, a hung read, a stopped process) raises
+        ``grainlike.WorkerStalledError`` naming it, its pid, its state and its
+        Python stack. None or 0 turns the check off. grainlike only.
 
     Example:
       >>> import grainlike as grain
@@ -84,6 +89,7 @@ class DataLoader:
         read_options: Optional[ReadOptions] = None,
         enable_profiling: bool = False,
         warm_start: bool = False,
+        stall_timeout_s: Optional[float] = 300.0,
     ):
         worker_count = _determine_worker_count(worker_count)
         if isinstance(worker_buffer_size, bool) or not isinstance(worker_buffer_size, int):
@@ -113,6 +119,7 @@ class DataLoader:
             per_worker_buffer_size=max(worker_buffer_size, 1),
             enable_profiling=enable_profiling,
             warm_start=bool(warm_start),
+            stall_timeout_s=stall_timeout_s,
         )
         self._records = pipeline.SamplerMapDataset(data_source, sampler, shard_options)
         self._locator = self._records.locator

@@ -118,3 +118,39 @@ def test_stall_timeout_is_validated():
     with pytest.raises(ValueError, match="stall_timeout_s must be a number of seconds >= 0, or None"):
         MultiprocessingOptions(num_workers=1, stall_timeout_s=-1)
     assert MultiprocessingOptions().stall_timeout_s == 300.0
+
+
+def test_a_data_loader_reports_a_stuck_worker_after_its_stall_timeout(no_leaks):
+    import grainlike as grain
+
+    loader = grain.DataLoader(
+        data_source=grain.RangeDataSource(0, 8, 1),
+        sampler=grain.IndexSampler(8, grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
+        operations=[StuckAt(3)],
+        worker_count=2,
+        stall_timeout_s=1.0,
+    )
+    assert loader.multiprocessing_options.stall_timeout_s == 1.0
+    got = []
+    start = time.monotonic()
+    with pytest.raises(WorkerStalledError) as info:
+        with iter(loader) as it:
+            for x in it:
+                got.append(int(x))
+    assert time.monotonic() - start < 15
+    # Record 3 is worker 1's (worker w reads positions w, w + 2, ...).
+    assert "worker 1 of 2 (pid " in str(info.value)
+    assert got == [0, 1, 2]
+    assert grain.WorkerStalledError is WorkerStalledError
+
+
+def test_a_data_loader_stall_timeout_is_validated():
+    import grainlike as grain
+
+    with pytest.raises(ValueError, match="stall_timeout_s must be a number of seconds >= 0"):
+        grain.DataLoader(
+            data_source=[1, 2],
+            sampler=grain.SequentialSampler(2, grain.NoSharding()),
+            worker_count=1,
+            stall_timeout_s=-5,
+        )
