@@ -623,18 +623,23 @@ class WorkerPool:
                         return conn.recv() if read is None else read(conn)
                     except EOFError:
                         pass  # The worker is gone; report how.
-                proc.join(0.5)
-                code = proc.exitcode
+                error = self._died_error(w)
             except (OSError, ValueError, IndexError):
                 # close() in another thread closed the pipes or the process handle.
                 if self._closed:
                     raise self._closed_error(w) from None
                 raise
-            raise WorkerDiedError(
-                f"grainlike worker {w} of {self._w} (pid {proc.pid}) "
-                f"{_describe_exit(code)} before finishing its outputs "
-                f"(its state after its last delivered output: {self.states[w]!r}). {self._then()}"
-            )
+            raise error
+
+    def _died_error(self, w: int) -> WorkerDiedError:
+        """The error for worker ``w``, whose pipe shows that its process is gone."""
+        proc = self._shutdown.procs[w]
+        proc.join(0.5)
+        return WorkerDiedError(
+            f"grainlike worker {w} of {self._w} (pid {proc.pid}) "
+            f"{_describe_exit(proc.exitcode)} before finishing its outputs "
+            f"(its state after its last delivered output: {self.states[w]!r}). {self._then()}"
+        )
 
     def _check_progress(self, w: int, waiting_since: float) -> None:
         """Raises ``WorkerStalledError`` if worker ``w`` has not moved for the stall timeout.
@@ -782,7 +787,10 @@ class WorkerPool:
         for w in range(sd.launched):
             if not self._held[w] or self.exhausted[w] or not sd.results[w].poll():
                 continue
-            msg = self._recv(w)
+            try:
+                msg = self._recv(w)
+            except WorkerDiedError as e:
+                raise self._failure(w, e) from None
             if msg[0] == "err":  # The task failed to load in the worker.
                 raise _rebuild_error(w, sd.procs[w].pid, msg)
             if msg[0] != "ready":
@@ -790,7 +798,13 @@ class WorkerPool:
             local = self._local.pop(w, None)
             if local is not None:
                 local.close()
-            sd.controls[w].send(("start", self.states[w]))
+            try:
+                sd.controls[w].send(("start", self.states[w]))
+            except (OSError, ValueError):
+                # The worker died after it reported ready.
+                if self._closed:
+                    raise self._closed_error(w) from None
+                raise self._failure(w, self._died_error(w)) from None
             self._held[w] = False
 
     def _local_output(self, w: int) -> tuple[bool, Any]:

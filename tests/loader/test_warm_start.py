@@ -197,3 +197,21 @@ def test_without_warm_start_no_transform_runs_in_the_calling_process(no_leaks, e
         assert loader.multiprocessing_options.warm_start is False
     pids = {int(p) for b in loader for p in np.asarray(b["pid"]).ravel()}
     assert pids and os.getpid() not in pids
+
+
+def test_a_worker_killed_after_it_reported_ready_is_reported_by_name(no_leaks):
+    ops = [WithPid(), grain.Batch(2)]
+    expected = [_plain(b) for b in _loader(SlowToLoad(40, delay=0), ops, 2, warm_start=False)]
+    it = iter(_loader(SlowToLoad(40, delay=0), ops, 2))
+    got = [_plain(next(it))]
+    # Both workers have loaded their pipeline and wait to be told to start; one
+    # dies before the next call hands its task over.
+    _wait_all_ready(it, 2)
+    victim = it._stream.pids[1]
+    os.kill(victim, signal.SIGKILL)
+    assert leaks.wait_until(lambda: victim not in leaks.worker_children())
+    with pytest.raises(WorkerDiedError, match=rf"worker 1 of 2 \(pid {victim}\) .*SIGKILL"):
+        next(it)
+    got.extend(_plain(b) for b in it)
+    assert got == expected
+    it.close()
