@@ -551,12 +551,10 @@ class DatasetIterator(Iterator[T], abc.ABC):
             self._ctx: IteratorContext = ctx
         else:
             self._ctx = IteratorContext()
+        if len(self._parents) == 1:
+            # An attribute, not a property: stages read it once per element.
+            self._parent: DatasetIterator = self._parents[0]
         self._closed = False
-
-    @property
-    def _parent(self) -> "DatasetIterator":
-        assert len(self._parents) == 1, self._parents
-        return self._parents[0]
 
     def __iter__(self) -> "DatasetIterator[T]":
         return self
