@@ -110,13 +110,13 @@ class _RngPool:
         self._free.append(rng)
 
 
-def _require_seed(seed: Any, default: Any) -> Any:
+def _require_seed(seed: Any, default: Any, name: str) -> Any:
     seed = default if seed is None else seed
     if seed is None:
         raise ValueError(
             "`random_map` requires a seed. Please either provide it with "
             "`ds.seed(seed)` before any random transformations or pass it "
-            "directly with `ds.random_map(transform, seed=seed)`."
+            f"directly with `ds.random_map(transform, seed=seed)`. (transform: {name})"
         )
     return seed
 
@@ -187,7 +187,7 @@ class RandomMapMapDataset(ElementwiseMapDataset):
 
     def __init__(self, parent: MapDataset, transform: Any, seed: Optional[int] = None):
         super().__init__(parent, transform)
-        self._seed = _require_seed(seed, self._default_seed)
+        self._seed = _require_seed(seed, self._default_seed, self._name)
         self._pool = _RngPool(seed_key(self._seed, "random_map"))
 
     def _apply(self, index: int, element: Any) -> Any:
@@ -341,7 +341,7 @@ class RandomMapIterDataset(TransformIterDataset):
 
     def __init__(self, parent: IterDataset, transform: Any, seed: Optional[int] = None):
         super().__init__(parent, transform)
-        self._seed = _require_seed(seed, self._default_seed)
+        self._seed = _require_seed(seed, self._default_seed, self._name)
 
     def __iter__(self) -> DatasetIterator:
         return _RandomMapDatasetIterator(self._parent.__iter__(), self._fn, self._seed, self._name)

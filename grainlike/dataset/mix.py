@@ -34,7 +34,7 @@ def int_proportions(weights: Optional[Sequence[float]], count: int) -> list:
         return [1] * count
     weights = list(weights)
     if 0 in weights:
-        raise ValueError("Must specify all non-zero proportions for mixing.")
+        raise ValueError(f"Must specify all non-zero proportions for mixing. Got {weights}.")
     scale = 100 / min(weights)
     proportions = [int(w * scale) for w in weights]
     if len(proportions) != count:

@@ -27,7 +27,9 @@ class ShuffleMapDataset(MapDataset):
         super().__init__(parent)
         seed = self._default_seed if seed is None else seed
         if seed is None:
-            raise ValueError("`shuffle` requires a seed. Please provide it with `ds.seed(seed)`")
+            raise ValueError(
+                f"`shuffle` requires a seed. Please provide it with `ds.seed(seed)` (shuffling {parent})"
+            )
         if seed < 0 or seed >= 2**32:
             raise ValueError(f"Seed must be an integer between 0 and 2**32-1 (got {seed=}).")
         self._seed = int(seed)
