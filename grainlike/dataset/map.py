@@ -223,9 +223,11 @@ class _MapDatasetIterator(PassThroughStateIterator):
         super().__init__(parent)
         self._fn = fn
         self._name = name
+        # Called once per element: the bound method, without next()'s lookups.
+        self._pull = parent.__next__
 
     def __next__(self):
-        element = next(self._parent)
+        element = self._pull()
         if element is None:
             return None
         try:

@@ -213,7 +213,8 @@ class PrefetchDatasetIterator(DatasetIterator):
         self._error = error
 
     def __next__(self):
-        self._assert_not_closed()
+        if self._closed:  # Tested here, not by a call: this runs once per element.
+            self._assert_not_closed()
         while True:
             if not self._ready:
                 if self._error is not None:
