@@ -211,23 +211,14 @@ def test_state_below_the_top_is_the_dataset_apis(no_leaks, workers):
 
 
 def test_close_and_get_state_from_another_thread_do_not_wait_for_a_blocked_next(no_leaks):
-    import threading
     import time
 
     from grainlike.core.errors import ClosedIteratorError
+    from tests.helpers.threads import next_in_thread
     from tests.reliability.transforms import StuckAt
 
     it = iter(_loader(8, [StuckAt(0), grain.Batch(2)], workers=2, shuffle=False))
-    outcome = {}
-
-    def consume():
-        try:
-            outcome["value"] = next(it)
-        except BaseException as e:  # noqa: B902 - reported to the test
-            outcome["error"] = e
-
-    consumer = threading.Thread(target=consume)
-    consumer.start()
+    consumer, outcome = next_in_thread(it)
     time.sleep(1.0)  # next() now waits for worker 0, stuck on record 0
     assert consumer.is_alive()
     start = time.monotonic()

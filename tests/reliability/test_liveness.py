@@ -5,7 +5,6 @@ Also: close() and get_state() from another thread return while next() is blocked
 
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -14,6 +13,7 @@ from grainlike.core.errors import ClosedIteratorError
 from grainlike.dataset.base import MapDataset
 from grainlike.dataset.options import MultiprocessingOptions
 from grainlike.dataset.workers import WorkerPool, WorkerStalledError
+from tests.helpers.threads import next_in_thread
 from tests.reliability.transforms import Spin, StuckAt
 
 pytestmark = pytest.mark.timeout(60)
@@ -88,16 +88,7 @@ def test_a_slow_worker_that_keeps_moving_is_not_reported(no_leaks):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_close_and_get_state_from_another_thread_do_not_wait_behind_a_blocked_next(no_leaks, workers):
     it = iter(_prefetched(6, StuckAt(0), stall_timeout_s=None, workers=workers))
-    outcome = {}
-
-    def consume():
-        try:
-            outcome["value"] = next(it)
-        except BaseException as e:  # noqa: B902 - reported to the test
-            outcome["error"] = e
-
-    consumer = threading.Thread(target=consume)
-    consumer.start()
+    consumer, outcome = next_in_thread(it)
     time.sleep(1.0)  # next() is now waiting for worker 0, stuck on element 0
     assert consumer.is_alive()
     start = time.monotonic()
