@@ -16,6 +16,8 @@ import secrets
 from typing import Optional
 
 SHM_DIR = "/dev/shm"
+# The prefix of InMemoryDataSource segments, the only named ones.
+SOURCE_PREFIX = "grainlike_src_"
 
 
 def _stat_start_time(pid: int) -> Optional[int]:

@@ -87,7 +87,7 @@ def sweep_orphans() -> int:
     of its own PID namespace and user only (see ``core.shm_owner``). Returns
     how many went.
     """
-    return shm_owner.sweep_orphans("grainlike_src_")
+    return shm_owner.sweep_orphans(shm_owner.SOURCE_PREFIX)
 
 
 def raise_fd_limit() -> None:

@@ -56,7 +56,6 @@ __all__ = ["InMemoryDataSource", "SharedMemoryDataSource"]
 _MAGIC = b"GLSRC001"
 _PREFIX = struct.Struct("<8sQ")
 _ALIGN = 64
-_NAME_PREFIX = "grainlike_src_"
 
 # Type codes of scalar records.
 _NONE, _BOOL, _INT, _FLOAT, _STR, _BYTES, _BIGINT = range(7)
@@ -107,12 +106,12 @@ def _create(name: Optional[str], size: int, what: str) -> shared_memory.SharedMe
         shm = shared_memory.SharedMemory(name=name, create=True, size=size)
     else:
         # Segments of owners that died without unlinking (a killed process group).
-        shm_owner.sweep_orphans(_NAME_PREFIX)
+        shm_owner.sweep_orphans(shm_owner.SOURCE_PREFIX)
         while True:
             # Our own prefix (not Python's "psm_") so leak checks can find our segments.
             try:
                 shm = shared_memory.SharedMemory(
-                    name=shm_owner.owned_name(_NAME_PREFIX), create=True, size=size
+                    name=shm_owner.owned_name(shm_owner.SOURCE_PREFIX), create=True, size=size
                 )
                 break
             except FileExistsError:
