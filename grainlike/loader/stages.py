@@ -371,7 +371,6 @@ class _BatchRecordsIterator(PassThroughStateIterator):
         alloc: Optional[tree.Allocator],
     ):
         super().__init__(parent)
-        self._records = parent
         self._op = op
         self._size = op.batch_size
         self._padding = padding
@@ -379,7 +378,7 @@ class _BatchRecordsIterator(PassThroughStateIterator):
         self._alloc = alloc
 
     def __next__(self) -> Record:
-        records = list(itertools.islice(self._records, self._size))
+        records = list(itertools.islice(self._parent, self._size))
         if not records or (len(records) < self._size and self._op.drop_remainder):
             raise StopIteration
         try:
