@@ -785,7 +785,7 @@ class WorkerPool:
         if sd.launch_error is not None:
             raise sd.launch_error
         for w in range(sd.launched):
-            if not self._held[w] or self.exhausted[w] or not sd.results[w].poll():
+            if not self._held[w] or self.exhausted[w] or self._failed[w] or not sd.results[w].poll():
                 continue
             try:
                 msg = self._recv(w)

@@ -238,3 +238,22 @@ def test_unguarded_module_run_with_dash_m_does_not_run_again_in_workers(tmp_path
     proc = _run(["-m", "unguarded_mod"], tmp_path)
     assert proc.stdout.count("top-level ran") == 1
     assert "ok" in proc.stdout
+
+
+def test_a_held_worker_killed_after_it_reported_ready_ends_only_itself(no_leaks):
+    from tests.helpers import leaks
+
+    with WorkerPool(Countdown([6, 6]), 2, [{"i": 0}, {"i": 0}], warm_start=True, error_ends_worker=True) as pool:
+        got = [next(pool)]  # Starts both workers held; this output is computed here.
+        sd = pool._shutdown
+        assert leaks.wait_until(
+            lambda: sd.launched == 2 and all(sd.results[w].poll() for w in range(2)), timeout=30
+        )
+        victim = pool.pids[1]
+        os.kill(victim, signal.SIGKILL)
+        assert leaks.wait_until(lambda: victim not in leaks.worker_children())
+        with pytest.raises(WorkerDiedError, match=rf"worker 1 of 2 \(pid {victim}\) .*SIGKILL"):
+            next(pool)
+        got.extend(pool)
+    # Worker 0 goes on from where the calling process left it; worker 1 ended.
+    assert got == [(0, 0)] + [(0, i) for i in range(1, 6)]
