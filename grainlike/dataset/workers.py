@@ -792,7 +792,7 @@ class WorkerPool:
             except WorkerDiedError as e:
                 raise self._failure(w, e) from None
             if msg[0] == "err":  # The task failed to load in the worker.
-                raise _rebuild_error(w, sd.procs[w].pid, msg)
+                raise self._failure(w, _rebuild_error(w, sd.procs[w].pid, msg))
             if msg[0] != "ready":
                 raise RuntimeError(f"unexpected message from held worker {w}: {msg[0]!r}")
             local = self._local.pop(w, None)

@@ -257,3 +257,27 @@ def test_a_held_worker_killed_after_it_reported_ready_ends_only_itself(no_leaks)
         got.extend(pool)
     # Worker 0 goes on from where the calling process left it; worker 1 ended.
     assert got == [(0, 0)] + [(0, i) for i in range(1, 6)]
+
+
+class FailsToLoad(Countdown):
+    """A Countdown that cannot be unpickled, i.e. loaded in a worker."""
+
+    def __setstate__(self, state):
+        raise KeyError("this task cannot be loaded in a worker")
+
+
+def test_held_workers_that_fail_to_load_report_once_each_when_errors_end_workers(no_leaks):
+    from tests.helpers import leaks
+
+    with WorkerPool(FailsToLoad([6, 6]), 2, [{"i": 0}, {"i": 0}], warm_start=True, error_ends_worker=True) as pool:
+        assert next(pool) == (0, 0)  # Computed here while the workers start.
+        sd = pool._shutdown
+        assert leaks.wait_until(
+            lambda: sd.launched == 2 and all(sd.results[w].poll() for w in range(2)), timeout=30
+        )
+        for w in range(2):
+            with pytest.raises(KeyError, match="cannot be loaded") as info:
+                next(pool)
+            assert any(f"raised in worker {w} " in n for n in getattr(info.value, "__notes__", [])), info.value
+        with pytest.raises(StopIteration):
+            next(pool)
