@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, Callable, Optional, Sequence
 
@@ -148,16 +149,9 @@ class _BatchDatasetIterator(PassThroughStateIterator):
         self._batcher = batcher
 
     def __next__(self):
-        values = []
         parent = self._parent
-        for _ in range(self._batch_size):
-            try:
-                values.append(next(parent))
-            except StopIteration:
-                if self._drop_remainder:
-                    raise
-                break
-        if not values:
+        values = list(itertools.islice(parent, self._batch_size))
+        if not values or (self._drop_remainder and len(values) < self._batch_size):
             raise StopIteration
         try:
             return self._batcher(values)
