@@ -596,7 +596,8 @@ class WorkerPool:
 
     def _closed_error(self, w: int) -> ClosedIteratorError:
         return ClosedIteratorError(
-            f"the worker pool was closed (close() from another thread, or at exit) "
+            "the worker pool was closed (by close(), before this call or from another "
+            "thread during it, or at exit) "
             f"while next() waited for worker {w} of {self._w}; the iterator keeps the "
             "state of its last delivered output"
         )
