@@ -154,8 +154,10 @@ def _read_stack(pid: int, fd: int) -> str:
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        # Once the dump has begun it is written at once; a pause means it ended.
-        ready, _, _ = select.select([fd], [], [], min(left, 0.3) if chunks else left)
+        # faulthandler writes the dump line by line from a signal handler, and a
+        # loaded machine can pause the worker between two lines: only the
+        # deadline (or the worker's exit) says the dump is complete.
+        ready, _, _ = select.select([fd], [], [], left)
         if not ready:
             break
         data = os.read(fd, 1 << 16)
