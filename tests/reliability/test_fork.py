@@ -8,14 +8,13 @@ normally. The parent then finishes its epoch.
 """
 
 import os
-import signal
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
 from tests.helpers import leaks
+from tests.helpers.processes import run_in_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -83,16 +82,9 @@ it.close()
 def test_a_forked_child_neither_uses_nor_stops_the_parents_workers(no_leaks, tmp_path, face, how):
     script = tmp_path / "fork_script.py"
     script.write_text(textwrap.dedent(_SCRIPT.format(root=ROOT)))
-    proc = subprocess.Popen(
-        [sys.executable, str(script), face, how], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, cwd=str(tmp_path), start_new_session=True,
+    proc, out, err = run_in_session(
+        [sys.executable, str(script), face, how], timeout=45, cwd=str(tmp_path)
     )
-    try:
-        out, err = proc.communicate(timeout=45)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
     lines = out.splitlines()
     assert proc.returncode == 0, err
     child_pid = next(int(line.split()[-1]) for line in lines if line.startswith("child pid"))

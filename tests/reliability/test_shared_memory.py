@@ -19,6 +19,7 @@ from grainlike.core import shm_owner
 from grainlike.dataset import shm
 from grainlike.sources.in_memory import InMemoryDataSource
 from tests.helpers import leaks
+from tests.helpers.processes import run_in_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PREFIX = "grainlike_src_"
@@ -214,16 +215,10 @@ def _run_with_a_small_dev_shm(tmp_path, body):
         pytest.skip(f"cannot create a mount namespace here: {probe.stderr.decode().strip()}")
     script = tmp_path / "small.py"
     script.write_text(textwrap.dedent(body.format(root=ROOT)))
-    proc = subprocess.Popen(
+    proc, out, err = run_in_session(
         ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs /dev/shm && exec {sys.executable} {script}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        timeout=40,
     )
-    try:
-        out, err = proc.communicate(timeout=40)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
     assert proc.returncode == 0, err  # not -SIGBUS
     return out
 
