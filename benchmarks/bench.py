@@ -33,6 +33,11 @@ PLAN = [
     ("W5", [0, 2], 128),
     ("W6", [2], 64),
 ]
+# Workloads with their own module: each module has
+# ``run(reps: int, seconds: float, libs: list[str]) -> str`` that measures
+# grainlike beside its peers (in fresh subprocesses, interleaved) and returns a
+# markdown section for the report.
+SECTIONS: dict[str, str] = {}
 DESCRIPTIONS = {
     "W1": "1e6 small int records, identity map, Batch(128): records/s",
     "W2": "20k JPEG 96x96 -> decode+resize 64+normalise, crop 56+flip, Batch(64): images/s",
@@ -232,6 +237,7 @@ def main(argv=None) -> int:
     libs = [l for l in args.libs.split(",") if l == "grainlike" or _have(l)]
     only = {w.strip() for w in args.only.split(",") if w.strip()}
     plan = [p for p in PLAN if not only or p[0] in only]
+    sections = [(k, m) for k, m in SECTIONS.items() if not only or k in only]
 
     from benchmarks import workloads
 
@@ -250,7 +256,13 @@ def main(argv=None) -> int:
                     print(f"[{rep + 1}/{args.reps}] {workload} W={w} {lib}: {r}", file=sys.stderr)
     floor = _run_child(["floors", "-", "0", "0", "0"], timeout=300)[0] if any(p[0] in ("W2", "W3", "W6") for p in plan) else {}
 
-    print(_report(results, libs, plan, floor, args))
+    report = _report(results, libs, plan, floor, args) if plan else ""
+    for key, module in sections:
+        import importlib
+
+        print(f"running {key} ({module}) ...", file=sys.stderr)
+        report += "\n\n" + importlib.import_module(module).run(args.reps, args.seconds, libs)
+    print(report)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"|".join(map(str, k)): v for k, v in results.items()} | {"floors": floor}, f, indent=1)
