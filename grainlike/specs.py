@@ -1,28 +1,58 @@
 """Shapes and dtypes of a loader's batches, for initialising a model before training.
 
-``element_spec(loader)`` runs the loader's pipeline in the calling process until it
-produces one output (the first batch of worker 0; no worker process starts,
-whatever the loader's ``worker_count``) and describes it as a pytree of
-``jax.ShapeDtypeStruct``. ``zeros_batch(loader)`` is an all-zero batch of the same
-structure, shapes and dtypes. With ``Batch(..., pad=True)`` every batch has this
-structure, including the last, so one compiled step fits all.
+``element_spec(loader)`` describes the loader's batches as a pytree of
+``jax.ShapeDtypeStruct``; ``zeros_batch(loader)`` is an all-zero batch of the same
+structure, shapes and dtypes. Both read one element in the calling process (the
+first element of worker 0, after the operations before the loader's ``Batch``; no
+worker process starts, whatever the loader's ``worker_count``) and build the batch
+from it with the loader's own ``Batch`` (its ``batch_fn`` and ``pad``), so the
+result is the *configured* batch, not whatever the loader happens to yield first:
+
+- ``batch_size=None`` (default): the ``Batch``'s ``batch_size``; a loader without
+  ``Batch`` gives one observation (no leading batch axis);
+- ``batch_size=n``: a leading axis of ``n`` (JaxSGMC's ``initializer_batch(mb_size)``).
 
 jax is imported inside ``element_spec``; ``zeros_batch`` needs numpy only.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from grainlike.core import tree
+from grainlike.core.transforms import Batch, MapTransform
+from grainlike.loader import pipeline
 from grainlike.loader.options import ReadOptions
+from grainlike.loader.stages import _with_mask
 
 __all__ = ["element_spec", "first_output", "zeros_batch"]
 
 # Numeric kinds a device holds: bool, signed, unsigned, float, complex.
 _DEVICE_KINDS = frozenset("biufc")
+
+
+def _first(loader: Any, operations: list) -> Any:
+    """Worker 0's first output of ``operations`` over the loader's records, in process."""
+    options = ReadOptions(num_threads=0, prefetch_buffer_size=loader.read_options.prefetch_buffer_size)
+    ds = pipeline.records_dataset(
+        loader._records,
+        operations,
+        pipeline.reading_options(loader.data_source, options),
+        worker=(0, loader.worker_count),
+    )
+    it = ds.__iter__()
+    try:
+        for output in it:
+            return output
+    finally:
+        it.close()
+    raise ValueError(
+        f"the loader produced no output to describe (sampler {loader.sampler!r}, "
+        f"{len(operations)} operations before the Batch): every record was filtered "
+        "out or worker 0 has no records"
+    )
 
 
 def first_output(loader: Any) -> Any:
@@ -34,25 +64,64 @@ def first_output(loader: Any) -> Any:
     Raises:
       ValueError: the pipeline produces no output (e.g. a filter drops every record).
     """
-    options = ReadOptions(num_threads=0, prefetch_buffer_size=loader.read_options.prefetch_buffer_size)
-    it = loader._worker_dataset(0, options).__iter__()
-    try:
-        for output in it:
-            return output
-    finally:
-        it.close()
-    raise ValueError(
-        f"the loader produced no output to describe (sampler {loader.sampler!r}, "
-        f"{len(loader.operations)} operations): every record was filtered out or "
-        "worker 0 has no records"
-    )
+    return _first(loader, list(loader.operations))
 
 
-def element_spec(loader: Any, *, sharding: Any = None) -> Any:
+def _check_batch_size(batch_size: Any) -> None:
+    if batch_size is None:
+        return
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+
+
+def example_batch(loader: Any, batch_size: Optional[int] = None) -> Any:
+    """A batch of the loader's structure, shapes and dtypes, from one element (numpy).
+
+    Every row is the loader's first element (worker 0's); see the module docstring
+    for ``batch_size``.
+
+    Raises:
+      ValueError: a bad ``batch_size``, or no element to describe.
+      TypeError: an operation after the ``Batch`` that is not a MapTransform.
+    """
+    _check_batch_size(batch_size)
+    operations = list(loader.operations)
+    last = max((i for i, op in enumerate(operations) if isinstance(op, Batch)), default=None)
+    if last is None:
+        element = _first(loader, operations)
+        if batch_size is None:
+            return element
+        return tree.stack([element] * int(batch_size))
+    first = min(i for i, op in enumerate(operations) if isinstance(op, Batch))
+    op = operations[first]
+    element = _first(loader, operations[:first])
+    size = op.batch_size if batch_size is None else int(batch_size)
+    values = [element] * size
+    batch = op.batch_fn(values) if op.batch_fn is not None else tree.stack(values)
+    if op.pad:
+        batch = _with_mask(batch, np.ones(size, dtype=bool), op)
+    for i, later in enumerate(operations[first + 1:], first + 1):
+        if isinstance(later, Batch):
+            raise TypeError(
+                f"operations[{i}] is a second Batch ({later!r}); describe this loader's "
+                "batches with first_output(loader) instead"
+            )
+        if not isinstance(later, MapTransform):
+            raise TypeError(
+                f"operations[{i}] ({later!r}) comes after the Batch and is not a "
+                "MapTransform; describe this loader's batches with first_output(loader)"
+            )
+        batch = later.map(batch)
+    return batch
+
+
+def element_spec(loader: Any, batch_size: Optional[int] = None, *, sharding: Any = None) -> Any:
     """The structure, shapes and dtypes of the loader's batches.
 
     Args:
       loader: a ``DataLoader``.
+      batch_size: None for the loader's ``Batch`` size (one observation when it
+        has no ``Batch``), or the leading size to describe.
       sharding: optional ``jax.sharding.Sharding`` to put in every spec (for
         ``jax.jit(...).lower(spec)`` of a sharded step).
 
@@ -72,12 +141,13 @@ def element_spec(loader: Any, *, sharding: Any = None) -> Any:
             return None
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
-    return tree.map_structure(lambda x: spec(np.asarray(x)), first_output(loader))
+    return tree.map_structure(lambda x: spec(np.asarray(x)), example_batch(loader, batch_size))
 
 
-def zeros_batch(loader: Any) -> Any:
+def zeros_batch(loader: Any, batch_size: Optional[int] = None) -> Any:
     """An all-zero batch of the loader's structure, shapes and dtypes (numpy).
 
-    Non-numeric leaves are zero-valued too (empty strings). See ``element_spec``.
+    Non-numeric leaves are zero-valued too (empty strings). A padded loader's
+    ``mask`` is all False. See ``element_spec`` for ``batch_size``.
     """
-    return tree.zeros_like(first_output(loader))
+    return tree.zeros_like(example_batch(loader, batch_size))

@@ -100,3 +100,81 @@ def test_first_output_raises_when_everything_is_filtered():
     )
     with pytest.raises(ValueError, match="no output"):
         first_output(loader)
+
+
+class CountingSource:
+    """10 records; remembers every key read."""
+
+    def __init__(self, n=10):
+        self.n = n
+        self.reads = []
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, k):
+        self.reads.append(k)
+        return {"x": np.int32(k), "v": np.zeros(3, np.float32)}
+
+
+def counting_loader(operations, worker_count=0, n=10):
+    source = CountingSource(n)
+    loader = grain.DataLoader(
+        data_source=source,
+        sampler=grain.IndexSampler(n, grain.NoSharding(), shuffle=True, num_epochs=1, seed=0),
+        operations=operations,
+        worker_count=worker_count,
+    )
+    return loader, source
+
+
+def test_spec_is_the_configured_batch_not_the_first_output():
+    # 2 workers over 10 records: worker 0's first batch holds 5 records.
+    loader, source = counting_loader([grain.Batch(8)], worker_count=2)
+    assert first_output(loader)["x"].shape == (5,)
+    source.reads.clear()
+    spec = element_spec(loader)
+    assert spec["x"] == jax.ShapeDtypeStruct((8,), np.int32)
+    assert spec["v"] == jax.ShapeDtypeStruct((8, 3), np.float32)
+    assert len(source.reads) == 1  # one element read, nothing beyond
+
+
+def test_drop_remainder_over_too_few_records_still_has_a_spec():
+    loader, _ = counting_loader([grain.Batch(16, drop_remainder=True)])
+    assert list(loader) == []
+    assert element_spec(loader)["x"].shape == (16,)
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_an_explicit_batch_size_sets_the_leading_axis(pad):
+    loader, source = counting_loader([grain.Batch(4, pad=pad)])
+    zeros = zeros_batch(loader, batch_size=1000)
+    assert zeros["x"].shape == (1000,) and zeros["v"].shape == (1000, 3)
+    assert ("mask" in zeros) == pad
+    if pad:
+        assert zeros["mask"].shape == (1000,) and not zeros["mask"].any()
+    assert len(source.reads) == 1
+
+
+def test_a_loader_without_batch_describes_one_observation():
+    loader, _ = counting_loader([])
+    spec = element_spec(loader)
+    assert spec == {"x": jax.ShapeDtypeStruct((), np.int32), "v": jax.ShapeDtypeStruct((3,), np.float32)}
+    assert zeros_batch(loader, 3)["v"].shape == (3, 3)
+
+
+def test_the_spec_matches_what_the_loader_yields_with_a_batch_fn():
+    def pairs(values):
+        return {"x": np.stack([v["x"] for v in values]).reshape(-1, 2)}
+
+    loader, _ = counting_loader([grain.Batch(4, batch_fn=pairs)])
+    batch = next(iter(loader))
+    spec = element_spec(loader)
+    assert spec["x"] == jax.ShapeDtypeStruct(batch["x"].shape, batch["x"].dtype) == \
+        jax.ShapeDtypeStruct((2, 2), np.int32)
+
+
+def test_bad_batch_size_is_rejected():
+    loader, _ = counting_loader([grain.Batch(4)])
+    with pytest.raises(ValueError, match="batch_size must be a positive int or None, got 0"):
+        zeros_batch(loader, 0)
