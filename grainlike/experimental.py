@@ -26,6 +26,7 @@ from grainlike.dataset import (
     set_next_index,
 )
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
+from grainlike.dataset.interleave import InterleaveIterDataset
 
 __all__ = [
     "DatasetOptions",
@@ -33,6 +34,7 @@ __all__ = [
     "FlatMapIterDataset",
     "FlatMapMapDataset",
     "FlatMapTransform",
+    "InterleaveIterDataset",
     "LimitIterDataset",
     "MapWithIndexTransform",
     "RepeatIterDataset",

@@ -438,13 +438,20 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
         new_states = copy.deepcopy(list(states))
         # Check each worker state on a parent iterator here, so that a bad state
         # fails now and leaves this iterator as it was.
-        probe = self._parent_ds.__iter__()
-        try:
-            for worker_state in new_states:
-                if worker_state is not None:
-                    probe.set_state(copy.deepcopy(worker_state))
-        finally:
-            probe.close()
+        # A worker's state is one of its slice: a stage that slices what it
+        # iterates (an interleave slices its datasets) is probed on that slice.
+        for worker_index, worker_state in enumerate(new_states):
+            if worker_state is None:
+                continue
+            ds = self._parent_ds
+            if w > 1:
+                ds = _stage_copy(ds)
+                _set_slice(ds, slice(worker_index, None, w))
+            probe = ds.__iter__()
+            try:
+                probe.set_state(copy.deepcopy(worker_state))
+            finally:
+                probe.close()
         self._drop_pool()
         self._states = new_states
         self._exhausted = [bool(e) for e in exhausted]

@@ -1,0 +1,126 @@
+"""``InterleaveIterDataset`` against grain 0.2.18.
+
+The same elements in the same order and the same state before every step, for
+MapDatasets, IterDatasets and a MapDataset of datasets, cycles shorter and longer
+than the list; restores across the two libraries both ways, at every step in
+process and under ``mp_prefetch`` with 2 workers.
+"""
+
+import pytest
+
+from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
+from tests.compat.dataset_pairs import GRAINLIKE, assert_same, check_pipeline, grain_namespace, rest
+from tests.compat.experimental_pairs import experimental
+from tests.helpers.leaks import no_leaks  # noqa: F401  (a fixture)
+
+LIB = GRAINLIKE
+
+
+@pytest.fixture(scope="module")
+def grain_lib(grain_ref):
+    """grain's names, after a first mp_prefetch (which opens descriptors grain keeps).
+
+    Module-scoped, so it runs before ``no_leaks`` takes its snapshot.
+    """
+    options = grain_ref.MultiprocessingOptions(num_workers=1)
+    it = iter(grain_ref.MapDataset.range(2).to_iter_dataset().mp_prefetch(options))
+    list(it)
+    it.close()
+    return grain_namespace(grain_ref)
+
+
+def _datasets(lib, kind, n=5):
+    """Datasets of 1, 2, 3, 1, 2 elements: slots end at different steps."""
+    if kind == "map_of_datasets":
+        return lib.MapDataset.range(n).map(lambda i: lib.MapDataset.range(i * 10, i * 10 + i % 3 + 1))
+    dss = [lib.MapDataset.range(i * 10, i * 10 + i % 3 + 1) for i in range(n)]
+    if kind == "iter":
+        dss = [d.to_iter_dataset().map(lambda x: x + 1) for d in dss]
+    return dss
+
+
+@pytest.mark.parametrize("kind", ["map", "iter", "map_of_datasets"])
+@pytest.mark.parametrize("cycle_length", [1, 2, 3, 7])
+def test_interleave_order_and_states_match_reference(grain_lib, kind, cycle_length):
+    def build(lib):
+        return experimental(lib).InterleaveIterDataset(_datasets(lib, kind), cycle_length=cycle_length)
+
+    values = check_pipeline(build, grain_lib)
+    assert sorted(values) == sorted(v for ds in _datasets(LIB, kind) for v in ds)
+
+
+def test_interleave_prefetch_arguments_do_not_change_the_order(grain_lib):
+    def build(lib):
+        dss = [lib.MapDataset.range(i * 10, i * 10 + 4).to_iter_dataset() for i in range(4)]
+        return experimental(lib).InterleaveIterDataset(
+            dss, cycle_length=2, num_make_iter_threads=2, make_iter_buffer_size=3, iter_buffer_size=4
+        ).batch(3)
+
+    check_pipeline(build, grain_lib)
+
+
+def test_interleave_restores_at_every_step():
+    ds = experimental(LIB).InterleaveIterDataset(_datasets(LIB, "iter"), cycle_length=2)
+    assert_equal_output_after_checkpoint(ds)
+
+
+def test_interleave_state_of_a_fresh_iterator_names_the_first_cycle(grain_lib):
+    # Before the first element the state already holds each slot's iterator.
+    for lib in (grain_lib, LIB):
+        state = iter(experimental(lib).InterleaveIterDataset(_datasets(lib, "map"), cycle_length=3)).get_state()
+        assert state == {
+            "next_index_in_cycle": 0,
+            "next_index_in_datasets": 3,
+            "iterators_in_use_indices": [0, 1, 2],
+            "iterators_in_use_states": [{"next_index": 0}] * 3,
+            "exhausted": [0, 0, 0],
+            "future_states": {},
+        }
+
+
+def test_interleave_of_one_dataset_reports_its_next_index(grain_lib):
+    for lib in (grain_lib, LIB):
+        it = iter(experimental(lib).InterleaveIterDataset([lib.MapDataset.range(6)], cycle_length=2))
+        next(it), next(it)
+        assert lib.get_next_index(it) == 2
+        lib.set_next_index(it, 4)
+        assert list(it) == [4, 5]
+
+
+@pytest.mark.timeout(120)
+def test_interleave_under_mp_prefetch_matches_reference_and_restores(grain_lib, no_leaks):
+    def build(lib):
+        ds = experimental(lib).InterleaveIterDataset(_datasets(lib, "iter", n=6), cycle_length=2)
+        return ds.mp_prefetch(lib.MultiprocessingOptions(num_workers=2))
+
+    g_it = iter(build(grain_lib))
+    g_values, g_states = [], []
+    while True:
+        g_states.append(g_it.get_state())
+        try:
+            g_values.append(next(g_it))
+        except StopIteration:
+            break
+    k = len(g_values) // 2
+    g_it.set_state(g_states[k])
+    g_rest = rest(g_it)
+    g_it.close()
+    assert_same(g_values[k:], g_rest)
+
+    l_ds = build(LIB)
+    l_it = iter(l_ds)
+    l_values, l_states = [], []
+    while True:
+        l_states.append(l_it.get_state())
+        try:
+            l_values.append(next(l_it))
+        except StopIteration:
+            break
+    l_it.close()
+    assert_same(g_values, l_values, "elements")
+    assert l_states == g_states
+    it = iter(l_ds)
+    it.set_state(g_states[k])
+    assert_same(g_values[k:], rest(it), "grainlike restored from grain's state")
+    it.close()
+    assert_equal_output_after_checkpoint(l_ds)
