@@ -1,0 +1,265 @@
+"""``ParquetDataSource``: random access to the rows of Parquet files.
+
+Global record keys run over the files in order, and within a file over its row
+groups: with two files of 100 rows, key 130 is row 30 of the second file. A
+batched read (``__getitems__``) reads each row group it touches once, only the
+selected columns, and takes the rows it needs before converting them to numpy.
+The last few row groups read stay decoded (Arrow tables), so reads that move
+through the data in order, or shuffled within a window, read each row group once.
+
+Files are opened lazily, in the process that reads, and dropped when the source
+is pickled; paths may be local, ``file://``, ``s3://`` or ``gs://`` URLs or etils
+``epath`` objects (see ``grainlike.sources.remote``). ``pyarrow`` is imported only
+when a file is opened: ``pip install "grainlike[parquet]"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent import futures
+from typing import Any, Optional, SupportsIndex
+
+import numpy as np
+
+from grainlike.core.errors import add_note
+from grainlike.sources import remote
+
+__all__ = ["ParquetDataSource", "columns_to_numpy"]
+
+_MAX_OPENING_THREADS = 64
+
+
+def _pyarrow_parquet():
+    try:
+        import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+        raise ImportError('reading Parquet files needs pyarrow: pip install "grainlike[parquet]"') from e
+    return pq
+
+
+def columns_to_numpy(table: Any) -> dict:
+    """``{column name: numpy array}`` of an Arrow table, as grain's Parquet reader makes them.
+
+    Numbers become numeric arrays, strings object arrays of ``str``, lists object
+    arrays of numpy arrays (``pyarrow``'s ``to_numpy()``).
+    """
+    return {table.field(i).name: table.column(i).to_numpy() for i in range(table.num_columns)}
+
+
+def _open_parquet(path: Any, options: remote.RemoteOptions, read_kwargs: dict) -> Any:
+    pq = _pyarrow_parquet()
+    url = remote.to_url(path)
+    source = remote.open_input(url, options)
+    if isinstance(source, str) and not os.path.exists(source):
+        raise FileNotFoundError(f"ParquetDataSource: file not found: {url!r}")
+    try:
+        return pq.ParquetFile(source, **read_kwargs)
+    except (FileNotFoundError, PermissionError, remote.RemoteReadError):
+        raise
+    except Exception as e:
+        raise ValueError(f"{url!r} is not a readable Parquet file: {type(e).__name__}: {e}") from e
+
+
+class ParquetDataSource:
+    """Reads rows of Parquet files as dicts of numpy values, by global row number.
+
+    Args:
+      paths: a path or URL (``str``, ``os.PathLike``, ``epath.Path``) or a sequence
+        of them.
+      columns: the columns to read (all when None); a record has these keys.
+      remote_options: how remote files are reached (credentials, retries,
+        read-ahead, a local cache); see ``grainlike.sources.remote.RemoteOptions``.
+      cached_row_groups: how many decoded row groups each process keeps.
+      **read_kwargs: passed to ``pyarrow.parquet.ParquetFile`` (as grain's
+        ``ParquetIterDataset`` passes them).
+
+    Raises:
+      FileNotFoundError: a file does not exist (named in the message).
+      ValueError: ``paths`` is empty; a file is not Parquet; a column is missing.
+
+    Example:
+        source = ParquetDataSource(["train-0.parquet", "train-1.parquet"], columns=["text"])
+        source[5]  # {"text": "..."}
+        source.__getitems__([9, 2, 9])  # each row group touched is read once
+        repr(source)  # "ParquetDataSource(hash_of_paths=<sha1>, columns=['text'])"
+    """
+
+    def __init__(
+        self,
+        paths: Any,
+        columns: Optional[Sequence[str]] = None,
+        *,
+        remote_options: Optional[remote.RemoteOptions] = None,
+        cached_row_groups: int = 4,
+        **read_kwargs: Any,
+    ):
+        if isinstance(paths, (str, bytes, os.PathLike)):
+            paths = [paths]
+        paths = [remote.to_url(p) for p in paths]
+        if not paths:
+            raise ValueError("ParquetDataSource: the list of paths is empty.")
+        if cached_row_groups < 1:
+            raise ValueError(f"ParquetDataSource: cached_row_groups must be >= 1, got {cached_row_groups}")
+        self._paths = paths
+        self._columns = None if columns is None else list(columns)
+        self._options = remote_options or remote.RemoteOptions()
+        self._cached_row_groups = cached_row_groups
+        self._read_kwargs = read_kwargs
+        with futures.ThreadPoolExecutor(min(len(paths), _MAX_OPENING_THREADS)) as pool:
+            metas = list(pool.map(self._row_group_sizes, range(len(paths))))
+        # One entry per row group of every file: (file index, row group index), and
+        # _ends[g]: one past the global key of row group g's last row.
+        self._groups = [(f, g) for f, sizes in enumerate(metas) for g in range(len(sizes))]
+        sizes = [n for s in metas for n in s]
+        self._ends = np.cumsum(np.asarray(sizes, dtype=np.int64)).astype(np.int64)
+        self._firsts = self._ends - np.asarray(sizes, dtype=np.int64)
+        self._len = int(self._ends[-1]) if len(self._ends) else 0
+        self._init_process_state()
+
+    def _row_group_sizes(self, file_index: int) -> list:
+        pf = _open_parquet(self._paths[file_index], self._options, self._read_kwargs)
+        try:
+            if self._columns is not None:
+                names = set(pf.schema_arrow.names)
+                missing = [c for c in self._columns if c not in names]
+                if missing:
+                    raise ValueError(
+                        f"ParquetDataSource: columns {missing} are not in {self._paths[file_index]!r} "
+                        f"(it has {sorted(names)})"
+                    )
+            meta = pf.metadata
+            return [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        finally:
+            pf.close()
+
+    # -- per-process state, never pickled ------------------------------------------
+
+    def _init_process_state(self) -> None:
+        self._files: dict = {}
+        self._tables: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for key in ("_files", "_tables", "_lock", "_pid"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def _state(self) -> None:
+        if getattr(self, "_pid", None) != os.getpid():
+            self._init_process_state()
+
+    def _file(self, file_index: int) -> Any:
+        pf = self._files.get(file_index)
+        if pf is None:
+            pf = _open_parquet(self._paths[file_index], self._options, self._read_kwargs)
+            self._files[file_index] = pf
+        return pf
+
+    def _row_group(self, group: int) -> Any:
+        """The Arrow table of row group ``group`` (global numbering), cached."""
+        with self._lock:
+            table = self._tables.get(group)
+            if table is not None:
+                self._tables.move_to_end(group)
+                return table
+            file_index, row_group = self._groups[group]
+            table = self._file(file_index).read_row_group(row_group, columns=self._columns)
+            self._tables[group] = table
+            while len(self._tables) > self._cached_row_groups:
+                self._tables.popitem(last=False)
+            return table
+
+    def close(self) -> None:
+        """Closes open files and drops cached row groups; a later read reopens them."""
+        self._state()
+        with self._lock:
+            files, self._files = self._files, {}
+            self._tables.clear()
+        for pf in files.values():
+            pf.close()
+
+    def __enter__(self) -> "ParquetDataSource":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- reading -----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _out_of_range(self, key: int) -> IndexError:
+        return IndexError(f"record_key {key} is out of range for ParquetDataSource of length {self._len}")
+
+    def __getitem__(self, record_key: SupportsIndex) -> dict:
+        key = operator.index(record_key)
+        if key < 0 or key >= self._len:
+            raise self._out_of_range(key)
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, record_keys: Sequence[SupportsIndex]) -> list:
+        """Reads ``[self[k] for k in record_keys]``, each row group touched once."""
+        self._state()
+        keys = np.asarray(record_keys)
+        if keys.size == 0:
+            return []
+        if keys.dtype.kind not in "iu" or keys.ndim != 1:
+            keys = np.array([operator.index(k) for k in record_keys], dtype=np.int64)
+        keys = keys.astype(np.int64, copy=False)
+        bad = (keys < 0) | (keys >= self._len)
+        if bad.any():
+            raise self._out_of_range(int(keys[np.argmax(bad)]))
+        groups = np.searchsorted(self._ends, keys, side="right")
+        rows = keys - self._firsts[groups]
+        order = np.argsort(groups, kind="stable")
+        cuts = np.flatnonzero(np.diff(groups[order])) + 1
+        out: list = [None] * len(keys)
+        for members in np.split(order, cuts):
+            group = int(groups[members[0]])
+            try:
+                table = self._row_group(group)
+                columns = columns_to_numpy(table.take(rows[members]))
+            except Exception as e:
+                file_index, row_group = self._groups[group]
+                shown = keys[members][:8].tolist()
+                add_note(
+                    e,
+                    f"ParquetDataSource: while reading record_keys {shown}"
+                    f"{'...' if len(members) > 8 else ''} (row group {row_group} of "
+                    f"{self._paths[file_index]!r})"
+                )
+                raise
+            names = list(columns)
+            values = [columns[n] for n in names]
+            for j, i in enumerate(members.tolist()):
+                out[i] = {n: v[j] for n, v in zip(names, values)}
+        return out
+
+    def __iter__(self):
+        for start in range(0, self._len, 1024):
+            yield from self.__getitems__(range(start, min(start + 1024, self._len)))
+
+    # -- identity ----------------------------------------------------------------
+
+    @property
+    def paths(self) -> list[str]:
+        """The files, as given (URLs as strings)."""
+        return list(self._paths)
+
+    def __repr__(self) -> str:
+        # A hash, as grain's ArrayRecordDataSource: lists of paths can be very long.
+        h = hashlib.sha1()
+        for path in self._paths:
+            h.update(path.encode())
+        return f"ParquetDataSource(hash_of_paths={h.hexdigest()}, columns={self._columns!r})"
