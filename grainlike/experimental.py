@@ -27,6 +27,7 @@ from grainlike.dataset import (
 )
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
 from grainlike.dataset.interleave import InterleaveIterDataset
+from grainlike.dataset.parquet import ParquetIterDataset
 
 __all__ = [
     "DatasetOptions",
@@ -37,6 +38,7 @@ __all__ = [
     "InterleaveIterDataset",
     "LimitIterDataset",
     "MapWithIndexTransform",
+    "ParquetIterDataset",
     "RepeatIterDataset",
     "ThreadPrefetchDatasetIterator",
     "ThreadPrefetchIterDataset",
