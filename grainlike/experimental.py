@@ -27,6 +27,7 @@ from grainlike.dataset import (
 )
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
 from grainlike.dataset.interleave import InterleaveIterDataset
+from grainlike.dataset.tfrecord import TFRecordIterDataset
 from grainlike.dataset.parquet import ParquetIterDataset
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "MapWithIndexTransform",
     "ParquetIterDataset",
     "RepeatIterDataset",
+    "TFRecordIterDataset",
     "ThreadPrefetchDatasetIterator",
     "ThreadPrefetchIterDataset",
     "WindowShuffleIterDataset",

@@ -1,0 +1,108 @@
+"""``TFRecordIterDataset`` against grain 0.2.18 on files written by grainlike's writer.
+
+The framing is checked against the format (length, masked CRC-32C of the length,
+data, masked CRC-32C of the data); grain reads the same file to the same records
+and states, and the states restore across the libraries.
+"""
+
+import struct
+
+import numpy as np
+import pytest
+
+from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
+from grainlike.dataset.crc32c import masked_crc32c
+from grainlike.dataset.tfrecord import CorruptRecordError, TFRecordIterDataset, write_tfrecords
+from tests.compat.dataset_pairs import GRAINLIKE, check_pipeline, grain_namespace
+from tests.compat.experimental_pairs import experimental
+
+RECORDS = [b"", b"a", b"hello tfrecord", bytes(range(256)) * 20, b"\x00" * 5000, b"last"]
+
+
+@pytest.fixture
+def path(tmp_path):
+    p = tmp_path / "data.tfrecord"
+    write_tfrecords(p, RECORDS)
+    return str(p)
+
+
+def test_writer_frames_records_as_the_format_says(path):
+    raw = open(path, "rb").read()
+    offset = 0
+    for record in RECORDS:
+        length, length_crc = struct.unpack_from("<QI", raw, offset)
+        assert length == len(record)
+        assert length_crc == masked_crc32c(raw[offset : offset + 8])
+        data = raw[offset + 12 : offset + 12 + length]
+        assert data == record
+        (data_crc,) = struct.unpack_from("<I", raw, offset + 12 + length)
+        assert data_crc == masked_crc32c(record)
+        offset += 16 + length
+    assert offset == len(raw)
+
+
+def test_records_and_states_match_reference(grain_ref, path):
+    def build(lib):
+        return experimental(lib).TFRecordIterDataset(path)
+
+    assert check_pipeline(build, grain_namespace(grain_ref)) == RECORDS
+
+
+def test_records_through_a_pipeline_match_reference(grain_ref, path):
+    def build(lib):
+        return experimental(lib).TFRecordIterDataset(path).map(len).batch(4)
+
+    values = check_pipeline(build, grain_namespace(grain_ref))
+    assert [v.tolist() for v in values] == [[0, 1, 14, 5120], [5000, 4]]
+
+
+def test_tfrecord_restores_at_every_step(path):
+    assert_equal_output_after_checkpoint(TFRecordIterDataset(path))
+
+
+def test_a_flipped_data_byte_fails_the_checksum(path):
+    raw = bytearray(open(path, "rb").read())
+    raw[12 + 0 + 4 + 12 + 1 + 4 + 12 + 3] ^= 1  # A byte of the third record's data.
+    with open(path, "wb") as f:
+        f.write(raw)
+    it = iter(TFRecordIterDataset(path))
+    assert next(it) == b"" and next(it) == b"a"
+    with pytest.raises(CorruptRecordError, match=r"data\.tfrecord at byte 33: the checksum"):
+        next(it)
+
+
+def test_a_corrupt_length_fails_before_reading_the_data(path):
+    raw = bytearray(open(path, "rb").read())
+    raw[2] ^= 0xFF
+    with open(path, "wb") as f:
+        f.write(raw)
+    with pytest.raises(CorruptRecordError, match="the length's checksum"):
+        next(iter(TFRecordIterDataset(path)))
+
+
+@pytest.mark.parametrize("cut", [5, 20])
+def test_a_truncated_file_raises_value_error_as_reference(grain_ref, path, cut):
+    raw = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(raw[: 16 + 17 + cut])  # Two whole records, then part of the third.
+    for lib in (grain_namespace(grain_ref), GRAINLIKE):
+        it = iter(experimental(lib).TFRecordIterDataset(path))
+        assert [next(it), next(it)] == [b"", b"a"]
+        with pytest.raises(ValueError, match="Not a valid TFRecord"):
+            next(it)
+
+
+def test_a_missing_file_raises_file_not_found_as_reference(grain_ref, tmp_path):
+    for lib in (grain_namespace(grain_ref), GRAINLIKE):
+        with pytest.raises(FileNotFoundError):
+            iter(experimental(lib).TFRecordIterDataset(str(tmp_path / "absent.tfrecord")))
+
+
+def test_records_of_arrays_are_written_as_their_bytes(tmp_path):
+    p = tmp_path / "arrays.tfrecord"
+    arrays = [np.arange(i, dtype=np.int32) for i in range(4)]
+    write_tfrecords(p, arrays)
+    got = [np.frombuffer(r, np.int32) for r in TFRecordIterDataset(p)]
+    assert [g.tolist() for g in got] == [a.tolist() for a in arrays]
+    with pytest.raises(TypeError, match="record 1 is not bytes-like"):
+        write_tfrecords(p, [b"x", "text"])
