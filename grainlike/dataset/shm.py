@@ -16,8 +16,9 @@ for one message reference a small lease on that mapping; when the last of them
 (or any view of them) goes, the segment is returned to the worker for reuse, and
 the mapping itself stays until the reader is closed and no array refers to it.
 
-``InMemoryDataSource`` segments, which other processes attach to by name, are
-the only named ones; ``sweep_orphans`` removes those of dead owners.
+Segments and their fd-free mappings are ``core.memfd``'s, shared with
+``InMemoryDataSource``, whose memory reaches the workers the same way: its
+descriptor travels with the pipeline a pool sends (``memfd.shipping``).
 """
 
 from __future__ import annotations
@@ -31,41 +32,17 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from grainlike.core import shm_owner, tree
+from grainlike.core import memfd, tree
+from grainlike.core.memfd import Region, new_segment
 
 # Leaves smaller than this travel inline through the pipe: below it a segment's
 # map costs more than pickling the bytes.
 INLINE_LIMIT = 64 * 1024
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
-_libc: Any = None
-
-
-def _lib() -> Any:
-    """libc's ``mmap``/``munmap`` through ctypes (loaded on first use)."""
-    global _libc
-    if _libc is None:
-        import ctypes
-
-        lib = ctypes.CDLL(None, use_errno=True)
-        lib.mmap.restype = ctypes.c_void_p
-        lib.mmap.argtypes = [
-            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long,
-        ]
-        lib.munmap.restype = ctypes.c_int
-        lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        _libc = (lib, ctypes.c_void_p(-1).value, ctypes.get_errno)
-    return _libc
 
 
 def available() -> bool:
     """Whether batches can travel in anonymous shared memory on this platform."""
-    if not (hasattr(os, "memfd_create") and hasattr(socket, "send_fds")):
-        return False
-    try:
-        _lib()
-    except (ImportError, OSError, AttributeError):
-        return False
-    return True
+    return memfd.available() and hasattr(socket, "send_fds")
 
 
 def pid_alive(pid: int) -> bool:
@@ -77,17 +54,6 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def sweep_orphans() -> int:
-    """Unlinks ``InMemoryDataSource`` segments whose owner is provably dead.
-
-    Their owner unlinks them on close or exit, but if a whole process group is
-    killed at once nobody is left to do it; the next loader does, for segments
-    of its own PID namespace and user only (see ``core.shm_owner``). Returns
-    how many went.
-    """
-    return shm_owner.sweep_orphans(shm_owner.SOURCE_PREFIX)
 
 
 def raise_fd_limit() -> None:
@@ -107,34 +73,6 @@ def raise_fd_limit() -> None:
         pass
 
 
-class Region:
-    """One mapping of a segment, holding no descriptor; unmapped when the last reference goes.
-
-    ``np.asarray(region)`` is a writable uint8 array over the whole segment
-    whose ``.base`` is the region, so arrays on it keep it mapped.
-    """
-
-    __slots__ = ("size", "__array_interface__", "__weakref__")
-
-    def __init__(self, fd: int, size: int, populate: bool = False):
-        lib, failed, get_errno = _lib()
-        flags = mmap.MAP_SHARED | (_POPULATE if populate else 0)
-        address = lib.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
-        if address is None or address == failed:
-            err = get_errno()
-            raise OSError(err, f"cannot map a shared-memory segment of {size} bytes: {os.strerror(err)}")
-        self.size = size
-        self.__array_interface__ = {
-            "shape": (size,),
-            "typestr": "|u1",
-            "data": (address, False),
-            "version": 3,
-        }
-        # Not at exit: arrays may be in use until the very end, and the process's
-        # mappings go with it anyway.
-        weakref.finalize(self, lib.munmap, address, size).atexit = False
-
-
 class _Lease:
     """The arrays of one message on a segment: their ``.base``, reporting when they are all gone."""
 
@@ -143,17 +81,6 @@ class _Lease:
     def __init__(self, region: Region):
         self._region = region
         self.__array_interface__ = region.__array_interface__
-
-
-def new_segment(size: int) -> tuple[int, Region]:
-    """A new anonymous segment of ``size`` bytes: ``(its descriptor, a mapping of it)``."""
-    fd = os.memfd_create("grainlike-batch", os.MFD_CLOEXEC)
-    try:
-        os.ftruncate(fd, size)
-        return fd, Region(fd, size)
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def send_fds(conn: Any, fds: Sequence[int]) -> None:

@@ -23,7 +23,7 @@ from multiprocessing.reduction import ForkingPickler
 import cloudpickle
 import numpy as np  # noqa: F401  (preloaded for the forked workers)
 
-from grainlike.core import tree
+from grainlike.core import memfd, tree
 from grainlike.core.errors import add_note
 from grainlike.dataset import shm
 from grainlike.dataset import process_prefetch, source  # noqa: F401  (preloaded: tasks need them)
@@ -186,6 +186,7 @@ def run(
     hold: bool = False,
     idle: bool = False,
     watch: Any = None,
+    shipped: Any = None,
 ) -> None:
     """Produces one worker's outputs and sends them to the consumer.
 
@@ -204,12 +205,15 @@ def run(
     worker (already exhausted) produces nothing and waits to be stopped.
 
     ``watch`` is ``(progress fd or None, slot, stack fd)``: where the worker
-    records its progress and writes its stacks on ``SIGUSR1``.
+    records its progress and writes its stacks on ``SIGUSR1``. ``shipped`` maps
+    tokens to descriptors of anonymous memory the task refers to (see
+    ``core.memfd``); they stay open for the worker's life.
     """
     # Ctrl-C goes to the whole process group; the consumer decides what happens,
     # and stops the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     shm.raise_fd_limit()
+    memfd.receive(shipped or {})
     progress = _watch(watch)
     pool = shm.SegmentPool() if shm.available() else None
     credits = threading.Semaphore(buffer_size)

@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 import cloudpickle
 
+from grainlike.core import memfd
 from grainlike.core.errors import ClosedIteratorError, add_note
 from grainlike.core.tree import Allocator
 from grainlike.dataset import shm
@@ -289,12 +290,19 @@ def prestart() -> None:
         pass  # Starting workers later reports the problem with its context.
 
 
-def pickle_task(task: WorkerTask) -> bytes:
-    """cloudpickle bytes of the task, or the task's own error naming what fails."""
-    try:
-        return cloudpickle.dumps(task)
-    except Exception as e:
-        raise task.pickling_error(e) from e
+def pickle_task(task: WorkerTask) -> tuple[bytes, dict]:
+    """cloudpickle bytes of the task, or the task's own error naming what fails.
+
+    Returns:
+      ``(bytes, shipped)``: ``shipped`` maps tokens to descriptors of the
+      anonymous memory the task refers to (an ``InMemoryDataSource``'s data),
+      which every worker receives with the bytes; the caller closes them.
+    """
+    with memfd.shipping() as shipped:
+        try:
+            return cloudpickle.dumps(task), shipped
+        except Exception as e:
+            raise task.pickling_error(e) from e
 
 
 def _describe_exit(code: Optional[int]) -> str:
@@ -350,6 +358,8 @@ class _Shutdown:
         # Read ends of the pipes each worker writes its stacks to.
         self.stacks: list = []
         self.progress: Optional[_Progress] = None
+        # Descriptors of the memory the task refers to, until every worker has its copy.
+        self.shipped: dict = {}
         self.done = False
         self.lock = threading.Lock()
         # Only this process may stop the workers: a forked child has copies of
@@ -361,6 +371,7 @@ class _Shutdown:
         self.launch_error: Optional[BaseException] = None
 
     def __call__(self) -> None:
+        memfd.close_all(self.shipped)  # A forked child closes its own copies too.
         if os.getpid() != self.owner_pid:
             return
         with self.lock:
@@ -519,13 +530,14 @@ class WorkerPool:
         self._stall_timeout_s = float(stall_timeout_s) if stall_timeout_s else None
         # Workers whose error was raised: they end at their next turn.
         self._failed = [False] * worker_count
-        self._payload = pickle_task(task)
+        self._payload, shipped = pickle_task(task)
         self._started = False
         self._released = [collections.deque() for _ in range(worker_count)]
         # Workers started held, and the in-process outputs standing in for them.
         self._held = [False] * worker_count
         self._local: dict = {}
         self._shutdown = _Shutdown()
+        self._shutdown.shipped = shipped
         self._finalizer = weakref.finalize(self, self._shutdown)
         self._closed = False
 
@@ -563,7 +575,6 @@ class WorkerPool:
         self._started = True
         self._shutdown.owner_pid = os.getpid()
         shm.raise_fd_limit()
-        shm.sweep_orphans()
         sd = self._shutdown
         if hasattr(os, "memfd_create"):
             sd.progress = _Progress(self._w)
@@ -881,12 +892,13 @@ def _launch(
             stack_r, stack_w = os.pipe()
             os.set_inheritable(stack_r, False)
             progress = None if sd.progress is None else PassedFd(sd.progress.fd)
+            shipped = {token: PassedFd(fd) for token, fd in sd.shipped.items()}
             proc = _WorkerProcess(
                 target=_worker_entry,
                 args=(
                     payload, w, worker_count, starts[w], buffer_size,
                     result_w, control_r, os.getpid(), profile, hold,
-                    exhausted[w], (progress, w, PassedFd(stack_w)),
+                    exhausted[w], (progress, w, PassedFd(stack_w)), shipped,
                 ),
                 name=f"grainlike-worker-{w}",
                 daemon=True,
@@ -914,6 +926,7 @@ def _launch(
     finally:
         if sd.progress is not None:
             sd.progress.close_fd()
+        memfd.close_all(sd.shipped)  # Every worker has its copy.
 
 
 def _worker_entry(*args) -> None:

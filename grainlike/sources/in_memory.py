@@ -1,10 +1,19 @@
 """``InMemoryDataSource``: records held once in shared memory, read by every process.
 
-The data lives in one ``multiprocessing.shared_memory`` segment created by the
-source object (the *owner*). Pickling a source sends only the segment's name and a
-small description (kind, length, leaf offsets/shapes/dtypes); the copy attaches to
-the segment by name on its first read, so worker processes map the same pages and
-nothing is copied.
+Without ``name=``, the data lives in anonymous shared memory (``core.memfd``):
+a segment with no name in ``/dev/shm``, written once and sealed read-only. No
+other job can see or delete it, ``/dev/shm``'s size does not limit it, and it
+ends with the last process using it, so a killed process group leaves nothing.
+Worker processes of a loader get the segment's descriptor with the pipeline
+they are sent (``memfd.shipping``) and map the same pages; a process forked
+from the owner inherits the mapping. Any other pickle (to a file, to a
+``multiprocessing`` child started with spawn) carries the data by value, like a
+numpy array's: the copy owns new anonymous memory of its own.
+
+With ``name=`` (grain's API), the data lives in a named POSIX segment that
+other processes can attach to with ``InMemoryDataSource(name=...)``; pickling
+such a source sends only the name and a small description, and the copy
+attaches on its first read.
 
 Segment layout: an 8-byte magic, an 8-byte header length, a pickled header, then
 each leaf buffer at a 64-byte aligned offset. Scalar sequences are stored as four
@@ -12,16 +21,17 @@ leaves: a type code per record, an 8-byte value slot per record (int64 or float6
 bits), and ``offsets`` + one byte buffer for the str / bytes / big-int records.
 
 Lifetime rules:
-  * Only the owner unlinks the segment's name: on ``close()``, on ``with`` exit,
-    when it is garbage collected, or at interpreter exit, and only in the process
-    that created it (a forked child that inherits the owner never unlinks).
+  * The owner (the object that created the data) releases it on ``close()``,
+    on ``with`` exit, when it is garbage collected, or at interpreter exit:
+    it closes its descriptor (anonymous) or unlinks the name (named; only in
+    the process that created it, never in a forked child).
   * Copies in other processes never unlink, and never register with
     multiprocessing's resource tracker, so their process exiting leaves the
     segment alone and prints no tracker warning.
-  * Unlinking removes the name only. Arrays returned by ``source[i]`` are views of
-    the mapping and keep it alive (their ``.base`` chain ends at an object that
-    owns the mapping) for as long as they, or views of them, are referenced, even
-    after the source is closed or collected. ``source[i]`` on a closed source
+  * Arrays returned by ``source[i]`` are views of the mapping and keep it alive
+    (their ``.base`` chain ends at an object that owns the mapping) for as long
+    as they, or views of them, are referenced, even after the source is closed
+    or collected; they hold no descriptor. ``source[i]`` on a closed source
     raises ``ValueError``.
   * Returned arrays are read-only: the pages are shared by every process, and a
     write in one worker would change the records every other worker reads. Copy
@@ -34,6 +44,7 @@ import hashlib
 import operator
 import os
 import pickle
+import secrets
 import struct
 import sys
 import threading
@@ -44,7 +55,7 @@ from typing import Any, Optional, SupportsIndex
 
 import numpy as np
 
-from grainlike.core import shm_owner
+from grainlike.core import memfd, shm_owner
 
 try:  # POSIX only; used to unlink a segment that this process did not create.
     import _posixshmem
@@ -94,28 +105,10 @@ def _attach(name: str) -> shared_memory.SharedMemory:
             resource_tracker.register = original
 
 
-def _create(name: Optional[str], size: int, what: str) -> shared_memory.SharedMemory:
-    """A new segment of ``size`` bytes, its pages reserved (a full ``/dev/shm`` raises here).
-
-    Without ``name``, the name records this process as the owner
-    (``shm_owner.owned_name``), so that only a sweep that can prove this process
-    dead removes it.
-    """
+def _create(name: str, size: int, what: str) -> shared_memory.SharedMemory:
+    """A new named segment of ``size`` bytes, its pages reserved (a full ``/dev/shm`` raises here)."""
     shm_owner.check_free(what, size)
-    if name is not None:
-        shm = shared_memory.SharedMemory(name=name, create=True, size=size)
-    else:
-        # Segments of owners that died without unlinking (a killed process group).
-        shm_owner.sweep_orphans(shm_owner.SOURCE_PREFIX)
-        while True:
-            # Our own prefix (not Python's "psm_") so leak checks can find our segments.
-            try:
-                shm = shared_memory.SharedMemory(
-                    name=shm_owner.owned_name(shm_owner.SOURCE_PREFIX), create=True, size=size
-                )
-                break
-            except FileExistsError:
-                continue
+    shm = shared_memory.SharedMemory(name=name, create=True, size=size)
     try:
         shm_owner.reserve(shm._fd, size, what)
     except BaseException:
@@ -123,6 +116,14 @@ def _create(name: Optional[str], size: int, what: str) -> shared_memory.SharedMe
         shm.unlink()
         raise
     return shm
+
+
+def _close_fd(fd: int) -> None:
+    """Finalizer of an anonymous owner: its descriptor goes (mappings stay valid)."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def _unlink_owned(shm: shared_memory.SharedMemory, pid: int) -> None:
@@ -308,6 +309,12 @@ class InMemoryDataSource:
     keep the mapping alive for as long as they are referenced, even after
     ``close()``. See the module docstring for the full lifetime rules.
 
+    Without ``name``, the data lives in anonymous memory: nothing appears in
+    ``/dev/shm`` (so its size is no limit), nothing outlives the processes, and
+    ``name`` is None. A loader's workers map the same memory. Pickling the
+    source anywhere else (to a file, to a spawned ``multiprocessing`` child)
+    pickles the data by value, and the copy owns memory of its own.
+
     ``repr`` (stored in checkpoints): for a scalar sequence created with
     ``name=`` it equals Grain's, ``SharedMemoryDataSource([...], name='...')``.
     Otherwise Grain's repr would embed a random segment name, so ours is
@@ -318,16 +325,18 @@ class InMemoryDataSource:
       elements: the records, as described above. May be omitted when ``name``
         names an existing segment created by another ``InMemoryDataSource``
         (the new object then attaches to it without owning it).
-      name: the shared-memory segment name to create (default: a fresh
-        ``grainlike_src_...`` name) or, without ``elements``, to attach to.
+      name: the name of a POSIX shared-memory segment to create in
+        ``/dev/shm`` (so that other processes can attach to it by name) or,
+        without ``elements``, to attach to. Default: anonymous memory.
 
     Raises:
       ValueError: neither ``elements`` nor ``name`` is given; array leaves of
         different lengths; a 0-d array.
       TypeError: an element of a type that cannot be stored.
       FileExistsError: ``name`` is taken by an existing segment.
-      SharedMemoryFullError (an OSError, ENOSPC): ``/dev/shm`` has too little
-        free space for the data; raised before anything is written.
+      SharedMemoryFullError (an OSError, ENOSPC): with ``name``, ``/dev/shm``
+        has too little free space for the data; raised before anything is
+        written.
 
     Example:
         images = np.zeros((1000, 28, 28), np.uint8)
@@ -337,23 +346,32 @@ class InMemoryDataSource:
     """
 
     def __init__(self, elements: Any = None, *, name: Optional[str] = None):
-        self._lock = threading.Lock()
-        self._getter = None
-        self._closed = False
-        self._digest = None
-        self._repr = None
-        self._finalizer = None
-        self._user_named = name is not None
+        self._init_fields(name, None, None)
         if elements is None:
             if name is None:
                 raise ValueError("Elements or name must be provided.")
-            self._name = name
-            self._meta = None
             self._load()  # Reads the description from the segment's header.
             return
         meta, leaves = self._describe(elements)
         self._meta = meta
         self._write(leaves, name)
+
+    def _init_fields(self, name: Optional[str], meta: Optional[dict], digest: Optional[str]) -> None:
+        self._lock = threading.Lock()
+        self._getter = None
+        self._leaves = None
+        self._closed = False
+        self._digest = digest
+        self._repr = None
+        self._finalizer = None
+        self._user_named = name is not None
+        self._name = name
+        self._meta = meta
+        # Anonymous memory: the token naming it in worker shipments, the
+        # owner's descriptor (None in a copy), and the mapping.
+        self._token: Optional[str] = None
+        self._fd: Optional[int] = None
+        self._mapping: Any = None
 
     # -- construction -------------------------------------------------------
 
@@ -407,18 +425,24 @@ class InMemoryDataSource:
         header = pickle.dumps(self._meta, protocol=pickle.HIGHEST_PROTOCOL)
         data_start = _align(_PREFIX.size + len(header))
         self._meta["data_start"] = data_start
-        shm = _create(
-            name, data_start + max(offset, 1), f"InMemoryDataSource of {self._meta['len']} records"
-        )
-        try:
-            raw = np.frombuffer(shm.buf, np.uint8)
+        size = data_start + max(offset, 1)
+
+        def fill(raw: np.ndarray) -> None:
             raw[: _PREFIX.size] = np.frombuffer(_PREFIX.pack(_MAGIC, len(header)), np.uint8)
             raw[_PREFIX.size : _PREFIX.size + len(header)] = np.frombuffer(header, np.uint8)
             for leaf, (off, shape, dtype) in zip(leaves, layout):
                 start = data_start + off
                 dst = raw[start : start + leaf.nbytes].view(dtype).reshape(shape)
                 np.copyto(dst, leaf, casting="no")
-            del raw, dst  # Drop buffer exports before the mapping takes over.
+
+        if name is None:
+            self._own_anonymous(size, fill)
+            return
+        shm = _create(name, size, f"InMemoryDataSource of {self._meta['len']} records")
+        try:
+            raw = np.frombuffer(shm.buf, np.uint8)
+            fill(raw)
+            del raw  # Drop the buffer export before the mapping takes over.
         except BaseException:
             shm.close()
             shm.unlink()
@@ -427,8 +451,20 @@ class InMemoryDataSource:
         self._finalizer = weakref.finalize(self, _unlink_owned, shm, os.getpid())
         self._bind(_Mapping(shm))
 
-    def _bind(self, mapping: _Mapping) -> None:
-        """Builds the record getter over ``mapping`` (views only, no copies)."""
+    def _own_anonymous(self, size: int, fill: Any) -> None:
+        """Creates the anonymous segment that this object owns, written by ``fill``."""
+        fd, region = memfd.sealed_segment(size, fill, "grainlike-source")
+        self._fd = fd
+        self._token = secrets.token_hex(8)
+        self._finalizer = weakref.finalize(self, _close_fd, fd)
+        _owners[self._token] = self
+        self._bind(region)
+
+    def _bind(self, mapping: Any) -> None:
+        """Builds the record getter over ``mapping`` (views only, no copies).
+
+        ``mapping`` is a ``_Mapping`` of a named segment or a ``memfd.Region``.
+        """
         meta = self._meta
         root = np.asarray(mapping)  # .base is `mapping`: views keep the mapping alive.
         base = meta["data_start"]
@@ -442,14 +478,15 @@ class InMemoryDataSource:
         else:
             self._getter = _make_builder(meta["treedef"], leaves)
         self._leaves = leaves
+        self._mapping = mapping
 
     def _load(self):
-        """Attaches to the segment (first read in this process); returns the getter."""
+        """Attaches to the named segment (first read in this process); returns the getter."""
         with self._lock:
             if self._closed:
                 raise ValueError(
-                    f"InMemoryDataSource (segment {self._name!r}) is closed; arrays read "
-                    "before close() stay valid, but no new records can be read."
+                    f"{self} is closed; arrays read before close() stay valid, but no "
+                    "new records can be read."
                 )
             if self._getter is not None:
                 return self._getter
@@ -500,8 +537,8 @@ class InMemoryDataSource:
     # -- identity -----------------------------------------------------------
 
     @property
-    def name(self) -> str:
-        """The shared-memory segment's name (as ``SharedMemory.name`` reports it)."""
+    def name(self) -> Optional[str]:
+        """The named segment's name (as ``SharedMemory.name`` reports it); None for anonymous memory."""
         return self._name
 
     def content_sha1(self) -> str:
@@ -532,15 +569,18 @@ class InMemoryDataSource:
     # -- lifetime -----------------------------------------------------------
 
     def close(self) -> None:
-        """Stops reading; the owner also unlinks the segment's name. Idempotent.
+        """Stops reading; the owner also releases the data. Idempotent.
 
-        Arrays returned earlier remain valid; other processes that already
-        attached keep reading their mapping.
+        Releasing means unlinking the name (named) or closing the descriptor
+        (anonymous). Arrays returned earlier remain valid; other processes that
+        already mapped the data keep reading it, and the memory is freed when
+        the last of them is done.
         """
         with self._lock:
             self._closed = True
             self._getter = None
             self._leaves = None
+            self._mapping = None
         if self._finalizer is not None:
             self._finalizer()
 
@@ -548,8 +588,11 @@ class InMemoryDataSource:
         """Removes the segment's name now (Grain's API). Idempotent.
 
         On the owner this is what ``close()`` does anyway; on an attached copy it
-        removes the name the owner created.
+        removes the name the owner created. Anonymous memory has no name: then
+        it does nothing (the memory ends with its last user).
         """
+        if self._name is None:
+            return
         if self._finalizer is not None:
             self._finalizer()
         else:
@@ -561,27 +604,63 @@ class InMemoryDataSource:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def __getstate__(self) -> dict:
+    def __reduce__(self) -> tuple:
+        """By name (named), by descriptor (to a loader's workers), else by value."""
         if self._closed:
-            raise ValueError(f"cannot pickle a closed InMemoryDataSource (segment {self._name!r}).")
-        return {
-            "name": self._name,
-            "meta": self._meta,
-            "user_named": self._user_named,
-            "digest": self._digest,
-        }
+            raise ValueError(f"cannot pickle a closed {self}.")
+        if self._name is not None:
+            return (_named_copy, (self._name, self._meta, self._user_named, self._digest))
+        fd = self._fd if self._fd is not None else memfd.shipped(self._token)
+        if fd is not None and memfd.ship(self._token, fd):
+            return (_shipped_copy, (self._token, self._mapping.size, self._meta, self._digest))
+        return (_copy_by_value, (self._meta, self._digest, np.asarray(self._mapping)))
 
-    def __setstate__(self, state: dict) -> None:
-        self._lock = threading.Lock()
-        self._getter = None
-        self._leaves = None
-        self._closed = False
-        self._finalizer = None  # A copy never owns the segment.
-        self._name = state["name"]
-        self._meta = state["meta"]
-        self._user_named = state["user_named"]
-        self._digest = state["digest"]
-        self._repr = None
+
+# Anonymous owners alive in this process, by token: a shipment unpickled in the
+# process that pickled it (not a worker) maps the owner's memory.
+_owners: "weakref.WeakValueDictionary[str, InMemoryDataSource]" = weakref.WeakValueDictionary()
+
+
+def _named_copy(name: str, meta: dict, user_named: bool, digest: Optional[str]) -> InMemoryDataSource:
+    """A copy of a named source; it attaches to the segment on its first read."""
+    copy = InMemoryDataSource.__new__(InMemoryDataSource)
+    copy._init_fields(name, meta, digest)  # A copy never owns the segment.
+    copy._user_named = user_named
+    return copy
+
+
+def _shipped_copy(token: str, size: int, meta: dict, digest: Optional[str]) -> InMemoryDataSource:
+    """A copy of an anonymous source in a loader's worker, mapping the same memory."""
+    copy = InMemoryDataSource.__new__(InMemoryDataSource)
+    copy._init_fields(None, meta, digest)
+    copy._token = token
+    fd = memfd.shipped(token)
+    if fd is not None:
+        copy._bind(memfd.Region(fd, size, writable=False))
+        return copy
+    owner = _owners.get(token)
+    mapping = None if owner is None else owner._mapping
+    if mapping is None:
+        raise ValueError(
+            f"InMemoryDataSource: this pickle refers to anonymous shared memory {token} "
+            "that was sent to the worker processes of a loader; it can be loaded only "
+            "there, or in the process of its owner while the owner is open. Pickle the "
+            "source outside a loader to get a copy of the data."
+        )
+    copy._bind(mapping)
+    return copy
+
+
+def _copy_by_value(meta: dict, digest: Optional[str], raw: np.ndarray) -> InMemoryDataSource:
+    """A source owning a new anonymous copy of ``raw`` (a whole segment)."""
+    copy = InMemoryDataSource.__new__(InMemoryDataSource)
+    copy._init_fields(None, meta, digest)
+
+    def fill(dst: np.ndarray) -> None:
+        dst[:] = np.frombuffer(raw, np.uint8)
+
+    copy._own_anonymous(len(raw), fill)
+    return copy
 
 
 def _scalar_getter(leaves: list[np.ndarray], n: int):

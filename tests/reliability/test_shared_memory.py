@@ -1,7 +1,7 @@
-"""Named shared memory: the sweep never deletes what another job owns; a full /dev/shm raises.
+"""Shared memory: a full /dev/shm raises; batches and sources do not need /dev/shm at all.
 
-Covers ``InMemoryDataSource`` segments, the only named ones: their names carry
-an owner identity (pid, PID namespace, start time) that the sweep verifies.
+The only named segments are those of an ``InMemoryDataSource`` created with
+``name=``; batches and sources without a name live in anonymous memory.
 """
 
 import errno
@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from grainlike.core import shm_owner
-from grainlike.dataset import shm
 from grainlike.sources.in_memory import InMemoryDataSource
 from tests.helpers import leaks
 from tests.helpers.processes import run_in_session
@@ -27,166 +26,19 @@ PREFIX = "grainlike_src_"
 pytestmark = pytest.mark.timeout(60)
 
 
-def _ns():
-    return os.stat("/proc/self/ns/pid").st_ino
-
-
-def _start_time(pid):
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        return int(f.read().rsplit(b")", 1)[1].split()[19])
-
-
-@pytest.fixture
-def segments():
-    """Creates files in /dev/shm as other processes would; removes what is left."""
-    made = []
-
-    def make(name, uid=None):
-        path = os.path.join("/dev/shm", name)
-        with open(path, "wb") as f:
-            f.write(b"x")
-        if uid is not None:
-            os.chown(path, uid, -1)
-        made.append(name)
-        return name
-
-    yield make
-    for name in made:
-        try:
-            os.unlink(os.path.join("/dev/shm", name))
-        except FileNotFoundError:
-            pass
-
-
-@pytest.fixture
-def sleeper():
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
-def _dead_pid():
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
-def test_a_new_source_name_records_its_owner(no_leaks):
-    with InMemoryDataSource(np.arange(4)) as source:
-        pid, ns, start, token = source.name[len(PREFIX):].split("_")
-        assert (int(pid), int(ns), int(start)) == (os.getpid(), _ns(), _start_time(os.getpid()))
-        assert source.name in leaks.shm_entries(PREFIX)
-        shm.sweep_orphans()  # its owner (this process) is alive
-        assert source[3] == 3
-
-
-def test_the_sweep_removes_only_segments_whose_owner_is_provably_dead(no_leaks, segments, sleeper):
-    ns, dead = _ns(), _dead_pid()
-    live, live_start = sleeper.pid, _start_time(sleeper.pid)
-    removed = {
-        "dead owner": segments(f"{PREFIX}{dead}_{ns}_123_aaaa0001"),
-        "pid reused by another process": segments(f"{PREFIX}{live}_{ns}_{live_start + 1}_aaaa0002"),
-    }
-    kept = {
-        "live owner": segments(f"{PREFIX}{live}_{ns}_{live_start}_aaaa0003"),
-        # A pid that this namespace cannot see may be alive in the other one.
-        "another PID namespace": segments(f"{PREFIX}{dead}_{ns + 1}_123_aaaa0004"),
-        "another user": segments(f"{PREFIX}{dead}_{ns}_123_aaaa0005", uid=65534),
-        "a name without an owner identity": segments(f"{PREFIX}{dead}_aaaa0006"),
-    }
-    assert shm.sweep_orphans() >= 2
-    left = leaks.shm_entries(PREFIX)
-    for why, name in removed.items():
-        assert name not in left, why
-    for why, name in kept.items():
-        assert name in left, why
-
-
-_OTHER_NAMESPACE = """
-import sys
-sys.path.insert(0, {root!r})
-import numpy as np
-from grainlike.sources.in_memory import InMemoryDataSource
-
-source = InMemoryDataSource(np.arange(1000))
-print(source.name, flush=True)
-sys.stdin.readline()                # meanwhile the other namespace sweeps
-print("read", int(source[999]), flush=True)
-source.close()
-"""
-
-
-def test_a_live_source_in_another_pid_namespace_survives_the_sweep(no_leaks, tmp_path):
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare(1) is not installed; the sweep rule is covered by the test above")
-    probe = subprocess.run(["unshare", "-p", "-f", "--mount-proc", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"cannot create a PID namespace here: {probe.stderr.decode().strip()}")
-    script = tmp_path / "owner.py"
-    script.write_text(textwrap.dedent(_OTHER_NAMESPACE.format(root=ROOT)))
-    proc = subprocess.Popen(
-        ["unshare", "-p", "-f", "--mount-proc", sys.executable, str(script)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )
-    try:
-        name = proc.stdout.readline().strip()
-        assert name.startswith(PREFIX), proc.stderr.read()
-        owner_pid = int(name[len(PREFIX):].split("_")[0])
-        assert owner_pid < 10  # its pid in its own namespace: unknown or another process here
-        shm.sweep_orphans()
-        assert name in leaks.shm_entries(PREFIX)
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        assert proc.stdout.readline().strip() == "read 999"
-        proc.wait(timeout=20)
-        assert proc.returncode == 0, proc.stderr.read()
-        assert name not in leaks.shm_entries(PREFIX)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            stream.close()
-
-
-def test_a_source_of_a_killed_process_is_swept_by_the_next_one(no_leaks, tmp_path):
-    script = tmp_path / "killed.py"
-    script.write_text(textwrap.dedent(f"""
-        import sys, time
-        sys.path.insert(0, {ROOT!r})
-        import numpy as np
-        from grainlike.sources.in_memory import InMemoryDataSource
-        source = InMemoryDataSource(np.arange(1000))
-        print(source.name, flush=True)
-        time.sleep(60)
-    """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        name = proc.stdout.readline().strip()
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        assert name in leaks.shm_entries(PREFIX)  # nobody was left to unlink it
-        with InMemoryDataSource(np.arange(3)):
-            assert name not in leaks.shm_entries(PREFIX)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        proc.stdout.close()
-
-
 def test_a_source_larger_than_the_free_shared_memory_raises_before_writing(no_leaks, monkeypatch):
     monkeypatch.setattr(shm_owner, "free_bytes", lambda: 1 << 20)
-    before = leaks.shm_entries(PREFIX)
+    name = f"{PREFIX}{os.getpid()}_full"
     with pytest.raises(shm_owner.SharedMemoryFullError) as info:
-        InMemoryDataSource(np.zeros(2 << 20, np.uint8))
+        InMemoryDataSource(np.zeros(2 << 20, np.uint8), name=name)
     assert isinstance(info.value, OSError) and info.value.errno == errno.ENOSPC
     message = str(info.value)
     assert "needs 2.0 MiB" in message and "which has 1.0 MiB free" in message
-    assert "--shm-size" in message
-    assert leaks.shm_entries(PREFIX) == before
+    assert "--shm-size" in message and "leave out name=" in message
+    assert name not in leaks.shm_entries(PREFIX)
+    # Without a name the data does not go to /dev/shm: the same free space is enough.
+    with InMemoryDataSource(np.zeros(2 << 20, np.uint8)) as source:
+        assert source[(2 << 20) - 1] == 0
 
 
 _SMALL_SHM = """
@@ -198,7 +50,7 @@ from grainlike.sources.in_memory import InMemoryDataSource
 
 shm_owner.check_free = lambda what, size: None  # as if the space went between check and write
 try:
-    InMemoryDataSource(np.zeros(3 << 20, np.uint8))
+    InMemoryDataSource(np.zeros(3 << 20, np.uint8), name="grainlike_src_full")
 except shm_owner.SharedMemoryFullError as e:
     print("raised", e.errno, flush=True)
 import os
@@ -259,6 +111,33 @@ def test_batches_larger_than_dev_shm_come_through(no_leaks, tmp_path):
     with iter(loader) as it:
         firsts = [int(b[0, 0, 0]) for b in it]
     assert f"firsts {' '.join(map(str, firsts))}" in out
+
+
+_BIG_SOURCE = """
+import os, sys
+sys.path.insert(0, {root!r})
+import numpy as np
+import grainlike as grain
+
+data = np.arange(8 << 20, dtype=np.uint8).reshape(256, 32768)  # 8 MiB
+source = grain.InMemoryDataSource(data)
+loader = grain.DataLoader(
+    data_source=source,
+    sampler=grain.IndexSampler(256, grain.NoSharding(), shuffle=True, num_epochs=1, seed=3),
+    operations=[grain.Batch(16)], worker_count=2)
+sums = [int(b.sum(dtype=np.int64)) for b in loader]
+print("sums", sum(sums), int(data.sum(dtype=np.int64)), flush=True)
+print("left", os.listdir("/dev/shm"), flush=True)
+"""
+
+
+def test_a_source_larger_than_dev_shm_is_read_by_workers(no_leaks, tmp_path):
+    # An 8 MiB anonymous source with 1 MiB of /dev/shm: neither it nor the
+    # batches use /dev/shm (a named segment there would die with SIGBUS or ENOSPC).
+    out = _run_with_a_small_dev_shm(tmp_path, _BIG_SOURCE)
+    total = int(np.arange(8 << 20, dtype=np.uint8).sum(dtype=np.int64))
+    assert f"sums {total} {total}" in out
+    assert "left []" in out
 
 
 class _FdLimit:

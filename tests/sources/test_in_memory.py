@@ -248,7 +248,7 @@ def test_unnamed_repr_is_deterministic_content_hash():
     with InMemoryDataSource(data) as a, InMemoryDataSource(dict(data)) as b:
         assert repr(a) == repr(b)
         assert repr(a).startswith("SharedMemoryDataSource(len=10, sha1=")
-        assert a.name != b.name
+        assert a.name is None and b.name is None  # anonymous memory has no name
         assert repr(pickle.loads(pickle.dumps(a))) == repr(a)
     with InMemoryDataSource(np.arange(10)) as c, InMemoryDataSource(np.arange(1, 11)) as d:
         assert repr(c) != repr(d)
@@ -260,13 +260,41 @@ def test_unnamed_repr_is_deterministic_content_hash():
 # Lifetime in one process.
 
 
-def test_views_outlive_close_and_reads_after_close_raise():
+def source_fds():
+    """This process's descriptors of anonymous source memory."""
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if "memfd:grainlike-source" in os.readlink(f"/proc/self/fd/{fd}"):
+                out.add(fd)
+        except OSError:
+            pass
+    return out
+
+
+def make(kind, data):
+    return InMemoryDataSource(data, name=unique_name() if kind == "named" else None)
+
+
+def make_watched(kind, data):
+    """``(source, gone)``: ``gone()`` tells whether the owner released its name or descriptor."""
+    before = source_fds()
+    source = make(kind, data)
+    if kind == "named":
+        name = source.name
+        return source, lambda: not segment_exists(name)
+    mine = source_fds() - before
+    assert len(mine) == 1  # one descriptor per source, none per record
+    return source, lambda: not (mine & source_fds())
+
+
+@pytest.mark.parametrize("kind", ["anonymous", "named"])
+def test_views_outlive_close_and_reads_after_close_raise(kind):
     data = np.arange(12.0).reshape(4, 3)
-    source = InMemoryDataSource(data)
-    name = source.name
+    source, gone = make_watched(kind, data)
     kept = source[1]
     source.close()
-    assert not segment_exists(name)
+    assert gone()
     gc.collect()
     np.testing.assert_array_equal(kept, data[1])  # mapping still alive through the view
     with pytest.raises(ValueError, match="is closed"):
@@ -277,20 +305,34 @@ def test_views_outlive_close_and_reads_after_close_raise():
         pickle.dumps(source)
 
 
-def test_garbage_collecting_owner_unlinks_but_views_stay_valid():
-    source = InMemoryDataSource({"a": np.arange(100).reshape(50, 2)})
-    name = source.name
+@pytest.mark.parametrize("kind", ["anonymous", "named"])
+def test_garbage_collecting_owner_releases_but_views_stay_valid(kind):
+    source, gone = make_watched(kind, {"a": np.arange(100).reshape(50, 2)})
     rec = source[7]
-    assert segment_exists(name)
+    assert not gone()
     del source
     gc.collect()
-    assert not segment_exists(name)
+    assert gone()
     assert rec["a"].tolist() == [14, 15]
 
 
-def test_pickle_is_small_and_copy_reads_lazily():
+def test_anonymous_memory_is_sealed_read_only_and_has_no_name():
+    with InMemoryDataSource(np.arange(16).reshape(8, 2)) as source:
+        assert source.name is None and str(source) == "InMemoryDataSource(name=None, len=8)"
+        fd = source._fd
+        with pytest.raises(PermissionError):  # sealed: no process holding it can write
+            os.pwrite(fd, b"x", 0)
+        record = source[3]
+        with pytest.raises(ValueError, match="read-only"):
+            record[0] = 0
+        with pytest.raises(ValueError, match="WRITEABLE"):
+            record.setflags(write=True)
+        assert source[3].tolist() == [6, 7]
+
+
+def test_named_pickle_is_small_and_copy_reads_lazily():
     data = np.ones((1024, 1024), np.float64)  # 8 MiB
-    with InMemoryDataSource(data) as source:
+    with InMemoryDataSource(data, name=unique_name()) as source:
         payload = pickle.dumps(source)
         assert len(payload) < 2000
         copy = pickle.loads(payload)
@@ -302,8 +344,22 @@ def test_pickle_is_small_and_copy_reads_lazily():
         assert source[0].sum() == 1024
 
 
+def test_anonymous_pickle_outside_a_loader_carries_the_data_by_value():
+    data = {"x": np.arange(4096.0).reshape(1024, 4), "y": np.arange(1024)}
+    source = InMemoryDataSource(data)
+    payload = pickle.dumps(source)
+    assert len(payload) > data["x"].nbytes
+    copy = pickle.loads(payload)
+    assert repr(copy) == repr(source) and len(copy) == 1024
+    source.close()  # the copy owns memory of its own
+    assert not np.shares_memory(copy[3]["x"], data["x"])
+    np.testing.assert_array_equal(copy[1023]["x"], data["x"][1023])
+    assert not copy[3]["x"].flags.writeable
+    copy.close()
+
+
 def test_copy_of_closed_owner_raises_clear_error():
-    source = InMemoryDataSource([1, 2, 3])
+    source = InMemoryDataSource([1, 2, 3], name=unique_name())
     copy = pickle.loads(pickle.dumps(source))
     source.close()
     with pytest.raises(FileNotFoundError, match=f"segment '{source.name}' does not exist"):
@@ -336,7 +392,7 @@ def test_attach_to_foreign_segment_is_rejected():
 
 def test_concurrent_first_reads_from_threads():
     data = np.arange(1000).reshape(500, 2)
-    with InMemoryDataSource(data) as owner:
+    with InMemoryDataSource(data, name=unique_name()) as owner:
         copy = pickle.loads(pickle.dumps(owner))
         errors, results = [], {}
 
@@ -370,29 +426,38 @@ def _read_in_child(source, keys):
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_children_read_without_destroying_segment(method):
     data = np.arange(40).reshape(20, 2)
-    with InMemoryDataSource(data) as arrays, InMemoryDataSource(["x", 1, b"z", None]) as scalars:
+    # Anonymous memory travels by value; the named segment by name.
+    with InMemoryDataSource(data) as arrays, InMemoryDataSource(["x", 1, b"z", None], name=unique_name()) as scalars:
         ctx = multiprocessing.get_context(method)
         with ctx.Pool(2) as pool:
             got = pool.starmap_async(_read_in_child, [(arrays, [0, 19, 5]), (scalars, [0, 1, 2, 3])]).get(TIMEOUT)
         assert got == [[[0, 1], [38, 39], [10, 11]], ["x", 1, b"z", None]]
-        # The children have exited: the segments are still there and readable.
-        assert segment_exists(arrays.name) and segment_exists(scalars.name)
-        assert arrays[19].tolist() == [38, 39]
+        # The children have exited: the segment is still there, both are readable.
+        assert segment_exists(scalars.name)
+        assert arrays[19].tolist() == [38, 39] and scalars[2] == b"z"
 
 
-def _close_in_forked_child(source):
-    source.close()  # runs the owner's finalizer, which must not unlink in a fork
+def _read_in_forked_child(source, queue):
+    queue.put(int(source[3]))
+    source.close()  # closes the child's inherited descriptor, not the parent's
 
 
-def test_forked_copy_of_owner_never_unlinks():
+def test_forked_copy_of_owner_never_releases_the_parents_data():
     ctx = multiprocessing.get_context("fork")
-    with InMemoryDataSource(np.arange(4)) as source:
-        proc = ctx.Process(target=_close_in_forked_child, args=(source,))
-        proc.start()
-        proc.join(TIMEOUT)
-        assert proc.exitcode == 0
-        assert segment_exists(source.name)
-        assert source[3] == 3
+    with InMemoryDataSource(np.arange(4), name=unique_name()) as named, InMemoryDataSource(np.arange(4)) as anonymous:
+        queue = ctx.Queue()
+        procs = [ctx.Process(target=_read_in_forked_child, args=(s, queue)) for s in (named, anonymous)]
+        for proc in procs:
+            proc.start()
+        got = [queue.get(timeout=TIMEOUT) for _ in procs]
+        for proc in procs:
+            proc.join(TIMEOUT)
+            assert proc.exitcode == 0
+        assert got == [3, 3]
+        assert segment_exists(named.name)
+        assert named[3] == 3 and anonymous[3] == 3
+        queue.close()
+        queue.join_thread()
 
 
 CHILD_SCENARIO = """
@@ -404,7 +469,7 @@ def read(source):
     return int(source[3][1]), source.name
 
 if __name__ == "__main__":
-    source = InMemoryDataSource(np.arange(20).reshape(10, 2))
+    source = InMemoryDataSource(np.arange(20).reshape(10, 2), name=f"gltest_{os.getpid()}_child")
     for method in ("spawn", "forkserver"):
         ctx = multiprocessing.get_context(method)
         proc_pool = ctx.Pool(1)
@@ -424,7 +489,7 @@ def test_child_exit_leaves_segment_and_no_tracker_warning(tmp_path):
     assert result.returncode == 0, stderr
     assert "resource_tracker" not in stderr and "leaked" not in stderr and "Traceback" not in stderr, stderr
     name = result.stdout.decode().strip()
-    assert name.startswith("grainlike_src_") and not segment_exists(name)
+    assert name.startswith("gltest_") and not segment_exists(name)
 
 
 UNRELATED_READER = """
@@ -434,21 +499,23 @@ print(source[1], source[2])
 """
 
 
-def test_unrelated_process_with_its_own_tracker_does_not_unlink(tmp_path):
-    with InMemoryDataSource(["a", "bc", "def"]) as source:
+@pytest.mark.parametrize("kind", ["anonymous", "named"])
+def test_unrelated_process_reads_a_pickled_source_and_leaves_it_alone(tmp_path, kind):
+    with make(kind, ["a", "bc", "def"]) as source:
         result = run_python(tmp_path, UNRELATED_READER, stdin=pickle.dumps(source))
         stderr = result.stderr.decode()
         assert result.returncode == 0, stderr
         assert result.stdout.decode().split() == ["bc", "def"]
         assert "leaked" not in stderr and "resource_tracker" not in stderr, stderr
-        assert segment_exists(source.name)
+        if kind == "named":
+            assert segment_exists(source.name)
         assert source[2] == "def"
 
 
 KILLED_OWNER = """
 import sys, time
 from grainlike.sources import InMemoryDataSource
-source = InMemoryDataSource(list(range(100)))
+source = InMemoryDataSource(list(range(100)), name=sys.argv[1])
 print(source.name, flush=True)
 time.sleep(600)
 """
@@ -456,7 +523,7 @@ time.sleep(600)
 
 def test_killed_owner_segment_is_reclaimed_by_resource_tracker():
     proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED_OWNER],
+        [sys.executable, "-c", KILLED_OWNER, unique_name()],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=ROOT,
@@ -482,7 +549,7 @@ def test_attaching_never_registers_with_resource_tracker(monkeypatch):
     calls = []
     monkeypatch.setattr(resource_tracker, "register", lambda name, rtype: calls.append((name, rtype)))
     monkeypatch.setattr(resource_tracker, "unregister", lambda name, rtype: calls.append(("un", name, rtype)))
-    with InMemoryDataSource([1, 2]) as owner:
+    with InMemoryDataSource([1, 2], name=unique_name()) as owner:
         assert calls == [("/" + owner.name, "shared_memory")]  # the owner registers: killed-owner cleanup
         copy = pickle.loads(pickle.dumps(owner))
         assert copy[1] == 2
