@@ -26,20 +26,32 @@ from grainlike.dataset import (
     set_next_index,
 )
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
+from grainlike.dataset.packing import BestFitPackIterDataset, FirstFitPackIterDataset
+from grainlike.dataset.packing_concat_split import BOSHandling, ConcatThenSplitIterDataset
+from grainlike.core.pack_and_batch import PackAndBatchOperation
 from grainlike.dataset.interleave import InterleaveIterDataset
 from grainlike.dataset.tfrecord import TFRecordIterDataset
+from grainlike.dataset.cache import CacheIterDataset
+from grainlike.dataset.rebatch import RebatchIterDataset
 from grainlike.dataset.parquet import ParquetIterDataset
 
 __all__ = [
+    "BOSHandling",
+    "BestFitPackIterDataset",
+    "ConcatThenSplitIterDataset",
+    "CacheIterDataset",
     "DatasetOptions",
     "ExecutionTrackingMode",
+    "FirstFitPackIterDataset",
     "FlatMapIterDataset",
     "FlatMapMapDataset",
     "FlatMapTransform",
     "InterleaveIterDataset",
     "LimitIterDataset",
     "MapWithIndexTransform",
+    "PackAndBatchOperation",
     "ParquetIterDataset",
+    "RebatchIterDataset",
     "RepeatIterDataset",
     "TFRecordIterDataset",
     "ThreadPrefetchDatasetIterator",
