@@ -31,12 +31,15 @@ from grainlike.dataset.packing_concat_split import BOSHandling, ConcatThenSplitI
 from grainlike.core.pack_and_batch import PackAndBatchOperation
 from grainlike.dataset.interleave import InterleaveIterDataset
 from grainlike.dataset.tfrecord import TFRecordIterDataset
+from grainlike.dataset.cache import CacheIterDataset
+from grainlike.dataset.rebatch import RebatchIterDataset
 from grainlike.dataset.parquet import ParquetIterDataset
 
 __all__ = [
     "BOSHandling",
     "BestFitPackIterDataset",
     "ConcatThenSplitIterDataset",
+    "CacheIterDataset",
     "DatasetOptions",
     "ExecutionTrackingMode",
     "FirstFitPackIterDataset",
@@ -48,6 +51,7 @@ __all__ = [
     "MapWithIndexTransform",
     "PackAndBatchOperation",
     "ParquetIterDataset",
+    "RebatchIterDataset",
     "RepeatIterDataset",
     "TFRecordIterDataset",
     "ThreadPrefetchDatasetIterator",
