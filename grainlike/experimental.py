@@ -33,6 +33,7 @@ from grainlike.dataset.interleave import InterleaveIterDataset
 from grainlike.dataset.tfrecord import TFRecordIterDataset
 from grainlike.dataset.cache import CacheIterDataset
 from grainlike.dataset.rebatch import RebatchIterDataset
+from grainlike.dataset.multithread import multithread_prefetch
 from grainlike.dataset.parquet import ParquetIterDataset
 
 __all__ = [
@@ -66,5 +67,6 @@ __all__ = [
     "batch_and_pad",
     "get_next_index",
     "index_shuffle",
+    "multithread_prefetch",
     "set_next_index",
 ]

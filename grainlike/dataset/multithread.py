@@ -1,0 +1,106 @@
+"""``multithread_prefetch``: a pipeline computed by several threads, one slice each.
+
+Thread ``i`` of ``n`` iterates over its own copy of the dataset, sliced as
+``mp_prefetch`` slices a worker's copy (elements ``i, i + n, ...``) and told it
+runs as process ``i`` of ``n`` (random stages on iterators draw as worker ``i``
+would); the copies are interleaved in turn with ``InterleaveIterDataset``, whose
+per-iterator thread computes up to ``buffer_size`` elements ahead. The order is
+the same as ``mp_prefetch`` with ``n`` workers and never depends on timing; the
+state is the interleave's (grain's).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grainlike.dataset.base import DatasetIterator, IterDataset, MultiprocessingContext
+from grainlike.dataset.interleave import InterleaveIterDataset
+
+
+class _MpContextIterDataset(IterDataset):
+    """Tells the iterators of ``parent`` they run as process ``i`` of ``n``."""
+
+    def __init__(self, parent: IterDataset, mp_context: MultiprocessingContext):
+        super().__init__(parent)
+        self._mp_context = mp_context
+
+    def __iter__(self) -> DatasetIterator:
+        it = self._parent.__iter__()
+        it._ctx.mp_context = self._mp_context
+        return it
+
+    @property
+    def _element_spec(self) -> Any:
+        from grainlike.dataset.element_spec import get_element_spec
+
+        return get_element_spec(self._parent)
+
+    def __str__(self) -> str:
+        return f"_MpContextIterDataset(mp_context={self._mp_context})"
+
+
+def _dataset_options(ds: IterDataset) -> Any:
+    """The ``DatasetOptions`` of every ``WithOptionsIterDataset`` in ``ds``, downstream first."""
+    from grainlike.dataset.options import DatasetOptions
+    from grainlike.dataset.seed import WithOptionsIterDataset
+
+    result = DatasetOptions()
+    to_visit = [ds]
+    while to_visit:
+        node = to_visit.pop()
+        if isinstance(node, WithOptionsIterDataset):
+            result = result.merge(node.options)
+        to_visit.extend(getattr(node, "_parents", ()))
+    return result
+
+
+def multithread_prefetch(
+    ds: IterDataset, num_threads: int, buffer_size: int, sequential_slice: bool = False
+) -> IterDataset:
+    """Computes ``ds`` in ``num_threads`` threads, each on a slice of it.
+
+    Threads help where the pipeline's work releases the GIL (I/O, numpy, native
+    decoders) or on free-threaded Python; pure-Python transforms are better served
+    by ``mp_prefetch``.
+
+    Args:
+      ds: the dataset; with more than one thread, a stage upstream must be
+        sliceable (``to_iter_dataset()``, an interleave), as for ``mp_prefetch``.
+      num_threads: threads; 0 returns ``ds`` unchanged.
+      buffer_size: elements each thread computes ahead.
+      sequential_slice: grain's contiguous slices per thread; not supported.
+
+    Returns:
+      An IterDataset with ``ds``'s elements in ``mp_prefetch``'s order.
+
+    Raises:
+      NotImplementedError: ``sequential_slice=True``.
+      ValueError: ``ds`` has a source that cannot be sliced (with 2+ threads).
+
+    Example:
+      >>> from grainlike.dataset import MapDataset
+      >>> ds = MapDataset.range(6).to_iter_dataset().map(lambda x: x * 10)
+      >>> list(multithread_prefetch(ds, num_threads=2, buffer_size=2))
+      [0, 10, 20, 30, 40, 50]
+    """
+    if num_threads == 0:
+        return ds
+    if sequential_slice:
+        raise NotImplementedError(
+            "multithread_prefetch(sequential_slice=True) is not supported by grainlike; each "
+            "thread reads every num_threads-th element (sequential_slice=False)"
+        )
+    from grainlike.dataset.process_prefetch import _set_slice, _stage_copy
+    from grainlike.dataset.seed import WithOptionsIterDataset
+
+    options = _dataset_options(ds)
+    shards = []
+    for i in range(num_threads):
+        shard = ds
+        if num_threads > 1:
+            shard = _stage_copy(ds)
+            _set_slice(shard, slice(i, None, num_threads))
+        shards.append(_MpContextIterDataset(shard, MultiprocessingContext(process_index=i, process_count=num_threads)))
+    interleaved = InterleaveIterDataset(shards, cycle_length=num_threads, iter_buffer_size=buffer_size)
+    # The interleave passes no options from its inputs downstream: set them again.
+    return WithOptionsIterDataset(interleaved, options)

@@ -1,0 +1,64 @@
+"""``multithread_prefetch`` against grain 0.2.18 with 0 to 3 threads.
+
+The same elements in the same order (random draws per thread as per worker), the
+same state before every step, restores across the two libraries and at every step.
+"""
+
+import pytest
+
+from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
+from tests.compat.dataset_pairs import GRAINLIKE, check_pipeline, grain_namespace
+from tests.compat.experimental_pairs import experimental
+from tests.helpers.leaks import no_leaks  # noqa: F401  (a fixture)
+
+
+def _pipeline(lib, threads, n=17):
+    ds = (
+        lib.MapDataset.range(n)
+        .map(lambda x: x * 3)
+        .to_iter_dataset()
+        .random_map(lambda x, rng: (x, int(rng.integers(0, 1 << 30))), seed=7)
+        .filter(lambda p: p[0] % 4 != 1)
+        .batch(2)
+    )
+    return experimental(lib).multithread_prefetch(ds, num_threads=threads, buffer_size=2)
+
+
+@pytest.mark.parametrize("threads", [0, 1, 2, 3])
+def test_multithread_prefetch_matches_reference(grain_ref, threads):
+    values = check_pipeline(lambda lib: _pipeline(lib, threads), grain_namespace(grain_ref))
+    assert sorted(int(x) for b in values for x, _ in zip(b[0], b[1])) == sorted(
+        x * 3 for x in range(17) if (x * 3) % 4 != 1
+    )
+
+
+def test_multithread_prefetch_orders_as_mp_prefetch(no_leaks):
+    mp = _pipeline(GRAINLIKE, 0).mp_prefetch(GRAINLIKE.MultiprocessingOptions(num_workers=2))
+    threads = _pipeline(GRAINLIKE, 2)
+    a, b = list(mp), list(threads)
+    assert [x[0].tolist() for x in a] == [x[0].tolist() for x in b]
+    assert [x[1].tolist() for x in a] == [x[1].tolist() for x in b]
+
+
+def test_multithread_prefetch_restores_at_every_step(no_leaks):
+    assert_equal_output_after_checkpoint(_pipeline(GRAINLIKE, 2, n=9))
+
+
+def test_multithread_prefetch_keeps_the_dataset_options(grain_ref):
+    for lib in (grain_namespace(grain_ref), GRAINLIKE):
+        ds = lib.MapDataset.range(4000).to_iter_dataset().filter(lambda x: x < 2)
+        ds = lib.WithOptionsIterDataset(ds, lib.DatasetOptions(filter_raise_threshold_ratio=0.5))
+        ds = experimental(lib).multithread_prefetch(ds, num_threads=2, buffer_size=1)
+        with pytest.raises(ValueError, match="filter"):
+            list(ds)
+
+
+def test_a_source_that_cannot_be_sliced_raises_value_error_as_reference(grain_ref):
+    for lib in (grain_namespace(grain_ref), GRAINLIKE):
+
+        class Source(lib.IterDataset):
+            def __iter__(self):
+                raise AssertionError("not reached")
+
+        with pytest.raises(ValueError, match="Cannot slice"):
+            experimental(lib).multithread_prefetch(Source(), num_threads=2, buffer_size=1)
