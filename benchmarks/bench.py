@@ -37,7 +37,9 @@ PLAN = [
 # ``run(reps: int, seconds: float, libs: list[str]) -> str`` that measures
 # grainlike beside its peers (in fresh subprocesses, interleaved) and returns a
 # markdown section for the report.
-SECTIONS: dict[str, str] = {}
+SECTIONS: dict[str, str] = {
+    "W7": "benchmarks.packing",
+}
 DESCRIPTIONS = {
     "W1": "1e6 small int records, identity map, Batch(128): records/s",
     "W2": "20k JPEG 96x96 -> decode+resize 64+normalise, crop 56+flip, Batch(64): images/s",

@@ -186,19 +186,20 @@ class _Bins:
     def try_add(self, element: Any, leaves: list) -> bool:
         """Adds the element to a bin; False if no bin has room."""
         layout = self.layout
-        lengths = np.fromiter(map(_leaf_length, leaves), np.int64, len(leaves))
-        caps = layout.caps_array
-        too_long = lengths > caps
-        if too_long.any():
-            details = [
-                (layout.keys[layout.owner[i]], int(lengths[i]), int(caps[i])) for i in np.flatnonzero(too_long)
-            ]
-            raise ValueError(
-                "Inputs to PackedBatch must be truncated to max length. "
-                f"Exceeds: (feature, feature_length, max_length) = {details}"
-            )
+        lengths = [_leaf_length(v) for v in leaves]
+        for n, cap in zip(lengths, layout.caps):
+            if n > cap:
+                details = [
+                    (layout.keys[layout.owner[i]], n, c)
+                    for i, (n, c) in enumerate(zip(lengths, layout.caps))
+                    if n > c
+                ]
+                raise ValueError(
+                    "Inputs to PackedBatch must be truncated to max length. "
+                    f"Exceeds: (feature, feature_length, max_length) = {details}"
+                )
         if self.best_fit:
-            row = self._best_fit_row(lengths)
+            row = self._best_fit_row(np.asarray(lengths, np.int64))
         else:
             row = self._first_fit_row(lengths)
         if row < 0:
@@ -206,7 +207,7 @@ class _Bins:
         self._add(element, leaves, lengths, row)
         return True
 
-    def _first_fit_row(self, lengths: np.ndarray) -> int:
+    def _first_fit_row(self, lengths: list) -> int:
         if self.layout.num_leaves == 1:
             fits = self.free[0] <= self.layout.caps[0] - lengths[0]
         else:
@@ -229,12 +230,12 @@ class _Bins:
         scores[~fits] = -1
         return int(scores.argmax())
 
-    def _add(self, element: Any, leaves: list, lengths: np.ndarray, row: int) -> None:
+    def _add(self, element: Any, leaves: list, lengths: list, row: int) -> None:
         segment_id = self.counts[row] + 1
         free = self.free
         for i, value in enumerate(leaves):
             start = int(free[i, row])
-            end = start + int(lengths[i])
+            end = start + lengths[i]
             self.values[i][row, start:end] = value
             segment_ids = self.segment_ids[i]
             if segment_ids is not None:
