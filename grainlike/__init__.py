@@ -91,6 +91,12 @@ _LAZY = {
     "zeros_batch": "grainlike.specs:zeros_batch",
     "evaluate": "grainlike.evaluation:evaluate",
     "InJitIterator": "grainlike.in_jit:InJitIterator",
+    # JaxSGMC-style data access and saving inside jit (grainlike only).
+    "reference_data": "grainlike.jax_loops:reference_data",
+    "full_reference_data": "grainlike.jax_loops:full_reference_data",
+    "full_data_mapper": "grainlike.jax_loops:full_data_mapper",
+    "host_errors": "grainlike.jax_loops:host_errors",
+    "io": "grainlike.io",
     # Errors from worker processes and shared memory (grainlike only).
     "WorkerError": "grainlike.dataset.workers:WorkerError",
     "WorkerDiedError": "grainlike.dataset.workers:WorkerDiedError",

@@ -1,0 +1,501 @@
+"""Saving samples from inside ``jax.jit`` / ``lax.scan``, and resumable runs (JaxSGMC's ``io``).
+
+``save(collector)`` returns JaxSGMC's three functions::
+
+    init_save, save, postprocess_save = grainlike.io.save(MemoryCollector())
+    state = init_save(init_sample, init_checkpoint, samples_collected)   # on the host
+    state, _ = save(state, keep, sample)                                  # in jit/scan, per step
+    out = postprocess_save(state, None)   # {'sample_count': ..., 'samples': ...}
+
+``save`` sends a kept sample to the host with one ordered ``io_callback``, where
+the collector writes it: ``MemoryCollector`` into preallocated numpy arrays (and
+an ``.npz`` per chain if given a directory), ``HDF5Collector`` into an ``h5py``
+file (the ``hdf5`` extra). ``samples_collected`` is the number of samples to make
+room for: an int, or an object with a ``samples_collected`` attribute (JaxSGMC's
+``scheduler.static_information``).
+
+Beyond JaxSGMC: with ``checkpoint_every=N`` and a ``checkpoint_dir``, every N-th
+``save`` call also writes a checkpoint (atomically) holding the step count, the
+samples collected so far, the user's carry (``save(..., checkpoint=carry)``) and
+the position of a ``grainlike.reference_data`` chain (``data_state=``). After a
+crash, ``load(checkpoint_dir, init_checkpoint, data=...)`` returns that step, the
+carry and a data state that continues where the saved one was, and
+``init_save(..., resume=checkpoint)`` continues collecting after the saved
+samples: the resumed run ends with the same samples as an uninterrupted one.
+
+jax is imported when the functions are used; h5py when an ``HDF5Collector`` is made.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import os
+import tempfile
+import threading
+from typing import Any, Callable, NamedTuple, Optional
+
+import numpy as np
+
+from grainlike.jax_loops import reporting
+
+__all__ = [
+    "Checkpoint",
+    "DataCollector",
+    "HDF5Collector",
+    "MemoryCollector",
+    "SavingState",
+    "dict_to_pytree",
+    "load",
+    "pytree_dict_keys",
+    "pytree_to_dict",
+    "save",
+]
+
+
+# -- pytrees as dicts ---------------------------------------------------------------------
+
+
+def _children(node: Any) -> Optional[list]:
+    """``[(name, child), ...]`` of a container node (JaxSGMC's names), None for a leaf."""
+    if node is None:
+        return []
+    if isinstance(node, dict):
+        # JAX flattens a dict in sorted key order; leaves here follow the same order.
+        return [(k, node[k]) for k in sorted(node)]
+    if isinstance(node, tuple) and hasattr(node, "_fields"):
+        return list(zip(node._fields, node))
+    if isinstance(node, (list, tuple)):
+        return [(f"list_element_{i}", v) for i, v in enumerate(node)]
+    return None
+
+
+def pytree_to_dict(tree: Any) -> Any:
+    """A pytree of dicts, lists, tuples and namedtuples as nested dicts (JaxSGMC's keys).
+
+    Lists and tuples become ``{"list_element_0": ..., ...}``, namedtuples dicts of
+    their fields; leaves stay as they are.
+
+    Example:
+      >>> pytree_to_dict({'a': 0.0, 'b': {'b1': [0.0, 0.1], 'b2': 0.0}})
+      {'a': 0.0, 'b': {'b1': {'list_element_0': 0.0, 'list_element_1': 0.1}, 'b2': 0.0}}
+    """
+    children = _children(tree)
+    if children is None:
+        return tree
+    return {str(k): pytree_to_dict(v) for k, v in children}
+
+
+def pytree_dict_keys(tree: Any) -> list:
+    """The key path of every leaf of ``pytree_to_dict(tree)``, in leaf order.
+
+    Example:
+      >>> pytree_dict_keys({"a": [0.0, 1.0], "b": 2.0})
+      [('a', 'list_element_0'), ('a', 'list_element_1'), ('b',)]
+    """
+    keys: list = []
+
+    def walk(node: Any, path: tuple) -> None:
+        children = _children(node)
+        if children is None:
+            keys.append(path)
+            return
+        for k, v in children:
+            walk(v, path + (str(k),))
+
+    walk(tree, ())
+    return keys
+
+
+def dict_to_pytree(pytree_as_dict: Any, target: Any) -> Any:
+    """Rebuilds ``target``'s structure from ``pytree_to_dict``'s form (also of a subtree).
+
+    Example:
+      >>> tree = {'a': 0.0, 'b': {'b1': [0.0, 0.1], 'b2': 0.0}}
+      >>> dict_to_pytree(pytree_to_dict(tree)['b'], tree['b'])
+      {'b1': [0.0, 0.1], 'b2': 0.0}
+
+    Raises:
+      KeyError: the dict lacks a key the target has (the message names its path).
+    """
+
+    def build(node: Any, target_node: Any, path: tuple) -> Any:
+        children = _children(target_node)
+        if children is None:
+            return node
+        if target_node is None:
+            return None
+        values = []
+        for k, v in children:
+            if not isinstance(node, dict) or str(k) not in node:
+                raise KeyError(f"dict_to_pytree: no key {'/'.join(path + (str(k),))!r} in the dict")
+            values.append(build(node[str(k)], v, path + (str(k),)))
+        if isinstance(target_node, dict):
+            return dict(zip([k for k, _ in children], values))
+        if isinstance(target_node, tuple) and hasattr(target_node, "_fields"):
+            return type(target_node)(*values)
+        return type(target_node)(values)
+
+    return build(pytree_as_dict, target, ())
+
+
+def _leaves(tree: Any) -> list:
+    out: list = []
+
+    def walk(node: Any) -> None:
+        children = _children(node)
+        if children is None:
+            out.append(node)
+            return
+        for _, v in children:
+            walk(v)
+
+    walk(tree)
+    return out
+
+
+# -- collectors -------------------------------------------------------------------------
+
+
+def _count(samples_collected: Any) -> int:
+    n = getattr(samples_collected, "samples_collected", samples_collected)
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(
+            "samples_collected must be an int >= 0 (or have a samples_collected attribute), "
+            f"got {samples_collected!r}"
+        )
+    return int(n)
+
+
+class DataCollector(abc.ABC):
+    """Where saved samples go, on the host. One instance serves several chains."""
+
+    @abc.abstractmethod
+    def register_chain(self, init_sample: Any, samples_collected: int) -> int:
+        """Makes room for ``samples_collected`` samples shaped like ``init_sample``; its id."""
+
+    @abc.abstractmethod
+    def save(self, chain_id: int, index: int, leaves: list) -> None:
+        """Stores sample number ``index`` (its leaves, in ``init_sample``'s order)."""
+
+    @abc.abstractmethod
+    def checkpoint(self, chain_id: int, count: int) -> dict:
+        """Makes the first ``count`` samples durable; arrays a checkpoint must hold for them."""
+
+    @abc.abstractmethod
+    def resume(self, chain_id: int, count: int, arrays: dict) -> None:
+        """Restores the first ``count`` samples from what ``checkpoint`` returned."""
+
+    @abc.abstractmethod
+    def finished(self, chain_id: int) -> Any:
+        """Called after the run; returns what ``postprocess_save`` reports as ``samples``."""
+
+
+class MemoryCollector(DataCollector):
+    """Samples in numpy arrays in RAM; with ``save_dir``, also ``chain_<id>.npz`` files.
+
+    The arrays are allocated for ``samples_collected`` samples up front; rows after
+    the last saved sample stay zero (``sample_count`` says how many are real).
+    """
+
+    def __init__(self, save_dir: Optional[str] = None):
+        self._dir = save_dir
+        self._lock = threading.Lock()
+        self._samples: list = []
+        self._templates: list = []
+
+    def register_chain(self, init_sample: Any, samples_collected: int) -> int:
+        n = _count(samples_collected)
+        with self._lock:
+            self._samples.append([np.zeros((n,) + np.shape(x), np.asarray(x).dtype) for x in _leaves(init_sample)])
+            self._templates.append(init_sample)
+            return len(self._samples) - 1
+
+    def save(self, chain_id: int, index: int, leaves: list) -> None:
+        arrays = self._samples[chain_id]
+        if index >= len(arrays[0]) if arrays else False:
+            raise IndexError(
+                f"MemoryCollector: chain {chain_id} got sample {index + 1}, more than the "
+                f"samples_collected={len(arrays[0])} made room for"
+            )
+        for array, leaf in zip(arrays, leaves):
+            array[index] = leaf
+
+    def _names(self, chain_id: int) -> list:
+        return ["/".join(k) or "sample" for k in pytree_dict_keys(self._templates[chain_id])]
+
+    def checkpoint(self, chain_id: int, count: int) -> dict:
+        return {f"sample:{name}": a[:count] for name, a in zip(self._names(chain_id), self._samples[chain_id])}
+
+    def resume(self, chain_id: int, count: int, arrays: dict) -> None:
+        for name, a in zip(self._names(chain_id), self._samples[chain_id]):
+            a[:count] = arrays[f"sample:{name}"]
+
+    def finished(self, chain_id: int) -> Any:
+        samples = self._samples[chain_id]
+        if self._dir:
+            os.makedirs(self._dir, exist_ok=True)
+            np.savez(os.path.join(self._dir, f"chain_{chain_id}.npz"),
+                     **dict(zip(self._names(chain_id), samples)))
+        return _unflatten(self._templates[chain_id], samples)
+
+
+class HDF5Collector(DataCollector):
+    """Samples written into an open ``h5py.File``, one dataset per leaf.
+
+    Datasets are named ``/chain~<id>/<key path>`` (the keys of ``pytree_to_dict``)
+    with a leading axis of ``samples_collected``. On a resumed run, open the same
+    file with mode ``"a"``: the datasets are reused and the samples of the
+    checkpoint stay. ``postprocess_save`` reports the file's datasets as samples.
+    """
+
+    def __init__(self, file: Any):
+        try:
+            import h5py  # noqa: F401
+        except ImportError as e:  # pragma: no cover - the hdf5 extra installs it
+            raise ImportError("HDF5Collector needs h5py: pip install 'grainlike[hdf5]'") from e
+        self._file = file
+        self._lock = threading.Lock()
+        self._names: list = []
+        self._templates: list = []
+
+    def register_chain(self, init_sample: Any, samples_collected: int) -> int:
+        n = _count(samples_collected)
+        with self._lock:
+            chain_id = len(self._names)
+            names = ["/".join((f"/chain~{chain_id}",) + k) for k in pytree_dict_keys(init_sample)]
+            for name, leaf in zip(names, _leaves(init_sample)):
+                shape = (n,) + np.shape(leaf)
+                self._file.require_dataset(name, shape=shape, dtype=np.asarray(leaf).dtype)
+            self._names.append(names)
+            self._templates.append(init_sample)
+            return chain_id
+
+    def save(self, chain_id: int, index: int, leaves: list) -> None:
+        for name, leaf in zip(self._names[chain_id], leaves):
+            dataset = self._file[name]
+            if index >= dataset.shape[0]:
+                raise IndexError(
+                    f"HDF5Collector: chain {chain_id} got sample {index + 1}, more than the "
+                    f"samples_collected={dataset.shape[0]} made room for"
+                )
+            dataset[index] = leaf
+
+    def checkpoint(self, chain_id: int, count: int) -> dict:
+        self._file.flush()
+        return {}
+
+    def resume(self, chain_id: int, count: int, arrays: dict) -> None:
+        pass  # the samples are in the file
+
+    def finished(self, chain_id: int) -> Any:
+        self._file.flush()
+        return _unflatten(self._templates[chain_id], [self._file[n] for n in self._names[chain_id]])
+
+
+def _unflatten(template: Any, leaves: list) -> Any:
+    it = iter(leaves)
+
+    def build(node: Any) -> Any:
+        children = _children(node)
+        if children is None:
+            return next(it)
+        if node is None:
+            return None
+        values = [build(v) for _, v in children]
+        if isinstance(node, dict):
+            return dict(zip([k for k, _ in children], values))
+        if isinstance(node, tuple) and hasattr(node, "_fields"):
+            return type(node)(*values)
+        return type(node)(values)
+
+    return build(template)
+
+
+# -- saving inside jit ------------------------------------------------------------------
+
+
+class SavingState(NamedTuple):
+    """The saving state to carry through the loop (a JAX pytree).
+
+    Attributes:
+      chain_id: the collector's chain (int32 scalar).
+      saved_samples: samples saved so far (int32 scalar).
+      step: ``save`` calls so far (int32 scalar; counts the checkpoint interval).
+    """
+
+    chain_id: Any
+    saved_samples: Any
+    step: Any
+
+
+class Checkpoint(NamedTuple):
+    """What ``load`` returns: where a run was at its last checkpoint.
+
+    Attributes:
+      step: ``save`` calls made when it was written.
+      saved_samples: samples saved by then.
+      carry: the ``checkpoint=`` value of that ``save`` call (in ``init_checkpoint``'s
+        structure, numpy leaves).
+      data_state: a ``reference_data`` state continuing after that step (None
+        without ``data=`` or when no chain position was saved).
+      data_checkpoint: that chain position (``ReferenceData.get_state``'s dict), or None.
+      arrays: the collector's arrays (``init_save(..., resume=...)`` uses them).
+    """
+
+    step: int
+    saved_samples: int
+    carry: Any
+    data_state: Any
+    data_checkpoint: Optional[dict]
+    arrays: dict
+
+
+def _checkpoint_file(directory: str, chain_id: int) -> str:
+    return os.path.join(directory, f"chain_{chain_id}.ckpt.npz")
+
+
+def _write_atomically(path: str, arrays: dict) -> None:
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load(checkpoint_dir: str, init_checkpoint: Any = None, *, chain_id: int = 0,
+         data: Any = None) -> Optional[Checkpoint]:
+    """The last checkpoint of chain ``chain_id`` in ``checkpoint_dir``, or None if none.
+
+    Args:
+      checkpoint_dir: as given to ``save``.
+      init_checkpoint: the carry's structure (leaves are taken from the file).
+      chain_id: which chain's checkpoint.
+      data: the ``reference_data`` whose chain the checkpoint holds; its restored
+        state is ``data_state`` (without it, only ``data_checkpoint`` is set).
+    """
+    path = _checkpoint_file(checkpoint_dir, chain_id)
+    if not os.path.exists(path):
+        return None
+    with np.load(path, allow_pickle=False) as f:
+        arrays = {k: f[k] for k in f.files}
+    meta = json.loads(str(arrays.pop("meta")))
+    carry_leaves = [arrays.pop(f"carry:{i}") for i in range(meta["carry_leaves"])]
+    carry = None
+    if init_checkpoint is not None:
+        carry = _unflatten(init_checkpoint, carry_leaves)
+    data_state = None
+    if meta["data"] is not None and data is not None:
+        data_state = data.restore(meta["data"])
+    return Checkpoint(meta["step"], meta["saved_samples"], carry, data_state, meta["data"], arrays)
+
+
+def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int = 0, *,
+         checkpoint_dir: Optional[str] = None, data: Any = None) -> tuple:
+    """JaxSGMC's ``io.save``: ``(init_save, save, postprocess_save)``, and checkpoints.
+
+    Args:
+      data_collector: where samples go (default: a new ``MemoryCollector``).
+      checkpoint_every: write a checkpoint every this many ``save`` calls (0: never).
+      checkpoint_dir: where checkpoints go (``chain_<id>.ckpt.npz``); needed with
+        ``checkpoint_every``.
+      data: the ``grainlike.reference_data`` whose chain position checkpoints hold
+        (pass the chain's state as ``save(..., data_state=...)``).
+
+    Returns:
+      ``init_save(init_sample, init_checkpoint, samples_collected, resume=None)``
+      (host, returns a ``SavingState``), ``save(state, keep, sample,
+      checkpoint=None, data_state=None) -> (state, None)`` (jit/scan), and
+      ``postprocess_save(state, unused) -> {'sample_count', 'samples'}`` (host,
+      after the computation).
+    """
+    collector = data_collector if data_collector is not None else MemoryCollector()
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every must be an int >= 0, got {checkpoint_every!r}")
+    if checkpoint_every and checkpoint_dir is None:
+        raise ValueError("save(checkpoint_every=...) needs checkpoint_dir=")
+    templates: dict = {}  # chain id -> init_checkpoint
+
+    def init_save(init_sample: Any, init_checkpoint: Any, samples_collected: Any,
+                  resume: Optional[Checkpoint] = None) -> SavingState:
+        import jax.numpy as jnp
+
+        chain_id = collector.register_chain(init_sample, samples_collected)
+        templates[chain_id] = init_checkpoint
+        saved, step = 0, 0
+        if resume is not None:
+            collector.resume(chain_id, resume.saved_samples, resume.arrays)
+            saved, step = resume.saved_samples, resume.step
+        return SavingState(jnp.int32(chain_id), jnp.int32(saved), jnp.int32(step))
+
+    def host_save(chain_id: Any, index: Any, *leaves: Any) -> np.ndarray:
+        collector.save(int(chain_id), int(index), [np.asarray(x) for x in leaves])
+        return np.int32(1)
+
+    def host_checkpoint(chain_id: Any, step: Any, saved: Any, data_position: Any, *carry: Any) -> np.ndarray:
+        chain_id, saved = int(chain_id), int(saved)
+        data_checkpoint = None
+        if data_position is not None and data is not None:
+            data_checkpoint = data.get_state(_Position(*data_position))
+        arrays = dict(collector.checkpoint(chain_id, saved))
+        for i, leaf in enumerate(carry):
+            arrays[f"carry:{i}"] = np.asarray(leaf)
+        meta = {"step": int(step), "saved_samples": saved, "carry_leaves": len(carry),
+                "data": data_checkpoint}
+        arrays["meta"] = np.array(json.dumps(meta))
+        _write_atomically(_checkpoint_file(checkpoint_dir, chain_id), arrays)
+        return np.int32(0)
+
+    save_fn = reporting(host_save)
+    checkpoint_fn = reporting(host_checkpoint)
+
+    def save_step(state: SavingState, keep: Any, sample: Any, checkpoint: Any = None,
+                  data_state: Any = None, **unused: Any) -> tuple:
+        import jax
+        import jax.numpy as jnp
+        from jax.experimental import io_callback
+
+        one = jax.ShapeDtypeStruct((), jnp.int32)
+        leaves = jax.tree.leaves(sample)
+        saved = jax.lax.cond(
+            keep,
+            lambda: io_callback(save_fn, one, state.chain_id, state.saved_samples, *leaves, ordered=True),
+            lambda: jnp.int32(0),
+        )
+        step = state.step + 1
+        if checkpoint_every:
+            carry_leaves = jax.tree.leaves(checkpoint)
+            position = None
+            if data_state is not None:
+                position = (data_state.chain, data_state.fill, data_state.line)
+            jax.lax.cond(
+                step % checkpoint_every == 0,
+                lambda: io_callback(checkpoint_fn, one, state.chain_id, step, state.saved_samples + saved,
+                                    position, *carry_leaves, ordered=True),
+                lambda: jnp.int32(0),
+            )
+        return SavingState(state.chain_id, state.saved_samples + saved, step), None
+
+    def postprocess_save(state: SavingState, unused: Any = None) -> dict:
+        import jax
+
+        jax.block_until_ready(state)
+        return {"sample_count": state.saved_samples, "samples": collector.finished(int(state.chain_id))}
+
+    return init_save, save_step, postprocess_save
+
+
+class _Position(NamedTuple):
+    """The part of a ``CacheState`` that ``ReferenceData.get_state`` reads."""
+
+    chain: Any
+    fill: Any
+    line: Any
