@@ -21,6 +21,7 @@ import grainlike as grain
 from grainlike.dataset.workers import pickle_task
 from grainlike.sources.in_memory import InMemoryDataSource
 from tests.helpers import leaks
+from tests.helpers.processes import in_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MEMFD = "/memfd:grainlike-source"
@@ -262,11 +263,7 @@ def test_a_killed_process_group_leaves_no_source_memory_behind(no_leaks, tmp_pat
     script = tmp_path / "group.py"
     script.write_text(textwrap.dedent(_GROUP.format(root=ROOT)))
     before = leaks.shm_entries("")
-    proc = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )
-    try:
+    with in_session([sys.executable, str(script)]) as proc:
         line = proc.stdout.readline().split()
         assert line and line[0] == "ready", proc.stderr.read()
         grown, total, node = (int(x) for x in line[1:])
@@ -285,10 +282,4 @@ def test_a_killed_process_group_leaves_no_source_memory_behind(no_leaks, tmp_pat
         proc.wait(timeout=10)
         assert leaks.wait_until(lambda: not leaks.session_processes(proc.pid), 10)
         assert not {n for n in leaks.shm_entries("") - before if "grainlike" in n or n.startswith("psm_")}
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
 

@@ -18,7 +18,7 @@ import pytest
 from grainlike.core import shm_owner
 from grainlike.sources.in_memory import InMemoryDataSource
 from tests.helpers import leaks
-from tests.helpers.processes import run_in_session
+from tests.helpers.processes import in_session, run_in_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PREFIX = "grainlike_src_"
@@ -227,11 +227,7 @@ time.sleep(60)
 def test_a_killed_process_group_leaves_no_batch_memory_behind(no_leaks, tmp_path):
     script = tmp_path / "group.py"
     script.write_text(textwrap.dedent(_GROUP.format(root=ROOT)))
-    proc = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )
-    try:
+    with in_session([sys.executable, str(script)]) as proc:
         line = proc.stdout.readline()
         assert line.startswith("ready"), proc.stderr.read()
         # The held batches live in anonymous memory: mapped, but with no name in
@@ -244,9 +240,3 @@ def test_a_killed_process_group_leaves_no_batch_memory_behind(no_leaks, tmp_path
         proc.wait(timeout=10)
         assert leaks.wait_until(lambda: not leaks.session_processes(proc.pid))
         assert not leaks.shm_entries(f"grainlike_{proc.pid}_")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
