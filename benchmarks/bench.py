@@ -39,6 +39,7 @@ PLAN = [
 # markdown section for the report.
 SECTIONS: dict[str, str] = {
     "W7": "benchmarks.packing",
+    "W8": "benchmarks.checkpoint_save",
 }
 DESCRIPTIONS = {
     "W1": "1e6 small int records, identity map, Batch(128): records/s",
