@@ -34,6 +34,7 @@ from grainlike.dataset.tfrecord import TFRecordIterDataset
 from grainlike.dataset.cache import CacheIterDataset
 from grainlike.dataset.rebatch import RebatchIterDataset
 from grainlike.dataset.multithread import multithread_prefetch
+from grainlike.dataset.element_spec import ShapeDtypeStruct, ShapeDtypeStructProtocol, get_element_spec
 from grainlike.dataset.parquet import ParquetIterDataset
 
 __all__ = [
@@ -54,6 +55,8 @@ __all__ = [
     "ParquetIterDataset",
     "RebatchIterDataset",
     "RepeatIterDataset",
+    "ShapeDtypeStruct",
+    "ShapeDtypeStructProtocol",
     "TFRecordIterDataset",
     "ThreadPrefetchDatasetIterator",
     "ThreadPrefetchIterDataset",
@@ -65,6 +68,7 @@ __all__ = [
     "apply_transformations",
     "assert_equal_output_after_checkpoint",
     "batch_and_pad",
+    "get_element_spec",
     "get_next_index",
     "index_shuffle",
     "multithread_prefetch",
