@@ -457,7 +457,7 @@ class InMemoryDataSource:
         self._fd = fd
         self._token = secrets.token_hex(8)
         self._finalizer = weakref.finalize(self, _close_fd, fd)
-        _owners[self._token] = self
+        _mappings[self._token] = region
         self._bind(region)
 
     def _bind(self, mapping: Any) -> None:
@@ -604,6 +604,24 @@ class InMemoryDataSource:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def __copy__(self) -> "InMemoryDataSource":
+        """Another source on the same memory (named: attached by name); the data is not copied."""
+        if self._name is not None or self._closed:
+            function, args = self.__reduce__()
+            return function(*args)
+        copy = InMemoryDataSource.__new__(InMemoryDataSource)
+        copy._init_fields(None, self._meta, self._digest)
+        copy._token = self._token
+        if self._fd is not None:
+            copy._fd = os.dup(self._fd)
+            copy._finalizer = weakref.finalize(copy, _close_fd, copy._fd)
+        copy._bind(self._mapping)
+        return copy
+
+    def __deepcopy__(self, memo: dict) -> "InMemoryDataSource":
+        # The data is immutable (sealed, mapped read-only): sharing it is a deep copy.
+        return self.__copy__()
+
     def __reduce__(self) -> tuple:
         """By name (named), by descriptor (to a loader's workers), else by value."""
         if self._closed:
@@ -616,9 +634,10 @@ class InMemoryDataSource:
         return (_copy_by_value, (self._meta, self._digest, np.asarray(self._mapping)))
 
 
-# Anonymous owners alive in this process, by token: a shipment unpickled in the
-# process that pickled it (not a worker) maps the owner's memory.
-_owners: "weakref.WeakValueDictionary[str, InMemoryDataSource]" = weakref.WeakValueDictionary()
+# Mappings of the anonymous memory created in this process, by token, while
+# anything uses them: a shipment unpickled in the process that pickled it (not
+# a worker) reads the same memory.
+_mappings: "weakref.WeakValueDictionary[str, memfd.Region]" = weakref.WeakValueDictionary()
 
 
 def _named_copy(name: str, meta: dict, user_named: bool, digest: Optional[str]) -> InMemoryDataSource:
@@ -638,14 +657,13 @@ def _shipped_copy(token: str, size: int, meta: dict, digest: Optional[str]) -> I
     if fd is not None:
         copy._bind(memfd.Region(fd, size, writable=False))
         return copy
-    owner = _owners.get(token)
-    mapping = None if owner is None else owner._mapping
+    mapping = _mappings.get(token)
     if mapping is None:
         raise ValueError(
             f"InMemoryDataSource: this pickle refers to anonymous shared memory {token} "
             "that was sent to the worker processes of a loader; it can be loaded only "
-            "there, or in the process of its owner while the owner is open. Pickle the "
-            "source outside a loader to get a copy of the data."
+            "there, or in the process that created the memory while anything there "
+            "still uses it. Pickle the source outside a loader to get a copy of the data."
         )
     copy._bind(mapping)
     return copy

@@ -1,6 +1,7 @@
 """InMemoryDataSource: encoding, reprs, shared-memory lifetime, child processes."""
 
 import collections
+import copy as copy_module
 import gc
 import math
 import multiprocessing
@@ -356,6 +357,20 @@ def test_anonymous_pickle_outside_a_loader_carries_the_data_by_value():
     np.testing.assert_array_equal(copy[1023]["x"], data["x"][1023])
     assert not copy[3]["x"].flags.writeable
     copy.close()
+
+
+@pytest.mark.parametrize("how", [copy_module.copy, copy_module.deepcopy], ids=["copy", "deepcopy"])
+def test_copies_share_the_immutable_memory_and_outlive_the_original(how):
+    data = np.arange(20).reshape(10, 2)
+    source = InMemoryDataSource(data)
+    twin = how(source)
+    assert np.shares_memory(twin[4], source[4]) and repr(twin) == repr(source)
+    source.close()
+    np.testing.assert_array_equal(twin[9], data[9])
+    again = pickle.loads(pickle.dumps(twin))  # by value, from the twin's own descriptor
+    twin.close()
+    np.testing.assert_array_equal(again[9], data[9])
+    again.close()
 
 
 def test_copy_of_closed_owner_raises_clear_error():
