@@ -8,6 +8,11 @@ the threads of that process (ArrayRecord readers are thread-safe). They are drop
 when the source is pickled, and a process forked from one that had open readers
 opens its own (an inherited reader crashes on its first read). ``array_record`` is
 imported only when a reader is opened, so importing this module costs nothing.
+
+Remote files (``s3://``, ``gs://``, any fsspec URL, or an etils ``epath.Path``)
+are copied once into a local cache by parallel ranged reads (the ArrayRecord
+reader opens local files only) and read from there; while one file is read the
+next is fetched in the background. See ``grainlike.sources.remote``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from concurrent import futures
 from typing import Any, Optional, SupportsIndex
 
 import numpy as np
+
+from grainlike.sources import remote
 
 __all__ = ["ArrayRecordDataSource", "RecordKeyOutOfRangeError", "SourceFileNotFoundError"]
 
@@ -67,16 +74,27 @@ def _is_file_instruction(x: Any) -> bool:
 
 
 def _is_local(path: str) -> bool:
-    return "://" not in path
+    return not remote.is_remote(path)
 
 
 def _missing(path: str) -> SourceFileNotFoundError:
     return SourceFileNotFoundError(f"ArrayRecordDataSource: file not found: {path!r}")
 
 
-def _open_reader(path: str, options: str):
+def _local_copy(path: str, remote_options: Optional[remote.RemoteOptions]) -> str:
+    """A local path with the contents of ``path``: itself, or its cached copy if remote."""
+    if _is_local(path):
+        return remote.local_path(path)
+    try:
+        return remote.cache_for(remote_options or remote.RemoteOptions()).fetch(path)
+    except FileNotFoundError as e:
+        raise SourceFileNotFoundError(f"ArrayRecordDataSource: file not found: {path!r} ({e})") from e
+
+
+def _open_reader(path: str, options: str, remote_options: Optional[remote.RemoteOptions] = None):
     from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
 
+    url, path = path, _local_copy(path, remote_options)
     reader = array_record_module.ArrayRecordReader(
         path, options=options, file_reader_buffer_size=_FILE_READER_BUFFER_SIZE
     )
@@ -88,9 +106,9 @@ def _open_reader(path: str, options: str):
             detail = ""
         except Exception as e:  # pylint: disable=broad-except
             detail = f" ({e})"
-        if _is_local(path) and not os.path.exists(path):
-            raise _missing(path)
-        if detail in ("", " ()") and _is_local(path):
+        if not os.path.exists(path):
+            raise _missing(url)
+        if detail in ("", " ()"):
             # The reader gives no reason for a file cut at a block boundary or empty.
             try:
                 detail = (
@@ -99,7 +117,7 @@ def _open_reader(path: str, options: str):
                 )
             except OSError as e:
                 detail = f" ({e})"
-        raise ValueError(f"ArrayRecordDataSource: {path!r} is not a readable ArrayRecord file{detail}.")
+        raise ValueError(f"ArrayRecordDataSource: {url!r} is not a readable ArrayRecord file{detail}.")
     return reader
 
 
@@ -136,7 +154,9 @@ def _normalize_paths(paths: Any) -> list:
     )
 
 
-def _read_instruction(path: Any) -> tuple[str, int, int]:
+def _read_instruction(
+    path: Any, remote_options: Optional[remote.RemoteOptions] = None
+) -> tuple[str, int, int]:
     """Returns ``(filename, first position, end position)`` for one path."""
     if _is_file_instruction(path):
         filename = os.fspath(path.filename)
@@ -153,13 +173,13 @@ def _read_instruction(path: Any) -> tuple[str, int, int]:
     else:
         filename = os.fspath(path)
         # Counting only reads the footer; default options, as Grain does.
-        reader = _open_reader(filename, "")
+        reader = _open_reader(filename, "", remote_options)
         try:
             start, end = 0, reader.num_records()
         finally:
             reader.close()
         return filename, start, end
-    if _is_local(filename) and not os.path.exists(filename):
+    if _is_local(filename) and not os.path.exists(remote.local_path(filename)):
         raise _missing(filename)
     return filename, start, max(end, start)
 
@@ -177,6 +197,11 @@ class ArrayRecordDataSource:
         select records ``[skip, skip + take)`` of their file without opening it.
       reader_options: extra ArrayRecord reader options, e.g.
         ``{"index_storage_option": "offloaded"}``.
+      remote_options: for ``s3://``, ``gs://`` and other fsspec URLs: credentials,
+        retries and the local cache the files are copied to (grainlike only; see
+        ``grainlike.sources.remote.RemoteOptions``). Counting records opens each
+        file, so plain remote paths are fetched when the source is built; give
+        ``"file[start:end]"`` paths or file instructions to fetch them on first read.
 
     Raises:
       SourceFileNotFoundError: a path does not exist (named in the message); a
@@ -191,17 +216,26 @@ class ArrayRecordDataSource:
         repr(source)  # 'ArrayRecordDataSource(hash_of_paths=<sha1 of the filenames>)'
     """
 
-    def __init__(self, paths: Any, reader_options: Optional[dict[str, str]] = None):
+    def __init__(
+        self,
+        paths: Any,
+        reader_options: Optional[dict[str, str]] = None,
+        *,
+        remote_options: Optional[remote.RemoteOptions] = None,
+    ):
+        self._remote_options = remote_options
         extra = ",".join(f"{k}:{v}" for k, v in (reader_options or {}).items())
         self._reader_options = f"{_BASE_READER_OPTIONS},{extra}" if extra else _BASE_READER_OPTIONS
         normalized = _normalize_paths(paths)
         if len(normalized) == 1:
-            instructions = [_read_instruction(normalized[0])]
+            instructions = [_read_instruction(normalized[0], remote_options)]
         else:
             # Counting records opens every file: overlap that I/O.
             workers = min(len(normalized), _MAX_COUNTING_THREADS)
             with futures.ThreadPoolExecutor(workers) as pool:
-                instructions = list(pool.map(_read_instruction, normalized))
+                instructions = list(
+                    pool.map(lambda p: _read_instruction(p, remote_options), normalized)
+                )
         self._filenames = [f for f, _, _ in instructions]
         self._starts = [s for _, s, _ in instructions]
         counts = [e - s for _, s, e in instructions]
@@ -229,10 +263,22 @@ class ArrayRecordDataSource:
                 reader = self._readers[file_index]
                 if reader is None:
                     filename = self._filenames[file_index]
-                    reader = _open_reader(filename, self._reader_options)
+                    reader = _open_reader(filename, self._reader_options, self._remote_options)
                     _warn_group_size(filename, reader)
                     self._readers[file_index] = reader
+                    self._fetch_ahead(file_index + 1)
         return reader
+
+    def _fetch_ahead(self, file_index: int) -> None:
+        """Starts copying remote file ``file_index`` into the cache, in the background."""
+        if file_index >= len(self._filenames) or self._readers[file_index] is not None:
+            return
+        filename = self._filenames[file_index]
+        if _is_local(filename):
+            return
+        cache = remote.cache_for(self._remote_options or remote.RemoteOptions())
+        # A failure is not reported here: the read of that file will retry and raise.
+        remote.submit(cache.fetch, filename)
 
     def close(self) -> None:
         """Closes the open readers. Idempotent; a later read opens them again."""

@@ -262,6 +262,11 @@ def _pool() -> futures.ThreadPoolExecutor:
         return _POOL
 
 
+def submit(fn: Callable[..., Any], *args: Any) -> futures.Future:
+    """Runs ``fn(*args)`` on the process's read-ahead threads (fetches ahead of need)."""
+    return _pool().submit(fn, *args)
+
+
 def object_size(url: str, options: RemoteOptions) -> int:
     """The size in bytes of the object at ``url``."""
     fs = _filesystem(url, options)

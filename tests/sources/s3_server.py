@@ -1,0 +1,181 @@
+"""A real S3-compatible server (moto's) on a free localhost port, for the remote tests.
+
+The server runs as a subprocess in its own session and is ended by its process
+group; credentials are dummy values passed explicitly, never the user's ~/.aws.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+ACCESS_KEY = "testing-key"
+SECRET_KEY = "testing-secret"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalS3Server:
+    """``moto_server`` on ``127.0.0.1:port``; ``start()``, ``stop()``, ``restart()``."""
+
+    def __init__(self, port: int | None = None):
+        self.port = port or free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def storage_options(self, **extra) -> dict:
+        """s3fs options for this server: its endpoint, dummy keys, few retries."""
+        return {
+            "endpoint_url": self.endpoint_url,
+            "key": ACCESS_KEY,
+            "secret": SECRET_KEY,
+            "client_kwargs": {"region_name": "us-east-1"},
+            # Fail fast when the server is gone: grainlike's own retries are under test.
+            "config_kwargs": {"connect_timeout": 1, "read_timeout": 5, "retries": {"max_attempts": 1}},
+            **extra,
+        }
+
+    def start(self, timeout: float = 30) -> None:
+        exe = shutil.which("moto_server", path=os.path.dirname(sys.executable)) or shutil.which("moto_server")
+        args = [exe] if exe else [sys.executable, "-m", "moto.server"]
+        self.proc = subprocess.Popen(
+            [*args, "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"moto_server exited with {self.proc.returncode}")
+            try:
+                urllib.request.urlopen(self.endpoint_url + "/moto-api/", timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"moto_server did not answer on {self.endpoint_url} in {timeout} s")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self.proc = None
+
+    def restart(self) -> None:
+        """A fresh server on the same port (moto keeps objects in memory: they are gone)."""
+        self.stop()
+        self.start()
+
+    def client(self):
+        import boto3
+
+        return boto3.client(
+            "s3", endpoint_url=self.endpoint_url, aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY, region_name="us-east-1",
+        )
+
+    def upload(self, bucket: str, files: dict) -> None:
+        """Creates ``bucket`` if needed and uploads ``{key: local path}``."""
+        client = self.client()
+        try:
+            client.create_bucket(Bucket=bucket)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        for key, path in files.items():
+            client.upload_file(path, bucket, key)
+
+
+class TcpProxy:
+    """Forwards ``127.0.0.1:port`` to a server; while ``down()``, connections are reset.
+
+    A network outage without stopping the server (which would lose moto's objects).
+    """
+
+    def __init__(self, target_port: int):
+        import struct
+        import threading
+
+        self.target_port = target_port
+        self._lock = threading.Lock()
+        self._conns: list = []
+        self._down = False
+        self._threading = threading
+        self._linger_reset = struct.pack("ii", 1, 0)  # close() sends RST
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def up(self) -> None:
+        self._down = False
+
+    def down(self) -> None:
+        """Resets open connections and every new one until ``up()``."""
+        with self._lock:
+            self._down = True
+            conns, self._conns = self._conns, []
+        for c in conns:
+            self._reset(c)
+
+    def close(self) -> None:
+        self.down()
+        self._listener.close()
+
+    def _reset(self, sock) -> None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, self._linger_reset)
+        except OSError:
+            pass
+        sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if self._down:
+                self._reset(client)
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                self._reset(client)
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                self._threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
