@@ -14,6 +14,7 @@ import pytest
 
 import grainlike
 from tests.compat.dataset_pairs import assert_same, rest, run
+from tests.helpers.leaks import LeakCheck
 from tests.helpers.pipelines import as_plain, take
 
 pytestmark = pytest.mark.timeout(120)
@@ -325,3 +326,12 @@ def test_pack_and_batch_operation_with_max_sequences_per_bin_matches_grain(libs)
         outputs.append([as_plain(x) for x in loader])
     assert outputs[0] == outputs[1]
     assert len(outputs[0]) >= 3
+
+
+def test_pack_and_batch_operation_runs_in_each_worker_as_in_grain(libs):
+    theirs, ours = libs
+    expected, states = _loader_run(_pack_and_batch_loader(theirs, worker_count=2))
+    leaks = LeakCheck()
+    with iter(_pack_and_batch_loader(ours, worker_count=2)) as it:
+        assert _loader_run(it) == (expected, states)
+    leaks.assert_clean()
