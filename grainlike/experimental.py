@@ -35,6 +35,7 @@ from grainlike.dataset.cache import CacheIterDataset
 from grainlike.dataset.rebatch import RebatchIterDataset
 from grainlike.dataset.multithread import multithread_prefetch
 from grainlike.dataset.element_spec import ShapeDtypeStruct, ShapeDtypeStructProtocol, get_element_spec
+from grainlike.device_put import device_put
 from grainlike.dataset.parquet import ParquetIterDataset
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "apply_transformations",
     "assert_equal_output_after_checkpoint",
     "batch_and_pad",
+    "device_put",
     "get_element_spec",
     "get_next_index",
     "index_shuffle",

@@ -1,0 +1,75 @@
+"""``grain.experimental.device_put``: a Dataset whose elements are put on JAX devices.
+
+Two thread stages, as in grain: one computes up to ``cpu_buffer_size`` elements
+ahead on the host, the next puts up to ``device_buffer_size`` of them on the
+devices ahead of use. The state is the dataset's own (thread stages add nothing),
+so a checkpoint restores in grain and in grainlike alike.
+
+A numpy leaf that does not own its memory (a view of shared memory or of a buffer
+that may be refilled) is copied before JAX sees it: on CPU ``jax.device_put`` can
+alias the numpy memory instead of copying it. jax is imported when
+``device_put`` is called.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grainlike.dataset.base import IterDataset
+from grainlike.dataset.thread_prefetch import ThreadPrefetchIterDataset
+
+__all__ = ["device_put"]
+
+
+class _PutOnDevice:
+    """``jax.device_put(element, device)``, after copying leaves that alias a buffer."""
+
+    def __init__(self, device: Any):
+        self._device = device
+
+    def __call__(self, element: Any) -> Any:
+        import jax
+        import numpy as np
+
+        from grainlike.device import _host_leaf
+
+        element = jax.tree.map(
+            lambda x: _host_leaf(x, None) if isinstance(x, (np.ndarray, np.generic)) else x, element
+        )
+        return jax.device_put(element, self._device)
+
+    def __repr__(self) -> str:
+        return f"device_put(device={self._device})"
+
+
+def device_put(
+    ds: IterDataset, device: Any, *, cpu_buffer_size: int = 4, device_buffer_size: int = 2
+) -> IterDataset:
+    """Puts the elements of ``ds`` on ``device``, computing and transferring ahead.
+
+    Args:
+      ds: the dataset.
+      device: what ``jax.device_put`` takes: a ``jax.Device``, a ``Sharding``, or
+        a tree of them matching the elements.
+      cpu_buffer_size: elements computed ahead on the host.
+      device_buffer_size: elements put on the devices ahead of use.
+
+    Returns:
+      An IterDataset of the elements as ``jax.Array`` trees.
+
+    Raises:
+      ImportError: jax is not installed.
+      ValueError: a buffer size is negative.
+
+    Example:
+      >>> import jax
+      >>> from grainlike.dataset import MapDataset
+      >>> ds = MapDataset.range(4).to_iter_dataset().batch(2)
+      >>> [type(b).__name__ for b in device_put(ds, jax.devices()[0])]
+      ['ArrayImpl', 'ArrayImpl']
+    """
+    ds = ThreadPrefetchIterDataset(ds, prefetch_buffer_size=cpu_buffer_size)
+    import jax  # noqa: F401  (raises ImportError here, as grain, when jax is absent)
+
+    ds = ds.map(_PutOnDevice(device))
+    return ThreadPrefetchIterDataset(ds, prefetch_buffer_size=device_buffer_size)
