@@ -36,6 +36,7 @@ from grainlike.dataset.rebatch import RebatchIterDataset
 from grainlike.dataset.multithread import multithread_prefetch
 from grainlike.dataset.element_spec import ShapeDtypeStruct, ShapeDtypeStructProtocol, get_element_spec
 from grainlike.device_put import device_put
+from grainlike.dataset.rng_pool import RngPool
 from grainlike.dataset.parquet import ParquetIterDataset
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "ParquetIterDataset",
     "RebatchIterDataset",
     "RepeatIterDataset",
+    "RngPool",
     "ShapeDtypeStruct",
     "ShapeDtypeStructProtocol",
     "TFRecordIterDataset",

@@ -1,0 +1,61 @@
+"""``RngPool``: grain's pool of reusable random generators, one stream per index.
+
+``acquire_rng(index, op_seed=...)`` returns a ``np.random.Generator`` over
+``Philox(seed)`` whose counter starts at ``(0, 0, op_seed, index)``, the stream
+grain's random maps give the element at ``index``; ``release_rng`` returns it to the
+pool. Resetting a pooled generator costs far less than building one (~10 us).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+_EMPTY_BUFFER = np.zeros(4, np.uint64)
+
+
+class RngPool:
+    """Generators over ``Philox(seed)``, reused across indices; thread-safe.
+
+    Example:
+      >>> pool = RngPool(seed=42)
+      >>> rng = pool.acquire_rng(7)
+      >>> first = rng.integers(1000)
+      >>> pool.release_rng(rng)
+      >>> int(pool.acquire_rng(7).integers(1000)) == int(first)
+      True
+    """
+
+    def __init__(self, seed: Any):
+        self._seed = seed
+        self._free: list = []
+        self._lock = threading.Lock()
+
+    def __reduce__(self):
+        # The pooled generators are a cache: a copy starts empty.
+        return (RngPool, (self._seed,))
+
+    def acquire_rng(self, index: int, *, op_seed: int = 0) -> np.random.Generator:
+        """A generator positioned at the start of stream ``(op_seed, index)``."""
+        with self._lock:
+            rng = self._free.pop() if self._free else None
+        if rng is None:
+            rng = np.random.Generator(np.random.Philox(self._seed))
+        state = rng.bit_generator.state
+        state["state"]["counter"] = np.array([0, 0, op_seed, index], dtype=np.uint64)
+        state["buffer"] = _EMPTY_BUFFER.copy()
+        state["buffer_pos"] = 4
+        state["has_uint32"] = 0
+        state["uinteger"] = 0
+        rng.bit_generator.state = state
+        return rng
+
+    def release_rng(self, rng: np.random.Generator) -> None:
+        """Returns ``rng`` to the pool; it must not be used afterwards."""
+        with self._lock:
+            self._free.append(rng)
+
+    def __repr__(self) -> str:
+        return f"RngPool(seed={self._seed!r})"
