@@ -181,6 +181,13 @@ def _bos(lib, mode):
 
 
 CTS_CASES = {
+    "observations": dict(observations=True, length_struct={"observation": 6, "index": 6}, meta_features=("index",)),
+    "observations_keep_full_length": dict(
+        observations=True,
+        length_struct={"observation": 6, "index": 6},
+        meta_features=("index",),
+        split_full_length_features=False,
+    ),
     "one_feature": dict(keys=("tokens",), length_struct={"tokens": 8}),
     "two_features": dict(keys=("tokens", "labels"), length_struct={"tokens": 8, "labels": 5}),
     "keep_full_length": dict(keys=("tokens", "labels"), length_struct={"tokens": 7, "labels": 4}, split_full_length_features=False),
@@ -212,9 +219,17 @@ CTS_CASES = {
 }
 
 
+def _observations(n=23):
+    """grain's own test data: [1], [2, 2], ..., [7] * 7, [1], ..., with a scalar index."""
+    return [{"observation": np.repeat(i % 7 + 1, i % 7 + 1), "index": i + 1} for i in range(n)]
+
+
 def _cts(lib, case):
     kwargs = dict(CTS_CASES[case])
-    records = _only(_records(long=kwargs.pop("long", False)), kwargs.pop("keys"))
+    if kwargs.pop("observations", False):
+        records = _observations()
+    else:
+        records = _only(_records(long=kwargs.pop("long", False)), kwargs.pop("keys"))
     if "bos_handling" in kwargs:
         kwargs["bos_handling"] = _bos(lib, kwargs["bos_handling"])
     return lib.x.ConcatThenSplitIterDataset(lib.source(records), **kwargs)
@@ -223,7 +238,8 @@ def _cts(lib, case):
 @pytest.mark.parametrize("case", sorted(CTS_CASES))
 def test_concat_then_split_matches_grain(libs, case):
     values = _check(libs, lambda lib: _cts(lib, case))
-    assert any(int(v["tokens_segment_ids"].max()) > 1 for v in values)
+    key = "observation" if "observation" in values[0] else "tokens"
+    assert any(int(v[f"{key}_segment_ids"].max()) > 1 for v in values)
 
 
 @pytest.mark.parametrize("case", ["two_features", "longer_than_target"])
