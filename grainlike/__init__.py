@@ -103,6 +103,10 @@ _LAZY = {
     "WorkerStalledError": "grainlike.dataset.workers:WorkerStalledError",
     "ForeignWorkersError": "grainlike.dataset.workers:ForeignWorkersError",
     "SharedMemoryFullError": "grainlike.core.shm_owner:SharedMemoryFullError",
+    # Sources of Parquet files, Hugging Face datasets, remote files (grainlike only).
+    "ParquetDataSource": "grainlike.sources.parquet:ParquetDataSource",
+    "HuggingFaceDataSource": "grainlike.sources.hf:HuggingFaceDataSource",
+    "RemoteOptions": "grainlike.sources.remote:RemoteOptions",
 }
 
 __getattr__, __dir__ = _attach(globals(), _LAZY)

@@ -4,6 +4,9 @@
 optional batched ``__getitems__``); ``RangeDataSource``, ``InMemoryDataSource``
 (alias ``SharedMemoryDataSource``) and ``ArrayRecordDataSource`` implement it with
 Grain-compatible reprs, so checkpoints move between grain and grainlike.
+``ParquetDataSource`` and ``HuggingFaceDataSource`` (grainlike only) read Parquet
+files and Hugging Face ``datasets``; file sources read ``s3://`` / ``gs://`` URLs
+too (``RemoteOptions``).
 
 Example:
     from grainlike.sources import ArrayRecordDataSource
@@ -13,15 +16,21 @@ Example:
 """
 
 from grainlike.sources.array_record import ArrayRecordDataSource
+from grainlike.sources.hf import HuggingFaceDataSource
 from grainlike.sources.in_memory import InMemoryDataSource, SharedMemoryDataSource
+from grainlike.sources.parquet import ParquetDataSource
 from grainlike.sources.protocol import RandomAccessDataSource, RangeDataSource, SupportsBatchedRead
+from grainlike.sources.remote import RemoteOptions
 from grainlike.sources.tfds import TfdsDataSource, tfds_source
 
 __all__ = [
     "ArrayRecordDataSource",
+    "HuggingFaceDataSource",
     "InMemoryDataSource",
+    "ParquetDataSource",
     "RandomAccessDataSource",
     "RangeDataSource",
+    "RemoteOptions",
     "SharedMemoryDataSource",
     "SupportsBatchedRead",
     "TfdsDataSource",
