@@ -37,6 +37,7 @@ from grainlike.dataset.multithread import multithread_prefetch
 from grainlike.dataset.element_spec import ShapeDtypeStruct, ShapeDtypeStructProtocol, get_element_spec
 from grainlike.device_put import device_put
 from grainlike.dataset.rng_pool import RngPool
+from grainlike.dataset.performance import PerformanceConfig, pick_performance_config
 from grainlike.dataset.parquet import ParquetIterDataset
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "MapWithIndexTransform",
     "PackAndBatchOperation",
     "ParquetIterDataset",
+    "PerformanceConfig",
     "RebatchIterDataset",
     "RepeatIterDataset",
     "RngPool",
@@ -76,5 +78,6 @@ __all__ = [
     "get_next_index",
     "index_shuffle",
     "multithread_prefetch",
+    "pick_performance_config",
     "set_next_index",
 ]
