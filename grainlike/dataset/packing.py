@@ -199,7 +199,7 @@ class _Bins:
                     f"Exceeds: (feature, feature_length, max_length) = {details}"
                 )
         if self.best_fit:
-            row = self._best_fit_row(np.asarray(lengths, np.int64))
+            row = self._best_fit_row(lengths)
         else:
             row = self._first_fit_row(lengths)
         if row < 0:
@@ -217,18 +217,24 @@ class _Bins:
         row = int(fits.argmax())
         return row if fits[row] else -1
 
-    def _best_fit_row(self, lengths: np.ndarray) -> int:
-        caps = self.layout.caps_array[:, None]
-        new_free = self.free + lengths[:, None]
-        if self.max_per_bin is not None:
-            # A full bin gets one more capacity of length, as grain marks it.
-            new_free = new_free + np.where(self.counts < self.max_per_bin, 0, 1) * caps
-        fits = (new_free <= caps).all(axis=0)
-        if not fits.any():
-            return -1
-        scores = self.free.sum(axis=0)
-        scores[~fits] = -1
-        return int(scores.argmax())
+    def _best_fit_row(self, lengths: list) -> int:
+        if self.layout.num_leaves == 1:
+            free, cap = self.free[0], self.layout.caps[0]
+            new_free = free + lengths[0]
+            if self.max_per_bin is not None:
+                # A full bin gets one more capacity of length, as grain marks it.
+                new_free += np.where(self.counts < self.max_per_bin, 0, cap)
+            fits = new_free <= cap
+        else:
+            caps = self.layout.caps_array[:, None]
+            new_free = self.free + np.asarray(lengths, np.int64)[:, None]
+            if self.max_per_bin is not None:
+                new_free += np.where(self.counts < self.max_per_bin, 0, 1) * caps
+            fits = (new_free <= caps).all(axis=0)
+            free = self.free.sum(axis=0)
+        # The fullest bin that fits (the first of equals); free cells are never negative.
+        row = int(np.where(fits, free, -1).argmax())
+        return row if fits[row] else -1
 
     def _add(self, element: Any, leaves: list, lengths: list, row: int) -> None:
         segment_id = self.counts[row] + 1
