@@ -47,6 +47,8 @@ class BOSHandling(enum.Enum):
 
 
 def _length(value: Any) -> int:
+    if type(value) is np.ndarray:
+        return value.shape[0] if value.ndim else 1
     return 1 if np.ndim(value) == 0 else len(value)
 
 
@@ -83,7 +85,7 @@ class _Piece:
             start, stop = sl if sl != _WHOLE else (0, _length(self.features[key]))
             left[key] = (start, point)
             right[key] = (point, stop)
-        return dataclasses.replace(self, slices=left), dataclasses.replace(self, slices=right)
+        return _Piece(self.parent_state, self.features, left), _Piece(self.parent_state, self.features, right)
 
 
 class _ConcatThenSplitDatasetIterator(DatasetIterator):
@@ -233,12 +235,12 @@ class _ConcatThenSplitDatasetIterator(DatasetIterator):
         return out
 
     def _check(self, features: Any) -> None:
-        if not isinstance(features, Mapping):
+        if type(features) is not dict and not isinstance(features, Mapping):
             raise ValueError(
                 f"Parent elements must be unnested dictionaries but got {type(features).__name__}: "
                 f"{features!r:.200}"
             )
-        if set(features) != set(self._lengths):
+        if features.keys() != self._lengths.keys():
             raise ValueError(
                 f"Parent element has the features {sorted(features)} but length_struct is "
                 f"{self._lengths}. There must be a sequence length for each feature."
