@@ -238,12 +238,40 @@ class CacheState(NamedTuple):
     mask: Any
 
 
+class _Ahead:
+    """One fill read in a background thread while the device works through the cache."""
+
+    def __init__(self, fill: int, read: Callable[[], Any]):
+        self.fill = fill
+        self._result: Any = None
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, args=(read,), daemon=True,
+                                         name=f"grainlike-reference-data-fill-{fill}")
+        self._thread.start()
+
+    def _run(self, read: Callable[[], Any]) -> None:
+        try:
+            self._result = read()
+        except BaseException as e:  # handed to the callback that takes this fill
+            self._error = e
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def wait(self) -> None:
+        self._thread.join()
+
+
 @dataclasses.dataclass
 class _Chain:
-    iterator: Any
+    reader: Any
     config: dict
     next_fill: int = 0
     fill_states: dict = dataclasses.field(default_factory=dict)
+    ahead: Optional[_Ahead] = None
 
 
 class ReferenceData:
@@ -257,9 +285,10 @@ class ReferenceData:
     callbacks are not batched): give each chain its own state.
     """
 
-    def __init__(self, make_loader: Callable[[dict], DataLoader], cache_size: int,
-                 observation_count: int, default_config: dict):
-        self._make_loader = make_loader
+    def __init__(self, make_reader: Callable[[dict], Any], cache_size: int,
+                 observation_count: int, default_config: dict, read_ahead: bool = True):
+        self._make_reader = make_reader
+        self._read_ahead = read_ahead
         self._cache_size = _check_positive("cache_size", cache_size)
         self._observation_count = int(observation_count)
         self._default_config = dict(default_config)
@@ -276,57 +305,40 @@ class ReferenceData:
     # -- host side -------------------------------------------------------------
 
     def _read_fill(self, chain: _Chain, fill: int) -> tuple:
-        """Reads the next ``cache_size`` batches of ``chain``: (cache, mask, available)."""
-        if fill != chain.next_fill:
-            state = chain.fill_states.get(fill)
-            if state is None:
-                raise ValueError(
-                    f"reference data: chain state at fill {fill} is too old to continue "
-                    f"(the chain is at fill {chain.next_fill}; the last {_KEPT_FILLS} fills "
-                    "are kept); save it with get_state() and restore() it instead"
-                )
-            chain.iterator.set_state(state)
-        chain.fill_states[fill] = chain.iterator.get_state()
+        """Fill number ``fill`` of ``chain``: (cache, mask, available); reads the next one ahead."""
+        ahead, chain.ahead = chain.ahead, None
+        if ahead is not None and ahead.fill == fill:
+            out = ahead.result()
+        else:
+            if ahead is not None:
+                ahead.wait()  # it moved the reader; repositioned below
+                chain.next_fill = ahead.fill + 1
+            if fill != chain.next_fill:
+                state = chain.fill_states.get(fill)
+                if state is None:
+                    raise ValueError(
+                        f"reference data: chain state at fill {fill} is too old to continue "
+                        f"(the chain is at fill {chain.next_fill}; the last {_KEPT_FILLS} fills "
+                        "are kept); save it with get_state() and restore() it instead"
+                    )
+                chain.reader.set_state(state)
+            chain.fill_states[fill] = chain.reader.get_state()
+            out = chain.reader.read(self._cache_size, self._batch_size)
+        chain.next_fill = fill + 1
         for old in [k for k in chain.fill_states if k <= fill - _KEPT_FILLS]:
             del chain.fill_states[old]
-        batches, masks = [], []
-        padded = chain.config["padded"]
-        for _ in range(self._cache_size):
-            try:
-                batch = next(chain.iterator)
-            except StopIteration:
-                break
-            data, mask = _split_mask(batch, padded)
-            batches.append(data)
-            masks.append(mask)
-        chain.next_fill = fill + 1
-        if not batches:
+        if out is not None and self._read_ahead:
+            # The state before the next fill is known now; the reading itself overlaps
+            # with the device working through this fill.
+            chain.fill_states[fill + 1] = chain.reader.get_state()
+            size, batch_size, reader = self._cache_size, self._batch_size, chain.reader
+            chain.ahead = _Ahead(fill + 1, lambda: reader.read(size, batch_size))
+        if out is None:
             raise EOFError(
                 f"reference data: chain {chain.config.get('chain_id')} has no more batches "
                 f"(its loader ended); use a repeating mode or fewer steps"
             )
-        available = len(batches)
-        size = self._batch_size or _leading(batches[0])
-        for i, data in enumerate(batches):
-            short = _leading(data)
-            if short < size:  # a loader's last, smaller batch: padded and masked
-                batches[i] = tree.map_structure(
-                    lambda x: np.concatenate([x, np.zeros((size - short,) + np.shape(x)[1:], np.asarray(x).dtype)]),
-                    data,
-                )
-                mask = np.zeros(size, bool)
-                mask[:short] = True if masks[i] is None else np.asarray(masks[i], bool)
-                masks[i] = mask
-        for _ in range(self._cache_size - available):
-            batches.append(tree.zeros_like(batches[0]))
-            masks.append(None)
-        mask = np.stack([
-            np.ones(size, bool) if m is None and i < available else
-            (np.zeros(size, bool) if m is None else np.asarray(m, bool))
-            for i, m in enumerate(masks)
-        ])
-        cache = _numeric(tree.stack(batches), "reference data")
-        return cache, mask, np.int32(available)
+        return out
 
     def _host_fill(self, chain_id: Any, fill: Any) -> tuple:
         with self._lock:
@@ -341,14 +353,13 @@ class ReferenceData:
         import jax
         import jax.numpy as jnp
 
-        loader = self._make_loader(config)
-        config = {**config, "padded": any(isinstance(op, Batch) and op.pad for op in loader.operations)}
+        reader = self._make_reader(config)
         with self._lock:
             chain_id = next(self._ids)
-            config["chain_id"] = chain_id
-            chain = _Chain(iter(loader), config)
+            config = {**config, "chain_id": chain_id}
+            chain = _Chain(reader, config)
             if loader_state is not None:
-                chain.iterator.set_state(loader_state)
+                chain.reader.set_state(loader_state)
             self._chains[chain_id] = chain
             cache, mask, available = self._read_fill(chain, 0)
             specs = (_device_specs(cache), _device_specs(mask))
@@ -454,9 +465,7 @@ class ReferenceData:
                     f"kept (the chain is at fill {chain.next_fill}); save states right after "
                     "the computation that made them"
                 )
-            config = {k: v for k, v in chain.config.items() if k not in ("chain_id", "padded", "loader")}
-        if isinstance(loader_state, bytes):
-            loader_state = loader_state.decode()
+            config = {k: v for k, v in chain.config.items() if k not in ("chain_id", "loader")}
         return {"config": config, "loader_state": loader_state, "line": line}
 
     def restore(self, checkpoint: dict) -> CacheState:
@@ -467,10 +476,7 @@ class ReferenceData:
                 f"config, loader_state, line; got {checkpoint!r:.200}"
             )
         config = {**self._default_config, **checkpoint["config"]}
-        loader_state = checkpoint["loader_state"]
-        if isinstance(loader_state, str):
-            loader_state = loader_state.encode()
-        return self._start(config, loader_state, int(checkpoint["line"]))
+        return self._start(config, checkpoint["loader_state"], int(checkpoint["line"]))
 
     def release(self, state: Optional[CacheState] = None) -> None:
         """Closes one chain's loader iterator (``state``'s), or every chain's."""
@@ -479,7 +485,9 @@ class ReferenceData:
             for chain_id in ids:
                 chain = self._chains.pop(chain_id, None)
                 if chain is not None:
-                    chain.iterator.close()
+                    if chain.ahead is not None:
+                        chain.ahead.wait()
+                    chain.reader.close()
 
     def __enter__(self) -> "ReferenceData":
         return self
@@ -488,23 +496,126 @@ class ReferenceData:
         self.release()
 
 
+class _LoaderReader:
+    """A chain's DataLoader iterator, read ``cache_size`` batches at a time."""
+
+    def __init__(self, loader: DataLoader):
+        self._padded = any(isinstance(op, Batch) and op.pad for op in loader.operations)
+        self._iterator = iter(loader)
+        self._size: Optional[int] = None
+
+    def get_state(self) -> str:
+        state = self._iterator.get_state()
+        return state.decode() if isinstance(state, bytes) else state
+
+    def set_state(self, state: str) -> None:
+        self._iterator.set_state(state.encode() if isinstance(state, str) else state)
+
+    def close(self) -> None:
+        self._iterator.close()
+
+    def read(self, count: int, batch_size: Optional[int]) -> Optional[tuple]:
+        """Up to ``count`` batches stacked, padded to ``count``: (cache, mask, available)."""
+        batches, masks = [], []
+        for _ in range(count):
+            try:
+                batch = next(self._iterator)
+            except StopIteration:
+                break
+            data, mask = _split_mask(batch, self._padded)
+            batches.append(data)
+            masks.append(mask)
+        if not batches:
+            return None
+        available = len(batches)
+        # The first batch sets the size (a loader's batches are full until its last).
+        size = self._size = batch_size or self._size or _leading(batches[0])
+        for i, data in enumerate(batches):
+            short = _leading(data)
+            if short < size:  # a loader's last, smaller batch: padded and masked
+                batches[i] = tree.map_structure(
+                    lambda x: np.concatenate([x, np.zeros((size - short,) + np.shape(x)[1:], np.asarray(x).dtype)]),
+                    data,
+                )
+                mask = np.zeros(size, bool)
+                mask[:short] = True if masks[i] is None else np.asarray(masks[i], bool)
+                masks[i] = mask
+        for _ in range(count - available):
+            batches.append(tree.zeros_like(batches[0]))
+            masks.append(np.zeros(size, bool))
+        mask = np.stack([np.ones(size, bool) if m is None else np.asarray(m, bool) for m in masks])
+        return _numeric(tree.stack(batches), "reference data"), mask, np.int32(available)
+
+
+class _GatherReader:
+    """A chain over in-memory arrays: the sampler's keys gathered with numpy, no per-record work.
+
+    Yields exactly the batches of ``DataLoader(ArraysSource(arrays), sampler,
+    [Batch(batch_size, pad=padded)])``; its state is the next global index.
+    """
+
+    def __init__(self, source: "ArraysSource", sampler: Any, batch_size: int, padded: bool):
+        self._arrays = source._arrays
+        self._sampler = sampler
+        self._batch_size = batch_size
+        self._padded = padded
+        self._position = 0
+
+    def get_state(self) -> str:
+        return json.dumps({"position": self._position})
+
+    def set_state(self, state: str) -> None:
+        position = json.loads(state).get("position") if isinstance(state, str) else None
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+            raise ValueError(f"reference data: not a position of in-memory arrays: {state!r:.200}")
+        self._position = position
+
+    def close(self) -> None:
+        pass
+
+    def read(self, count: int, batch_size: Optional[int]) -> tuple:
+        size = self._batch_size
+        indices = np.arange(self._position, self._position + count * size, dtype=np.int64)
+        located = self._sampler.locate(indices)
+        keys = located.keys
+        mask = np.ones(count * size, bool) if located.padding is None else ~np.asarray(located.padding)
+        cache = {}
+        for name, array in self._arrays.items():
+            values = array[keys]
+            if not mask.all():
+                values[~mask] = 0
+            cache[name] = values.reshape((count, size) + array.shape[1:])
+        self._position += count * size
+        return _numeric(cache, "reference data"), mask.reshape(count, size), np.int32(count)
+
+
+def _mode_sampler(n: int, batch_size: int, worker_count: int, config: dict) -> tuple:
+    """``(sampler, padded)`` of a chain's mode."""
+    seed = config.get("seed", 0)
+    if not config.get("shuffle"):
+        return RandomSampler(n, num_samples=None, seed=seed), False
+    if config.get("in_epochs"):
+        return PaddedEpochSampler(n, batch_size, worker_count=worker_count, shuffle=True,
+                                  num_epochs=None, seed=seed), True
+    return IndexSampler(n, NoSharding(), shuffle=True, num_epochs=None, seed=seed), False
+
+
 def _mode_loader(source: Any, batch_size: int, operations: Sequence[Any], worker_count: int,
                  config: dict) -> DataLoader:
     """The DataLoader of one chain: its sampler is the chain's mode."""
-    n = len(source)
-    seed = config.get("seed", 0)
-    if not config.get("shuffle"):
-        sampler: Any = RandomSampler(n, num_samples=None, seed=seed)
-        batch = Batch(batch_size)
-    elif config.get("in_epochs"):
-        sampler = PaddedEpochSampler(n, batch_size, worker_count=worker_count, shuffle=True,
-                                     num_epochs=None, seed=seed)
-        batch = Batch(batch_size, pad=True)
-    else:
-        sampler = IndexSampler(n, NoSharding(), shuffle=True, num_epochs=None, seed=seed)
-        batch = Batch(batch_size)
-    return DataLoader(data_source=source, sampler=sampler, operations=list(operations) + [batch],
+    sampler, padded = _mode_sampler(len(source), batch_size, worker_count, config)
+    return DataLoader(data_source=source, sampler=sampler,
+                      operations=list(operations) + [Batch(batch_size, pad=padded)],
                       worker_count=worker_count, shard_options=NoSharding())
+
+
+def _mode_reader(source: Any, batch_size: int, operations: Sequence[Any], worker_count: int,
+                 config: dict) -> Any:
+    """A chain's reader: numpy gathers for plain arrays, else the mode's DataLoader."""
+    if isinstance(source, ArraysSource) and not operations and not worker_count:
+        sampler, padded = _mode_sampler(len(source), batch_size, worker_count, config)
+        return _GatherReader(source, sampler, batch_size, padded)
+    return _LoaderReader(_mode_loader(source, batch_size, operations, worker_count, config))
 
 
 def reference_data(data: Any, cache_size: int = 100, batch_size: Optional[int] = None, *,
@@ -542,7 +653,7 @@ def reference_data(data: Any, cache_size: int = 100, batch_size: Optional[int] =
             count = len(data.data_source)
         except TypeError:
             count = -1
-        return ReferenceData(lambda config: data, cache_size, count, {"loader": True})
+        return ReferenceData(lambda config: _LoaderReader(data), cache_size, count, {"loader": True})
     if batch_size is None:
         raise ValueError("reference_data(source, ...): pass batch_size=")
     batch_size = _check_positive("batch_size", batch_size)
@@ -554,7 +665,7 @@ def reference_data(data: Any, cache_size: int = 100, batch_size: Optional[int] =
         raise ValueError("reference_data: operations must be per-record maps (no Batch, no filter)")
     operations = list(operations)
     return ReferenceData(
-        lambda config: _mode_loader(data, batch_size, operations, worker_count, config),
+        lambda config: _mode_reader(data, batch_size, operations, worker_count, config),
         cache_size, count, {"seed": seed, "shuffle": False, "in_epochs": False},
     )
 

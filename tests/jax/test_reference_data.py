@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import grainlike as grain
-from grainlike.jax_loops import host_errors, reference_data
+from grainlike.jax_loops import ArraysSource, host_errors, reference_data
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,10 +49,14 @@ def expected(loader, steps):
     ({"shuffle": True, "in_epochs": True},
      lambda: grain.PaddedEpochSampler(N, 3, shuffle=True, num_epochs=None, seed=5)),
 ])
-def test_every_mode_draws_its_sampler_batches_in_order_without_skipping(mode, sampler):
-    data = reference_data(source(), cache_size=4, batch_size=3, seed=5)
+@pytest.mark.parametrize("records", [False, True], ids=["arrays", "records"])
+def test_every_mode_draws_its_sampler_batches_in_order_without_skipping(mode, sampler, records):
+    # Arrays are gathered with numpy; a list of records goes through a DataLoader.
+    arrays = source()
+    data_source = [{k: v[i] for k, v in arrays.items()} for i in range(N)] if records else arrays
+    data = reference_data(data_source, cache_size=4, batch_size=3, seed=5)
     pad = mode.get("in_epochs", False)
-    loader = grain.DataLoader(data_source=data._make_loader({"seed": 5, **mode}).data_source,
+    loader = grain.DataLoader(data_source=ArraysSource(arrays),
                               sampler=sampler(), operations=[grain.Batch(3, pad=pad)],
                               shard_options=grain.NoSharding())
     want_x, want_mask = expected(loader, 11)
