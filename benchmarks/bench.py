@@ -40,6 +40,7 @@ PLAN = [
 SECTIONS: dict[str, str] = {
     "W7": "benchmarks.packing",
     "W8": "benchmarks.checkpoint_save",
+    "W9": "benchmarks.in_jit",
 }
 DESCRIPTIONS = {
     "W1": "1e6 small int records, identity map, Batch(128): records/s",
