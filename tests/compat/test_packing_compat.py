@@ -77,6 +77,10 @@ def _check(libs, build):
 
 FIT_CASES = {
     "one_feature": dict(keys=("tokens",), length_struct={"tokens": 10}, num_packing_bins=3),
+    # Features outside length_struct and meta_features are dropped.
+    "other_features_dropped": dict(
+        keys=("tokens", "labels", "emb", "id", "weight"), length_struct={"tokens": 10}, num_packing_bins=3
+    ),
     "no_shuffle": dict(keys=("tokens", "labels"), length_struct={"tokens": 10, "labels": 6}, num_packing_bins=3, shuffle_bins=False),
     "one_bin": dict(keys=("tokens", "labels"), length_struct={"tokens": 10, "labels": 6}, num_packing_bins=1, seed=5),
     "many_bins_seed": dict(keys=("tokens", "labels"), length_struct={"tokens": 12, "labels": 7}, num_packing_bins=6, seed=123),
