@@ -6,6 +6,14 @@ that returns the next ``batches_per_call`` batches stacked on a new leading axis
 the host is visited once per ``batches_per_call`` steps, not once per step. A
 background thread keeps ``prefetch`` such stacks ready. ``scan`` wraps the usual
 two-level loop (one draw per outer step, an inner scan over its batches).
+``next()`` returns one batch per call (one host visit per batch). ``draw()`` needs
+an explicit ``batches_per_call``: code that keeps one batch of a stack
+(``draw()[0]``) would skip the others. For a device-side cache that hands out one
+batch at a time, see ``grainlike.reference_data``.
+
+The end of the data raises ``EOFError`` in the callback; JAX reports it as a
+``JaxRuntimeError``, and ``with grainlike.host_errors():`` around the call raises
+the ``EOFError`` itself.
 
 The position is checkpointable: ``get_state()`` is the wrapped iterator's state
 right after the last batch *delivered to jitted code*; stacks waiting in the
@@ -31,10 +39,13 @@ import numpy as np
 
 from grainlike.core import tree
 from grainlike.device import _Prefetcher, _stop_holder
+from grainlike.jax_loops import reporting
 
 __all__ = ["InJitIterator"]
 
 _BATCH, _END = "batch", "end"
+# Batches per host visit of scan() when batches_per_call is not given.
+_DEFAULT_K = 8
 # Numeric kinds a device holds: bool, signed, unsigned, float, complex.
 _DEVICE_KINDS = frozenset("biufc")
 
@@ -57,7 +68,8 @@ class _Stacks:
                 raise EOFError(
                     f"InJitIterator: the wrapped iterator ended after {len(batches)} of "
                     f"the {self._k} batches of a draw; use a loader that repeats "
-                    "(num_epochs=None) or a step count it covers"
+                    "(num_epochs=None), a step count it covers, or next() (one batch "
+                    "per call)"
                 ) from None
         return tree.stack([_numeric(b) for b in batches])
 
@@ -73,6 +85,18 @@ def _numeric(batch: Any) -> Any:
     return batch
 
 
+def _matching(x: Any, spec: Any) -> np.ndarray:
+    """``x`` cast to the spec's dtype; a batch of another shape is a clear error."""
+    x = np.asarray(x, dtype=spec.dtype)
+    if x.shape != tuple(spec.shape):
+        raise ValueError(
+            f"InJitIterator: a batch of shape {x.shape[1:]} where the compiled program "
+            f"expects {tuple(spec.shape[1:])}; a short final batch? Use Batch(..., "
+            "drop_remainder=True) or Batch(..., pad=True)"
+        )
+    return x
+
+
 class InJitIterator:
     """Feeds batches to jitted code: ``draw()`` returns the next ``k`` batches, stacked.
 
@@ -80,16 +104,20 @@ class InJitIterator:
       iterator: yields numeric batches (pytrees of numpy arrays), usually
         ``iter(DataLoader)``; if it has ``get_state()/set_state()``, so does this.
       batches_per_call: ``k``, batches returned by one ``draw()`` (one host round
-        trip); ``scan`` needs ``num_steps`` to be a multiple of it.
+        trip); ``scan`` needs ``num_steps`` to be a multiple of it. None (the
+        default): ``scan`` uses 8 and ``draw()`` is an error (it would return 8
+        stacked batches to code that may expect one); ``next()`` returns one.
       prefetch: stacks of ``k`` batches prepared ahead in a background thread; 0
         reads in the callback itself.
       spec: optional per-batch ``jax.ShapeDtypeStruct`` pytree (e.g.
         ``element_spec(loader)``); without it the first stack is read when
         ``draw`` is first traced, to learn the shapes.
 
-    Raises (inside the jitted computation, as a JAX runtime error): EOFError
-    when the wrapped iterator ends. Use a loader that repeats, or a step count
-    the loader covers.
+    Raises (inside the jitted computation, as a JAX runtime error; as itself
+    within ``grainlike.host_errors()``): EOFError when the wrapped iterator
+    ends. Use a loader that repeats, or a step count the loader covers.
+
+    A feed serves either ``draw()``/``scan()`` or ``next()``, whichever is used first.
 
     Example:
       feed = InJitIterator(iter(loader), batches_per_call=8)
@@ -103,17 +131,21 @@ class InJitIterator:
       state = feed.get_state()  # after the 64th batch
     """
 
-    def __init__(self, iterator: Iterator[Any], *, batches_per_call: int = 8,
+    def __init__(self, iterator: Iterator[Any], *, batches_per_call: Optional[int] = None,
                  prefetch: int = 1, spec: Any = None):
         for name, value, low in (("batches_per_call", batches_per_call, 1), ("prefetch", prefetch, 0)):
+            if name == "batches_per_call" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         self._iterator = iter(iterator)
-        self._k = batches_per_call
+        self._explicit_k = batches_per_call is not None
+        self._k = batches_per_call if batches_per_call is not None else _DEFAULT_K
+        self._mode: Optional[str] = None  # "draw" or "next", fixed by the first use
         self._prefetch = prefetch
         self._spec = spec  # per batch, as given
         self._chunk_spec: Any = None  # per draw, canonical dtypes
-        self._stacks = _Stacks(self._iterator, batches_per_call)
+        self._stacks = _Stacks(self._iterator, self._k)
         self._lock = threading.RLock()
         self._state: Any = None  # wrapped state after the last delivered batch
         self._peeked: Optional[tuple] = None  # a stack read to learn the shapes
@@ -161,6 +193,20 @@ class InJitIterator:
             raise EOFError("InJitIterator: the wrapped iterator has ended")
         raise value
 
+    def _use(self, mode: str) -> None:
+        """Fixes the feed to ``draw`` (stacks of k) or ``next`` (one batch) on first use."""
+        with self._lock:
+            if self._mode is None:
+                if mode == "next":
+                    self._k = 1
+                    self._stacks = _Stacks(self._iterator, 1)
+                self._mode = mode
+            elif self._mode != mode:
+                raise ValueError(
+                    f"this InJitIterator serves {self._mode}() already; a feed serves either "
+                    "draw()/scan() or next(): make a second feed for the other"
+                )
+
     def _host_draw(self) -> Any:
         """The io_callback: the next stack, cast to the traced dtypes."""
         import jax
@@ -170,9 +216,7 @@ class InJitIterator:
             self._state = state
         # The specs are JAX pytrees (possibly the user's, from element_spec), so the
         # stack is matched to them with JAX's own tree functions.
-        return jax.tree.map(
-            lambda x, s: np.asarray(x, dtype=s.dtype), stack, self._chunk_spec
-        )
+        return jax.tree.map(_matching, stack, self._chunk_spec)
 
     def _spec_of_draw(self) -> Any:
         import jax
@@ -202,11 +246,40 @@ class InJitIterator:
         """The next ``batches_per_call`` batches, stacked on a new leading axis.
 
         Call inside jitted code (or eagerly); each call is one ordered host
-        callback, so draws happen in program order across calls and jits.
+        callback, so draws happen in program order across calls and jits. Every
+        batch of the stack counts as delivered: use them all (``lax.scan`` over
+        the leading axis), or call ``next()`` for one batch at a time.
+
+        Raises:
+          ValueError: ``batches_per_call`` was not given.
         """
+        if not self._explicit_k:
+            raise ValueError(
+                "InJitIterator.draw() returns batches_per_call batches stacked on a new "
+                "leading axis, and every one of them counts as delivered; pass "
+                "batches_per_call=k explicitly (and use all k), or call next() for one batch"
+            )
+        return self._draw()
+
+    def _draw(self) -> Any:
         from jax.experimental import io_callback
 
-        return io_callback(self._host_draw, self._spec_of_draw(), ordered=True)
+        self._use("draw")
+        return io_callback(reporting(self._host_draw), self._spec_of_draw(), ordered=True)
+
+    def next(self) -> Any:
+        """The next batch (one ordered host callback per call).
+
+        Call inside jitted code (or eagerly). A background thread reads ahead
+        (``prefetch`` batches).
+        """
+        import jax
+        from jax.experimental import io_callback
+
+        self._use("next")
+        spec = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), self._spec_of_draw())
+        host = reporting(self._host_draw)
+        return io_callback(lambda: jax.tree.map(lambda x: x[0], host()), spec, ordered=True)
 
     def scan(self, step: Callable[[Any, Any], tuple], carry: Any, num_steps: int) -> tuple:
         """``lax.scan`` of ``step(carry, batch) -> (carry, out)`` over ``num_steps`` batches.
@@ -227,7 +300,7 @@ class InJitIterator:
             )
 
         def outer(c: Any, _: Any) -> tuple:
-            return jax.lax.scan(step, c, self.draw())
+            return jax.lax.scan(step, c, self._draw())
 
         carry, outs = jax.lax.scan(outer, carry, None, length=num_steps // self._k)
         outs = jax.tree.map(lambda x: x.reshape((num_steps,) + x.shape[2:]), outs)

@@ -130,3 +130,51 @@ def test_string_leaves_are_rejected():
     with InJitIterator(iter(loader), batches_per_call=1, prefetch=0) as feed:
         with pytest.raises(TypeError, match="numeric leaves only"):
             feed.draw()
+
+
+def test_draw_without_an_explicit_batches_per_call_is_an_error_not_a_skip():
+    with InJitIterator(iter(make_loader())) as feed:
+        with pytest.raises(ValueError, match="pass batches_per_call=k explicitly"):
+            jax.jit(lambda: feed.draw()[0])()
+        # scan still works with the default of 8 batches per host visit.
+        _, xs = jax.jit(lambda c: feed.scan(step, c, num_steps=16))(jnp.int32(0))
+        assert xs.tolist() == plain_run(0, 16)[0]
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_next_takes_one_batch_per_call_and_skips_none(prefetch):
+    expected, states = plain_run(0, 12)
+    with InJitIterator(iter(make_loader()), prefetch=prefetch) as feed:
+        def body(c, _):
+            batch = feed.next()
+            return c + batch["x"].sum(), batch["x"]
+
+        run = jax.jit(lambda c: jax.lax.scan(body, c, None, length=5))
+        total, xs = run(jnp.int32(0))
+        assert xs.tolist() == expected[:5]
+        jax.block_until_ready(total)
+        assert feed.get_state() == states[4]
+        single = jax.jit(lambda: feed.next()["x"])
+        assert [single().tolist() for _ in range(7)] == expected[5:12]
+        with pytest.raises(ValueError, match="serves next"):
+            feed.scan(step, jnp.int32(0), num_steps=8)
+
+
+def test_end_of_data_is_a_plain_eoferror_within_host_errors():
+    with InJitIterator(iter(make_loader(num_epochs=1, num_records=21)), prefetch=0) as feed:
+        take = jax.jit(lambda: feed.next()["x"])
+        got = [take().tolist() for _ in range(7)]  # 21 records in batches of 3
+        assert sorted(sum(got, [])) == list(range(21))
+        with pytest.raises(EOFError, match="the wrapped iterator has ended"):
+            with grain.host_errors():
+                jax.block_until_ready(take())
+
+
+def test_a_short_final_batch_is_named_within_host_errors():
+    with InJitIterator(iter(make_loader(num_epochs=1)), prefetch=0) as feed:  # 20 = 6 * 3 + 2
+        take = jax.jit(lambda: feed.next()["x"])
+        for _ in range(6):
+            take()
+        with pytest.raises(ValueError, match=r"shape \(2, 2\) where the compiled program expects \(3, 2\)"):
+            with grain.host_errors():
+                jax.block_until_ready(take())
