@@ -26,6 +26,7 @@ from grainlike.dataset import (
     set_next_index,
 )
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
+from grainlike.dataset.elastic import ElasticIterator
 from grainlike.dataset.packing import BestFitPackIterDataset, FirstFitPackIterDataset
 from grainlike.dataset.packing_concat_split import BOSHandling, ConcatThenSplitIterDataset
 from grainlike.core.pack_and_batch import PackAndBatchOperation
@@ -46,6 +47,7 @@ __all__ = [
     "ConcatThenSplitIterDataset",
     "CacheIterDataset",
     "DatasetOptions",
+    "ElasticIterator",
     "ExecutionTrackingMode",
     "FirstFitPackIterDataset",
     "FlatMapIterDataset",
