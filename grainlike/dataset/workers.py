@@ -35,6 +35,7 @@ import os
 import select
 import signal
 import struct
+import sys
 import threading
 import time
 import types
@@ -59,6 +60,10 @@ DEFAULT_STALL_TIMEOUT_S = MultiprocessingOptions.stall_timeout_s
 # The signal on which a worker dumps its threads' stacks.
 STACK_SIGNAL = signal.SIGUSR1
 _WORKER_MODULE = "grainlike.dataset.worker_main"
+# Heavy modules the worker server imports too when this process has them loaded:
+# their sources (TFDS, Hugging Face datasets, Parquet, s3fs) need them in every
+# worker, and importing tensorflow_datasets or datasets costs each worker 1-2 s.
+_PRELOAD_IF_LOADED = ("tensorflow_datasets", "datasets", "pyarrow.parquet", "s3fs", "gcsfs")
 _context_lock = threading.Lock()
 _context = None
 
@@ -266,9 +271,10 @@ def _forkserver_context():
             from multiprocessing import forkserver
 
             preload = list(getattr(forkserver._forkserver, "_preload_modules", []))
-            if _WORKER_MODULE not in preload:
+            wanted = [_WORKER_MODULE] + [m for m in _PRELOAD_IF_LOADED if m in sys.modules]
+            if any(m not in preload for m in wanted):
                 # Keep whatever the user preloads; add ours so forks are ready at once.
-                ctx.set_forkserver_preload(preload + [_WORKER_MODULE])
+                ctx.set_forkserver_preload(preload + [m for m in wanted if m not in preload])
             _context = ctx
         return _context
 

@@ -81,20 +81,27 @@ def _missing(path: str) -> SourceFileNotFoundError:
     return SourceFileNotFoundError(f"ArrayRecordDataSource: file not found: {path!r}")
 
 
-def _local_copy(path: str, remote_options: Optional[remote.RemoteOptions]) -> str:
+def _local_copy(
+    path: str, remote_options: Optional[remote.RemoteOptions], known: Optional[str] = None
+) -> str:
     """A local path with the contents of ``path``: itself, or its cached copy if remote."""
     if _is_local(path):
         return remote.local_path(path)
     try:
-        return remote.cache_for(remote_options or remote.RemoteOptions()).fetch(path)
+        return remote.cache_for(remote_options or remote.RemoteOptions()).fetch(path, known)
     except FileNotFoundError as e:
         raise SourceFileNotFoundError(f"ArrayRecordDataSource: file not found: {path!r} ({e})") from e
 
 
-def _open_reader(path: str, options: str, remote_options: Optional[remote.RemoteOptions] = None):
+def _open_reader(
+    path: str,
+    options: str,
+    remote_options: Optional[remote.RemoteOptions] = None,
+    known: Optional[str] = None,
+):
     from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
 
-    url, path = path, _local_copy(path, remote_options)
+    url, path = path, _local_copy(path, remote_options, known)
     reader = array_record_module.ArrayRecordReader(
         path, options=options, file_reader_buffer_size=_FILE_READER_BUFFER_SIZE
     )
@@ -237,6 +244,9 @@ class ArrayRecordDataSource:
                     pool.map(lambda p: _read_instruction(p, remote_options), normalized)
                 )
         self._filenames = [f for f, _, _ in instructions]
+        # Remote files copied while counting: workers open these copies without
+        # asking the store again (a missing one is fetched anew).
+        self._copies = {f: c for f in self._filenames if (c := remote.fetched_copy(f, remote_options)) is not None}
         self._starts = [s for _, s, _ in instructions]
         counts = [e - s for _, s, e in instructions]
         # _firsts[i]: global key of file i's first record; _ends[i]: one past its last.
@@ -263,7 +273,10 @@ class ArrayRecordDataSource:
                 reader = self._readers[file_index]
                 if reader is None:
                     filename = self._filenames[file_index]
-                    reader = _open_reader(filename, self._reader_options, self._remote_options)
+                    reader = _open_reader(
+                        filename, self._reader_options, self._remote_options,
+                        self._copies.get(filename),
+                    )
                     _warn_group_size(filename, reader)
                     self._readers[file_index] = reader
                     self._fetch_ahead(file_index + 1)

@@ -441,17 +441,26 @@ class LocalCache:
         base = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[-80:]
         return f"{digest}-{base}"
 
-    def fetch(self, url: str) -> str:
-        """Returns a local path holding the contents of ``url``, fetching it if needed."""
+    def fetch(self, url: str, known: Optional[str] = None) -> str:
+        """Returns a local path holding the contents of ``url``, fetching it if needed.
+
+        Args:
+          url: the remote object.
+          known: a copy fetched before (``fetched_copy``), used without asking the
+            store while it exists.
+        """
+        if known is not None and _touch(known):
+            return known
+        path = self._fetch(url)
+        _FETCHED[(self._dir, url)] = path
+        return path
+
+    def _fetch(self, url: str) -> str:
         fs = _filesystem(url, self._options)
         info = with_retries(lambda: fs.info(_fs_path(url)), url, "get the size of", self._options)
         size = int(info["size"])
         path = os.path.join(self._dir, self._name(url, info))
-        if os.path.exists(path):
-            try:
-                os.utime(path)  # Marks it recently used.
-            except OSError:
-                pass
+        if _touch(path):
             return path
         os.makedirs(self._dir, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self._dir, prefix=".partial-")
@@ -502,6 +511,25 @@ class LocalCache:
                     total -= size
                 except OSError:
                     pass
+
+
+# Copies this process fetched or found: (cache directory, url) -> local path.
+_FETCHED: dict = {}
+
+
+def _touch(path: str) -> bool:
+    """Marks a cached copy recently used; False if it is gone."""
+    try:
+        os.utime(path)
+        return True
+    except OSError:
+        return False
+
+
+def fetched_copy(url: str, options: Optional[RemoteOptions] = None) -> Optional[str]:
+    """The copy of ``url`` in the cache of ``options`` this process last fetched, if it still exists."""
+    path = _FETCHED.get((cache_for(options or RemoteOptions()).directory, url))
+    return path if path is not None and os.path.exists(path) else None
 
 
 def default_cache_dir() -> str:

@@ -1,0 +1,49 @@
+"""Workers start with the heavy modules of their sources already imported (forkserver preload)."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from tests.helpers.processes import run_in_session
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import {module}
+    import grainlike as gl
+    from grainlike.dataset import workers
+
+    if {disable}:
+        workers._PRELOAD_IF_LOADED = ()
+
+
+    class Probe(gl.MapTransform):
+        def map(self, x):
+            # Whether the worker had the module before the pipeline reached it.
+            return int("{module}" in sys.modules)
+
+
+    loader = gl.DataLoader(
+        data_source=gl.RangeDataSource(0, 4, 1),
+        sampler=gl.IndexSampler(4, gl.NoSharding(), shuffle=False, num_epochs=1),
+        operations=[Probe()],
+        worker_count=2,
+    )
+    print("RESULT", sorted(int(v) for v in loader))
+    """
+)
+
+
+@pytest.mark.parametrize("module", ["tensorflow_datasets", "datasets"])
+@pytest.mark.parametrize("disable", [False, True])
+def test_workers_have_the_source_modules_the_parent_loaded(module, disable):
+    pytest.importorskip(module)
+    proc, out, err = run_in_session(
+        [sys.executable, "-c", SCRIPT.format(module=module, disable=disable)], timeout=90
+    )
+    assert proc.returncode == 0, err
+    line = [l for l in out.splitlines() if l.startswith("RESULT")][-1]
+    assert line == ("RESULT [0, 0, 0, 0]" if disable else "RESULT [1, 1, 1, 1]")
