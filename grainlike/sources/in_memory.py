@@ -364,7 +364,6 @@ class InMemoryDataSource:
         self._digest = digest
         self._repr = None
         self._finalizer = None
-        self._user_named = name is not None
         self._name = name
         self._meta = meta
         # Anonymous memory: the token naming it in worker shipments, the
@@ -555,7 +554,7 @@ class InMemoryDataSource:
         return self._digest
 
     def __repr__(self) -> str:
-        if self._meta["kind"] == "scalars" and self._user_named:
+        if self._meta["kind"] == "scalars" and self._name is not None:
             # Grain's (ShareableList's) repr; deterministic because the name is the
             # user's. Cached: the loader asks for it at every checkpoint.
             if self._repr is None:
@@ -627,7 +626,7 @@ class InMemoryDataSource:
         if self._closed:
             raise ValueError(f"cannot pickle a closed {self}.")
         if self._name is not None:
-            return (_named_copy, (self._name, self._meta, self._user_named, self._digest))
+            return (_named_copy, (self._name, self._meta, self._digest))
         fd = self._fd if self._fd is not None else memfd.shipped(self._token)
         if fd is not None and memfd.ship(self._token, fd):
             return (_shipped_copy, (self._token, self._mapping.size, self._meta, self._digest))
@@ -640,11 +639,10 @@ class InMemoryDataSource:
 _mappings: "weakref.WeakValueDictionary[str, memfd.Region]" = weakref.WeakValueDictionary()
 
 
-def _named_copy(name: str, meta: dict, user_named: bool, digest: Optional[str]) -> InMemoryDataSource:
+def _named_copy(name: str, meta: dict, digest: Optional[str]) -> InMemoryDataSource:
     """A copy of a named source; it attaches to the segment on its first read."""
     copy = InMemoryDataSource.__new__(InMemoryDataSource)
     copy._init_fields(name, meta, digest)  # A copy never owns the segment.
-    copy._user_named = user_named
     return copy
 
 
