@@ -452,6 +452,15 @@ class InMemoryDataSource:
 
     def _own_anonymous(self, size: int, fill: Any) -> None:
         """Creates the anonymous segment that this object owns, written by ``fill``."""
+        if not memfd.available():
+            import errno
+
+            raise OSError(
+                errno.ENOSYS,
+                "InMemoryDataSource without name= keeps its data in anonymous shared memory "
+                "(memfd_create, Linux), which this platform lacks; pass name='<a segment "
+                "name>' to use a named POSIX shared-memory segment instead.",
+            )
         fd, region = memfd.sealed_segment(size, fill, "grainlike-source")
         self._fd = fd
         self._token = secrets.token_hex(8)

@@ -331,6 +331,16 @@ def test_anonymous_memory_is_sealed_read_only_and_has_no_name():
         assert source[3].tolist() == [6, 7]
 
 
+def test_without_anonymous_memory_the_error_says_to_pass_a_name(monkeypatch):
+    from grainlike.core import memfd
+
+    monkeypatch.setattr(memfd, "available", lambda: False)
+    with pytest.raises(OSError, match="memfd_create.*pass name="):
+        InMemoryDataSource([1, 2])
+    with InMemoryDataSource([1, 2], name=unique_name()) as named:
+        assert named[1] == 2
+
+
 def test_named_pickle_is_small_and_copy_reads_lazily():
     data = np.ones((1024, 1024), np.float64)  # 8 MiB
     with InMemoryDataSource(data, name=unique_name()) as source:
