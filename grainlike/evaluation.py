@@ -6,6 +6,12 @@ batches with ``Batch(batch_size, pad=True)`` so that every batch has the same sh
 (one compilation), runs the jitted ``fn`` on each batch and reduces ``fn``'s
 per-record results over the real records only (the mask drops the padding).
 
+Called while JAX traces (inside ``jax.jit``, ``lax.scan``, ``lax.while_loop``),
+``evaluate`` becomes part of the traced program: the batches come in through
+ordered host callbacks (``grainlike.full_reference_data``), the program holds no
+data, and every reduction (``"concat"`` and callables included) is computed in
+JAX, so its result is traced too.
+
 jax is imported inside ``evaluate``; workers import this module without jax.
 """
 
@@ -139,6 +145,10 @@ def evaluate(
 
         return jax.tree.map(total, per_record(element)), jnp.sum(mask, dtype=jnp.int32)
 
+    if isinstance(jnp.zeros(()), jax.core.Tracer):
+        # Inside a trace: the computation is staged, the data fed by callbacks.
+        return _evaluate_traced(loader, per_record, masked_sums, reduce, len(data_source))
+
     masked_sums_jit = jax.jit(masked_sums)
     per_record_jit = jax.jit(per_record)
     accumulate = reduce in ("mean", "sum")
@@ -168,3 +178,49 @@ def evaluate(
     order = np.argsort(np.concatenate(indices), kind="stable")
     results = jax.tree.map(lambda *xs: np.concatenate(xs)[order], *parts)
     return results if reduce == "concat" else reduce(results)
+
+
+def _evaluate_traced(loader: DataLoader, per_record: Callable[[Any], Any],
+                     masked_sums: Callable[[Any, Any], Any], reduce: Any, num_records: int) -> Any:
+    """``evaluate`` inside a JAX trace: one pass fed by host callbacks, reduced in JAX."""
+    import jax
+    import jax.numpy as jnp
+
+    from grainlike.jax_loops import FullReferenceData
+
+    full = FullReferenceData(loader, cache_size=min(len(loader), 16), observation_count=num_records)
+    state = full.init()
+    if reduce in ("mean", "sum"):
+        def add(batch: Any, mask: Any, acc: Any) -> tuple:
+            sums = masked_sums(batch["element"], mask)
+            acc = sums if acc is None else jax.tree.map(jnp.add, acc, sums)
+            return None, acc
+
+        # The first batch's sums set the accumulator's structure.
+        zero = jax.eval_shape(lambda: masked_sums(*_zeros_of(full)))
+        acc0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero)
+        _, (_, (sums, count)) = full.map(add, state, acc0, masking=True)
+        if reduce == "sum":
+            return sums
+        return jax.tree.map(lambda x: x / count, sums)
+
+    def results(batch: Any, mask: Any, carry: Any) -> tuple:
+        return (per_record(batch["element"]), batch["index"], mask), carry
+
+    _, ((out, index, mask), _) = full.map(results, state, None, masking=True)
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
+    index, mask = flat(index), flat(mask)
+    # Real records in record order; the padding sorts last and is cut off.
+    order = jnp.argsort(jnp.where(mask, index, jnp.iinfo(index.dtype).max))[:num_records]
+    concat = jax.tree.map(lambda x: flat(x)[order], out)
+    return concat if reduce == "concat" else reduce(concat)
+
+
+def _zeros_of(full: Any) -> tuple:
+    """A zero element batch and mask of ``full``'s batches (for eval_shape)."""
+    import jax
+    import jax.numpy as jnp
+
+    cache_spec, mask_spec = full._specs_of()
+    batch = jax.tree.map(lambda s: jnp.zeros(s.shape[1:], s.dtype), cache_spec)
+    return batch["element"], jnp.zeros(mask_spec.shape[1:], mask_spec.dtype)

@@ -727,14 +727,19 @@ class FullReferenceData:
             batches.append(tree.zeros_like(batches[0]))
             masks.append(np.zeros_like(masks[0]))
         self._next_fill = fill + 1
+        if self._next_fill * self._cache_size >= self._num_batches:
+            # The pass is complete: its workers (if any) stop now, not at exit.
+            self._iterator.close()
+            self._iterator = None
         return _numeric(tree.stack(batches), "full reference data"), np.stack(masks)
 
     def _specs_of(self) -> Any:
         with self._lock:
             if self._specs is None:
                 self._specs = tuple(_device_specs(x) for x in self._read(0))
-                self._iterator.close()
-                self._iterator = None
+                if self._iterator is not None:
+                    self._iterator.close()
+                    self._iterator = None
             return self._specs
 
     def _host_fill(self, fill: Any) -> tuple:

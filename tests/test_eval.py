@@ -94,3 +94,46 @@ def test_bad_arguments_are_rejected():
         evaluate(lambda b: b, list(range(N)), batch_size=0)
     with pytest.raises(ValueError, match="leading axis"):
         evaluate(lambda b: b.sum(), list(range(N)), batch_size=4)
+
+
+def _constant_sizes(jaxpr) -> list:
+    """The sizes of the arrays the program holds (consts and literals, nested)."""
+    sizes = [np.size(c) for c in jaxpr.consts]
+
+    def walk(j):
+        for eqn in j.eqns:
+            sizes.extend(np.size(v.val) for v in eqn.invars if hasattr(v, "val"))
+            for p in eqn.params.values():
+                for sub in (p if isinstance(p, (list, tuple)) else [p]):
+                    if hasattr(sub, "jaxpr"):
+                        walk(sub.jaxpr if hasattr(sub.jaxpr, "eqns") else sub.jaxpr.jaxpr)
+                        sizes.extend(np.size(c) for c in getattr(sub, "consts", []))
+
+    walk(jaxpr.jaxpr)
+    return [size for size in sizes if size > 1]  # scalars are the program's own literals
+
+
+@pytest.mark.parametrize("worker_count", [0, 2])
+def test_inside_a_scan_every_reduction_works_without_data_in_the_program(worker_count, no_leaks):
+    import jax
+
+    def body(carry, w):
+        mean = evaluate(lambda b: b["x"] * w, list(range(N)), [features()], batch_size=5,
+                        worker_count=worker_count)
+        total = evaluate(lambda b: b["x"] * w, list(range(N)), [features()], batch_size=5, reduce="sum")
+        concat = evaluate(lambda b: b["x"] * w, list(range(N)), [features()], batch_size=5,
+                          reduce="concat", worker_count=worker_count)
+        biggest = evaluate(lambda b: b["x"] * w, list(range(N)), [features()], batch_size=5,
+                           reduce=lambda xs: xs.max())
+        return carry, (mean, total, concat, biggest)
+
+    run = jax.jit(lambda: jax.lax.scan(body, 0, jnp.arange(3.0)))
+    _, (mean, total, concat, biggest) = run()
+    xs = np.arange(N, dtype=np.float32)
+    assert mean.tolist() == pytest.approx([0, xs.mean(), 2 * xs.mean()])
+    assert total.tolist() == pytest.approx([0, xs.sum(), 2 * xs.sum()])
+    assert concat.tolist() == [(xs * w).tolist() for w in range(3)]
+    assert biggest.tolist() == [0, N - 1, 2 * (N - 1)]
+    sizes = _constant_sizes(jax.make_jaxpr(lambda: jax.lax.scan(body, 0, jnp.arange(3.0)))())
+    # No array beyond one batch (5), and not every record's batch baked in either.
+    assert max(sizes, default=0) <= 5 and sum(sizes) < N
