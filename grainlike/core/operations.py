@@ -32,12 +32,12 @@ from grainlike.core.record import Record
 from grainlike.core.transforms import (
     Batch,
     Filter,
-    FlatMap,
     Map,
     MapWithIndex,
     RandomMap,
     TfRandomMap,
     as_python_transform,
+    is_flat_map,
     transform_name,
 )
 
@@ -201,7 +201,8 @@ def _nothing(*leaves: Any) -> None:
 def loader_operation(op: Any, position: int) -> Any:
     """What the DataLoader runs for ``operations[position]``, as grain's DataLoader does.
 
-    Returns the transform itself for grainlike's transform classes; a ``Batch``
+    Returns the transform itself for grainlike's transform classes and for flat
+    maps (grainlike's or grain's ``FlatMapTransform``); a ``Batch``
     for ``BatchOperation`` (and for grain's own ``Batch`` / ``BatchOperation``
     objects); a ``RandomMap`` calling ``np_random_map`` for a ``TfRandomMap``;
     and any other callable as it is, to be applied to the stream of records as a
@@ -216,13 +217,8 @@ def loader_operation(op: Any, position: int) -> Any:
         return as_python_transform(op)
     if type(op) is BatchOperation:
         return op.as_batch()
-    if isinstance(op, FlatMap):
-        raise TypeError(
-            f"operations[{position}] is a FlatMap ({transform_name(op)}); grainlike's "
-            "DataLoader does not run FlatMap transforms yet. Split elements in a "
-            "MapTransform that returns a list and flatten after batching, or use the "
-            "Dataset API."
-        )
+    if is_flat_map(op):
+        return op  # Split records, as grain's DataLoader does (loader/flatmap.py).
     if (
         not isinstance(op, BatchOperation)
         and getattr(op, "batch_size", None) is not None

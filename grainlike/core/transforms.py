@@ -97,6 +97,11 @@ class FlatMap(abc.ABC):
         """Returns the elements ``element`` splits into."""
 
 
+def is_flat_map(op: Any) -> bool:
+    """Whether ``op`` is a flat map: a ``FlatMap``, or grain's (``flat_map`` and ``max_fan_out``)."""
+    return isinstance(op, FlatMap) or (callable(getattr(op, "flat_map", None)) and hasattr(op, "max_fan_out"))
+
+
 # grain.python's names for the same classes.
 MapTransform = Map
 RandomMapTransform = RandomMap

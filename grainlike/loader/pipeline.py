@@ -43,6 +43,8 @@ from grainlike.loader.stages import (
     describe_op,
     short_repr,
 )
+from grainlike.core.transforms import is_flat_map
+from grainlike.loader.flatmap import FlatMapRecordsIterDataset
 
 
 def check_operations(operations: Sequence[Any]) -> list:
@@ -140,7 +142,8 @@ def records_dataset(
         records = records.slice(slice(worker[0], None, worker[1]))
     ds = records.to_iter_dataset(read_options)
     start = 0
-    if ds.read_threads() == 0 and chunkable(operations):
+    flat = any(is_flat_map(op) for op in operations)
+    if not flat and ds.read_threads() == 0 and chunkable(operations):
         # Maps and filters, then a Batch, read in this thread: on chunks of
         # records, with no per-record objects (the same outputs and states).
         start = next(i for i, op in enumerate(operations) if isinstance(op, Batch))
@@ -155,6 +158,8 @@ def records_dataset(
         elif isinstance(op, Batch):
             ds = BatchRecordsIterDataset(ds, op, i, padding, _producer(operations, i, records.data_source))
             padding = None  # The first Batch masks the padding (check_padding_sampler).
+        elif is_flat_map(op):
+            ds = FlatMapRecordsIterDataset(ds, op, i)
         else:
             ds = OperationIterDataset(ds, op, i)
     return RecordDataIterDataset(ds)
@@ -176,4 +181,8 @@ def loader_dataset(
         # from its last delivered output (grain's mp_prefetch would go on without
         # the failed worker).
         ds = MultiprocessPrefetchIterDataset(ds, multiprocessing_options, error_ends_worker=False)
+    if any(is_flat_map(op) for op in operations):
+        # grain checkpoints a loader with a flat map by its Dataset state, not
+        # the legacy JSON state (whose positions count records, not splits).
+        return ds
     return LoaderStateIterDataset(ds, codec)

@@ -1,8 +1,9 @@
-"""grain's legacy operations and TfRandomMap in the DataLoader, against grain 0.2.18.
+"""grain's legacy operations, TfRandomMap and FlatMap in the DataLoader, against grain 0.2.18.
 
 ``MapOperation``, ``RandomMapOperation``, ``FilterOperation``, ``BatchOperation``,
-a user-written ``Operation`` and a ``TfRandomMap`` give the same outputs, the
-same state bytes at every step and restore across the two libraries.
+a user-written ``Operation``, a ``TfRandomMap`` and a ``FlatMapTransform`` (with 0
+and 2 workers) give the same outputs, the same state bytes at every step and
+restore across the two libraries.
 """
 
 from __future__ import annotations
@@ -176,16 +177,80 @@ def test_len_of_a_loader_with_an_operation_is_a_type_error_as_in_grain(grain_ref
         len(_loader(grainlike, "legacy"))
 
 
-def test_flat_map_in_a_loader_is_refused_by_name():
-    class Split(grainlike.experimental.FlatMapTransform):
-        max_fan_out = 2
+def _flat_map_loader(lib, worker_count, n=7):
+    flat_map = lib.experimental.FlatMapTransform
+    filter_t = lib.FilterTransform if lib is grainlike else _grain_transforms().Filter
+
+    class Split(flat_map):
+        max_fan_out = 3
 
         def flat_map(self, x):
-            return [x, x]
+            return [x * 10 + j for j in range(x % 3 + 1)]
 
-    with pytest.raises(TypeError, match=r"operations\[0\] is a FlatMap \(.*Split"):
-        grainlike.DataLoader(
-            data_source=[1, 2],
-            sampler=grainlike.SequentialSampler(2, grainlike.NoSharding()),
-            operations=[Split()],
-        )
+    class SplitIndex(lib.RandomMapTransform):
+        # After a flat map a record has no rng and the index of its split.
+        def random_map(self, x, rng):
+            return {"x": np.int64(x), "rng_is_none": rng is None}
+
+    class DropSome(filter_t):
+        def filter(self, x):
+            return x["x"] % 7 != 3
+
+    return lib.DataLoader(
+        data_source=lib.RangeDataSource(0, n, 1),
+        sampler=lib.IndexSampler(n, lib.NoSharding(), shuffle=True, num_epochs=2, seed=3),
+        operations=[_double(lib), Split(), SplitIndex(), DropSome(), lib.Batch(2)],
+        worker_count=worker_count,
+    )
+
+
+def _double(lib):
+    class Double(lib.MapTransform):
+        def map(self, x):
+            return x * 2 + 1
+
+    return Double()
+
+
+@pytest.mark.parametrize("worker_count", [0, 2])
+def test_flat_map_in_a_loader_matches_grain(grain_ref, worker_count):
+    # grain splits each record before the operations after it and checkpoints
+    # such a loader by its Dataset state: the same outputs and state bytes.
+    theirs, their_states = _run(iter(_flat_map_loader(grain_ref, worker_count)))
+    leaks = LeakCheck()
+    with iter(_flat_map_loader(grainlike, worker_count)) as it:
+        ours, our_states = _run(it)
+    assert len(theirs) > 5
+    assert ours == theirs
+    assert our_states == their_states
+    for k in (1, len(theirs) // 2):
+        with iter(_flat_map_loader(grainlike, worker_count)) as it:
+            it.set_state(their_states[k])
+            assert take(it, 1000) == theirs[k:]
+    leaks.assert_clean()
+    back = iter(_flat_map_loader(grain_ref, worker_count))
+    back.set_state(our_states[len(ours) // 2])
+    assert take(back, 1000) == ours[len(ours) // 2 :]
+
+
+@pytest.mark.parametrize("worker_count", [0, 2])
+def test_flat_map_in_a_loader_restores_at_every_step(worker_count):
+    leaks = LeakCheck()
+    grainlike.experimental.assert_equal_output_after_checkpoint(_flat_map_loader(grainlike, worker_count, n=5))
+    leaks.assert_clean()
+
+
+def test_an_error_in_a_flat_map_keeps_its_type_as_grain(grain_ref):
+    def ops(lib):
+        class Fails(lib.experimental.FlatMapTransform):
+            max_fan_out = 2
+
+            def flat_map(self, x):
+                return [x, 1 // (x - 2)]
+
+        return [Fails()]
+
+    theirs = _error(grain_ref, ops(grain_ref), list(range(4)))
+    ours = _error(grainlike, ops(grainlike), list(range(4)))
+    assert type(ours) is type(theirs) is ZeroDivisionError
+    assert any("Fails" in note and "global index 2" in note for note in ours.__notes__)
