@@ -41,6 +41,7 @@ SECTIONS: dict[str, str] = {
     "W7": "benchmarks.packing",
     "W8": "benchmarks.checkpoint_save",
     "W9": "benchmarks.in_jit",
+    "W10": "benchmarks.remote",
 }
 DESCRIPTIONS = {
     "W1": "1e6 small int records, identity map, Batch(128): records/s",
