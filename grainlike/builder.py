@@ -6,12 +6,21 @@ whole source: the same records in the same order and the same checkpoint JSON.
 Each method returns a new builder (re-running a notebook cell never appends twice).
 ``map``, ``random_map``, ``filter`` and ``map_with_index`` take a transform object
 or a plain function (lambdas included: worker processes receive them by value).
+
+``prefetch(n)`` reads ``n`` batches ahead in every configuration: a background
+thread without workers, ``ceil(n / workers)`` finished batches per worker with them.
+With workers, batches are by default made inside each worker from its own records
+(grain's DataLoader: the same batches as grain, assembled in parallel, no copy in
+the calling process), so their contents depend on the worker count;
+``batch(..., global_order=True)`` batches after the workers instead, in the
+records' global order: the batches of 0 workers, for any worker count.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Union
+import weakref
+from typing import Any, Callable, Iterator, Optional, Union
 
 import numpy as np
 
@@ -24,10 +33,11 @@ from grainlike.core.transforms import (
     MapWithIndexTransform,
     RandomMapTransform,
 )
+from grainlike.core import tree
 from grainlike.loader.data_loader import DataLoader
 from grainlike.loader.options import ReadOptions
 
-__all__ = ["LoaderBuilder", "from_source"]
+__all__ = ["BuiltLoader", "LoaderBuilder", "from_source"]
 
 
 class _FunctionMap(MapTransform):
@@ -128,6 +138,8 @@ class LoaderBuilder:
     shard_options: sharding.ShardOptions = sharding.NoSharding()
     read_options: Optional[ReadOptions] = None
     sampler_: Any = None
+    prefetch_: Optional[int] = None
+    global_order: bool = False
 
     def _with(self, **changes: Any) -> "LoaderBuilder":
         return dataclasses.replace(self, **changes)
@@ -184,9 +196,22 @@ class LoaderBuilder:
         )
 
     def batch(self, batch_size: int, drop_remainder: bool = False, *,
-              pad: bool = False, batch_fn: Optional[Callable] = None) -> "LoaderBuilder":
-        """Appends ``Batch(batch_size, drop_remainder, batch_fn, pad)``."""
-        return self._op(Batch(batch_size, drop_remainder, batch_fn, pad))
+              pad: bool = False, batch_fn: Optional[Callable] = None,
+              global_order: bool = False) -> "LoaderBuilder":
+        """Appends ``Batch(batch_size, drop_remainder, batch_fn, pad)``.
+
+        Args:
+          global_order: with workers, batch after them, in the records' global
+            order, so that batches do not depend on the worker count (records then
+            travel from the workers one by one and are stacked in the calling
+            process). False (default): each worker batches its own records, as
+            grain's DataLoader does. Needs the Batch to be the last operation.
+        """
+        if not isinstance(global_order, bool):
+            raise TypeError(f"global_order must be a bool, got {global_order!r}")
+        return self._op(Batch(batch_size, drop_remainder, batch_fn, pad))._with(
+            global_order=self.global_order or global_order
+        )
 
     # -- execution -----------------------------------------------------------------
 
@@ -195,10 +220,15 @@ class LoaderBuilder:
         _check_count("workers", worker_count, 0)
         return self._with(worker_count=worker_count)
 
-    def prefetch(self, worker_buffer_size: int) -> "LoaderBuilder":
-        """Finished outputs each worker keeps ready (``worker_buffer_size``)."""
-        _check_count("prefetch", worker_buffer_size, 1)
-        return self._with(worker_buffer_size=worker_buffer_size)
+    def prefetch(self, num_batches: int) -> "LoaderBuilder":
+        """Reads ``num_batches`` outputs ahead of the consumer, with or without workers.
+
+        Without workers a background thread reads ahead; with ``W`` workers each
+        keeps ``ceil(num_batches / W)`` finished outputs ready
+        (``worker_buffer_size``). Default: no read-ahead thread, one output per worker.
+        """
+        _check_count("prefetch", num_batches, 1)
+        return self._with(prefetch_=num_batches)
 
     def read(self, read_options: ReadOptions) -> "LoaderBuilder":
         """Read-ahead threads and buffer (``ReadOptions``)."""
@@ -225,19 +255,169 @@ class LoaderBuilder:
                 num_epochs=self.num_epochs,
                 seed=self.seed_,
             )
-        return DataLoader(
+        operations = list(self.operations)
+        batch = None
+        if self.global_order and self.worker_count > 0:
+            if not operations or not isinstance(operations[-1], Batch) or \
+                    sum(isinstance(op, Batch) for op in operations) != 1:
+                raise ValueError(
+                    "batch(..., global_order=True) needs one Batch, as the last operation; "
+                    f"got operations {operations!r:.300}"
+                )
+            if getattr(sampler, "batch_padding", None) is not None:
+                raise ValueError(
+                    f"batch(..., global_order=True) cannot mask the padding of {sampler!r}; "
+                    "use per-worker batches with it"
+                )
+            batch = operations.pop()
+        buffer = self.worker_buffer_size
+        if self.prefetch_ is not None and self.worker_count > 0:
+            buffer = -(-self.prefetch_ // self.worker_count)
+        read_ahead = self.prefetch_ if self.worker_count == 0 else None
+        kwargs = dict(
             data_source=self.source,
             sampler=sampler,
-            operations=list(self.operations),
+            operations=operations,
             worker_count=self.worker_count,
-            worker_buffer_size=self.worker_buffer_size,
+            worker_buffer_size=buffer,
             shard_options=self.shard_options,
             read_options=self.read_options,
         )
+        if batch is None and read_ahead is None:
+            return DataLoader(**kwargs)
+        return BuiltLoader(batch=batch, read_ahead=read_ahead, **kwargs)
 
     def __iter__(self):
         """Iterating the builder iterates ``build()``."""
         return iter(self.build())
+
+
+class BuiltLoader(DataLoader):
+    """A DataLoader that also batches after its workers and/or reads ahead in a thread.
+
+    Made by ``LoaderBuilder.build()`` for ``batch(..., global_order=True)`` with
+    workers, or ``prefetch(n)`` without workers; otherwise the builder returns a
+    plain ``DataLoader``. Its iterators' states are the wrapped loader's states.
+    """
+
+    def __init__(self, *, batch: Optional[Batch], read_ahead: Optional[int], **kwargs: Any):
+        super().__init__(**kwargs)
+        self._global_batch = batch
+        self._read_ahead = read_ahead
+
+    def __iter__(self) -> Any:
+        it: Any = super().__iter__()
+        if self._global_batch is not None:
+            it = _GlobalBatchIterator(it, self._global_batch)
+        if self._read_ahead is not None:
+            it = _ReadAheadIterator(it, self._read_ahead)
+        return it
+
+    def __len__(self) -> int:
+        if self._global_batch is None:
+            return super().__len__()
+        records = super().__len__()
+        size = self._global_batch.batch_size
+        return records // size if self._global_batch.drop_remainder else -(-records // size)
+
+
+class _WrappedIterator(Iterator[Any]):
+    """Forwards state, close and the context protocol to the wrapped loader iterator."""
+
+    _inner: Any
+
+    def __iter__(self) -> "_WrappedIterator":
+        return self
+
+    def get_state(self) -> Any:
+        return self._inner.get_state()
+
+    def set_state(self, state: Any) -> None:
+        self._inner.set_state(state)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def __enter__(self) -> "_WrappedIterator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}({self._inner})"
+
+
+class _GlobalBatchIterator(_WrappedIterator):
+    """Batches the records the workers return, in their global order, in this process."""
+
+    def __init__(self, inner: Any, op: Batch):
+        from grainlike.loader.stages import _with_mask
+
+        self._inner = inner
+        self._op = op
+        self._with_mask = _with_mask
+
+    def __next__(self) -> Any:
+        op = self._op
+        values = []
+        for _ in range(op.batch_size):
+            try:
+                values.append(next(self._inner))
+            except StopIteration:
+                break
+        if not values or (len(values) < op.batch_size and op.drop_remainder):
+            raise StopIteration
+        if not op.pad:
+            return op.batch_fn(values) if op.batch_fn is not None else tree.stack(values)
+        mask = np.zeros(op.batch_size, dtype=bool)
+        mask[: len(values)] = True
+        values.extend([tree.zeros_like(values[0])] * (op.batch_size - len(values)))
+        data = op.batch_fn(values) if op.batch_fn is not None else tree.stack(values)
+        return self._with_mask(data, mask, op)
+
+
+class _ReadAheadIterator(_WrappedIterator):
+    """Reads ``size`` outputs ahead in a background thread; states follow what was delivered."""
+
+    def __init__(self, inner: Any, size: int):
+        from grainlike.device import _stop_holder
+
+        self._inner = inner
+        self._size = size
+        self._holder: list = [None]
+        self._state: Any = None  # the wrapped state after the last delivered output
+        self._finalizer = weakref.finalize(self, _stop_holder, self._holder)
+
+    def __next__(self) -> Any:
+        from grainlike.device import _BATCH, _END, _Prefetcher, _stop_holder
+
+        if self._holder[0] is None:
+            self._state = self._inner.get_state()
+            self._holder[0] = _Prefetcher(self._inner, self._inner.get_state, lambda b: b, self._size)
+        kind, value, state = self._holder[0].get()
+        if kind is _BATCH:
+            self._state = state
+            return value
+        _stop_holder(self._holder)
+        if kind is _END:
+            raise StopIteration
+        raise value
+
+    def get_state(self) -> Any:
+        return self._inner.get_state() if self._holder[0] is None else self._state
+
+    def set_state(self, state: Any) -> None:
+        from grainlike.device import _stop_holder
+
+        _stop_holder(self._holder)  # joins the thread: the wrapped iterator is idle
+        self._inner.set_state(state)
+
+    def close(self) -> None:
+        from grainlike.device import _stop_holder
+
+        _stop_holder(self._holder)
+        self._inner.close()
 
 
 def from_source(source: Any) -> LoaderBuilder:

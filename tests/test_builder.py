@@ -44,7 +44,7 @@ def test_builder_matches_the_explicit_constructor(worker_count, no_leaks):
         sampler=grain.IndexSampler(N, grain.NoSharding(), shuffle=True, num_epochs=2, seed=3),
         operations=[Square(), Noise(), Odd(), grain.Batch(4)],
         worker_count=worker_count,
-        worker_buffer_size=2,
+        worker_buffer_size=2 if worker_count else 1,
     )
     built = (
         from_source(list(range(N)))
@@ -55,7 +55,7 @@ def test_builder_matches_the_explicit_constructor(worker_count, no_leaks):
         .batch(4)
         .epochs(2)
         .workers(worker_count)
-        .prefetch(2)
+        .prefetch(4)  # 2 workers: 2 batches each
         .build()
     )
     assert repr(built.sampler) == repr(explicit.sampler)
@@ -140,3 +140,79 @@ def test_grainlike_loader_is_callable_and_still_a_package():
     it1, it2 = iter(called), iter(explicit)
     next(it1), next(it2)
     assert json.loads(it1.get_state()) == json.loads(it2.get_state())
+
+
+class CountingSource:
+    """Records 0..n-1; remembers how many reads happened."""
+
+    def __init__(self, n):
+        self.n = n
+        self.reads = 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, k):
+        self.reads += 1
+        return np.int64(k)
+
+    def __repr__(self):
+        return f"CountingSource({self.n})"
+
+
+def test_prefetch_without_workers_reads_ahead_in_a_thread_and_keeps_states_exact(no_leaks):
+    from tests.helpers.leaks import wait_until
+
+    source = CountingSource(40)
+    loader = from_source(source).shuffle(1).batch(4).prefetch(3).build()
+    plain = from_source(CountingSource(40)).shuffle(1).batch(4).build()
+    with iter(plain) as it:
+        want = [next(it).tolist(), next(it).tolist()]
+        want_state = it.get_state()
+        want += [b.tolist() for b in it]
+    with iter(loader) as it:
+        got = [next(it).tolist(), next(it).tolist()]
+        # 2 batches delivered, 3 more read ahead (and one more may be in flight).
+        assert wait_until(lambda: source.reads >= 5 * 4)
+        assert it.get_state() == want_state  # what was delivered, not what was read
+        it.set_state(want_state)
+        rest = [b.tolist() for b in it]
+    assert got + rest == want
+
+
+def test_prefetch_with_workers_sets_the_per_worker_buffer():
+    assert from_source(list(range(8))).workers(2).prefetch(5).build() \
+        .multiprocessing_options.per_worker_buffer_size == 3
+    with pytest.raises(ValueError, match="prefetch must be an int >= 1"):
+        from_source(list(range(8))).prefetch(0)
+
+
+def loadax_batches(workers, global_order):
+    loader = (from_source(list(range(10))).map(lambda x: x * 2)
+              .batch(2, global_order=global_order).workers(workers).build())
+    return [b.tolist() for b in loader]
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_global_order_batches_do_not_depend_on_the_worker_count(workers, no_leaks):
+    expected = [[0, 2], [4, 6], [8, 10], [12, 14], [16, 18]]
+    assert loadax_batches(0, False) == expected
+    assert loadax_batches(workers, True) == expected
+    # The default batches inside each worker (grain's DataLoader), so contents differ.
+    assert loadax_batches(workers, False) != expected
+
+
+def test_global_order_checkpoints_restore_mid_run(no_leaks):
+    loader = from_source(list(range(23))).shuffle(0).batch(4, pad=True, global_order=True).workers(2).build()
+    out, state = run(loader, stop_at=3)
+    plain = from_source(list(range(23))).shuffle(0).batch(4, pad=True).build()
+    assert out == run(plain)[0]
+    assert len(loader) == 6
+    with iter(loader) as it:
+        it.set_state(state)
+        assert [{k: v.tolist() for k, v in b.items()} for b in it] == out[3:]
+
+
+def test_global_order_needs_the_batch_last():
+    with pytest.raises(ValueError, match="one Batch, as the last operation"):
+        from_source(list(range(4))).batch(2, global_order=True).map(lambda b: b).workers(2).build()
