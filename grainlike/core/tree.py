@@ -411,15 +411,17 @@ _SCALARS = {int: np.dtype(np.int64), float: np.dtype(np.float64), bool: np.dtype
 def _stack_leaf(leaves: Sequence[Any], alloc: Optional[Allocator]) -> np.ndarray:
     first = leaves[0]
     scalar = _SCALARS.get(type(first))
-    if scalar is not None:
-        # Python scalars of one type: one conversion of the list, not one array
-        # per leaf (ten times faster for a batch of ints). np.stack would give the
-        # same dtype; ints beyond int64 take the general path below.
-        kind = type(first)
-        if all(type(x) is kind for x in leaves):
+    if scalar is not None and type(leaves[-1]) is type(first):
+        # Python scalars: one conversion of the list, not one array per leaf (ten
+        # times faster for a batch of ints). Where that gives np.stack's result (a
+        # vector of the scalars' own dtype) it is used; anything else (ints beyond
+        # int64, nested leaves, strings) takes the general path below.
+        try:
             out = np.asarray(leaves)
-            if out.dtype == scalar:
-                return out
+        except (ValueError, TypeError):
+            out = None
+        if out is not None and out.dtype == scalar and out.shape == (len(leaves),):
+            return out
     if alloc is not None and isinstance(first, np.ndarray) and not first.dtype.hasobject:
         shape = (len(leaves),) + first.shape
         dtype = first.dtype

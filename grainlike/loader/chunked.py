@@ -45,6 +45,9 @@ from grainlike.loader import stages
 # Chunks never exceed this many records, nor about this many bytes of data.
 _MAX_CHUNK = 256
 _CHUNK_BYTES = 8 << 20
+# The sampler locates this many positions at a time: its vectorised shuffle costs
+# ~0.7 us per record in calls of 256 indices, ~0.09 us in calls of 4096.
+_LOCATE_AHEAD = 4096
 
 # What a step does to the chunk's data.
 _MAP, _RANDOM_MAP, _MAP_WITH_INDEX, _FILTER = range(4)
@@ -150,6 +153,7 @@ class ChunkedRecordsDatasetIterator(DatasetIterator):
         self._checkers: dict = {}  # Filter position -> grain's threshold check (or None).
         self._next_index = 0  # Position of the first record not in a delivered batch.
         self._chunk = 1  # The first chunk learns the records' size.
+        self._vectorised = False  # Whether the sampler locates many indices per call.
         self._restart_at(0)
 
     # -- reading and transforming a chunk ---------------------------------------
@@ -157,6 +161,7 @@ class ChunkedRecordsDatasetIterator(DatasetIterator):
     def _restart_at(self, index: int) -> None:
         """Drops everything read ahead; the next read starts at ``index``."""
         self._next_index = self._read_until = index
+        self._located: tuple = (0, 0, None, None)  # (start, stop, global indices, SampledIndices)
         # The buffered records, from _next_index on, in parallel lists.
         self._values: list = []
         self._indices: list = []  # Global indices.
@@ -171,14 +176,25 @@ class ChunkedRecordsDatasetIterator(DatasetIterator):
         The rng keys are a list of seeds, or a grain-protocol sampler's own
         metadata (whose ``rng`` the transforms use), or None without a seed.
         """
-        records = self._records
-        gidx = records._global_indices(range(start, stop))
-        located = records.locator.locate(gidx)
+        ahead = self._located
+        if not ahead[0] <= start or not stop <= ahead[1]:
+            # Located ahead: [start, start + _LOCATE_AHEAD) in one call.
+            # A grain-protocol sampler (its own metadata) is called for each
+            # record anyway: it is called for the chunk only.
+            records = self._records
+            end = min(self._length, max(stop, start + _LOCATE_AHEAD)) if self._vectorised else stop
+            gidx = records._global_indices(range(start, end))
+            located = records.locator.locate(gidx)
+            self._vectorised = located.metadata is None
+            ahead = self._located = (start, end, gidx, located)
+        lo, hi = start - ahead[0], stop - ahead[0]
+        gidx, located = ahead[2], ahead[3]
         metadata = located.metadata
         if metadata is not None:
+            metadata = metadata[lo:hi]
             return [m.index for m in metadata], [m.record_key for m in metadata], list(metadata)
-        seeds = None if located.seeds is None else located.seeds.tolist()
-        return gidx.tolist(), located.keys.tolist(), seeds
+        seeds = None if located.seeds is None else located.seeds[lo:hi].tolist()
+        return gidx[lo:hi].tolist(), located.keys[lo:hi].tolist(), seeds
 
     def _read(self, keys: list, indices: list) -> tuple[list, Optional[BaseException]]:
         """The source's values of ``keys``; on an error, those before it and the error."""
