@@ -140,6 +140,8 @@ class ParquetDataSource:
     # -- per-process state, never pickled ------------------------------------------
 
     def _init_process_state(self) -> None:
+        # Idle open files, per file index: a reading thread takes one (or opens one)
+        # and puts it back, so threads read in parallel and no handle is shared.
         self._files: dict = {}
         self._tables: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
@@ -158,12 +160,17 @@ class ParquetDataSource:
         if getattr(self, "_pid", None) != os.getpid():
             self._init_process_state()
 
-    def _file(self, file_index: int) -> Any:
-        pf = self._files.get(file_index)
+    def _read_row_group(self, file_index: int, row_group: int) -> Any:
+        with self._lock:
+            idle = self._files.get(file_index)
+            pf = idle.pop() if idle else None
         if pf is None:
             pf = _open_parquet(self._paths[file_index], self._options, self._read_kwargs)
-            self._files[file_index] = pf
-        return pf
+        try:
+            return pf.read_row_group(row_group, columns=self._columns)
+        finally:
+            with self._lock:
+                self._files.setdefault(file_index, []).append(pf)
 
     def _row_group(self, group: int) -> Any:
         """The Arrow table of row group ``group`` (global numbering), cached."""
@@ -172,21 +179,22 @@ class ParquetDataSource:
             if table is not None:
                 self._tables.move_to_end(group)
                 return table
-            file_index, row_group = self._groups[group]
-            table = self._file(file_index).read_row_group(row_group, columns=self._columns)
+        table = self._read_row_group(*self._groups[group])
+        with self._lock:
             self._tables[group] = table
             while len(self._tables) > self._cached_row_groups:
                 self._tables.popitem(last=False)
-            return table
+        return table
 
     def close(self) -> None:
-        """Closes open files and drops cached row groups; a later read reopens them."""
+        """Closes idle open files and drops cached row groups; a later read reopens them."""
         self._state()
         with self._lock:
             files, self._files = self._files, {}
             self._tables.clear()
-        for pf in files.values():
-            pf.close()
+        for idle in files.values():
+            for pf in idle:
+                pf.close()
 
     def __enter__(self) -> "ParquetDataSource":
         return self

@@ -226,3 +226,25 @@ def test_source_through_data_loader_restores(files, workers):
 def test_source_through_map_dataset_checkpoint(files):
     ds = gl.MapDataset.source(ParquetDataSource(files)).shuffle(seed=1).map(lambda r: r["id"]).to_iter_dataset()
     assert_equal_output_after_checkpoint(ds)
+
+
+def test_source_reads_from_threads_in_parallel_with_one_handle_each(files):
+    import threading
+    from concurrent import futures
+
+    source = ParquetDataSource(files, cached_row_groups=1)
+    flat = [r for f in files for r in ParquetIterDataset(f)]
+    barrier = threading.Barrier(4)
+
+    def read(key):
+        barrier.wait()  # all four read at once
+        return source.__getitems__([key, (key + 5) % 10])
+
+    with futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(read, [0, 3, 6, 9]))
+    for key, got in zip([0, 3, 6, 9], results):
+        _assert_same_elements(got, [flat[key], flat[(key + 5) % 10]])
+    handles = [pf for idle in source._files.values() for pf in idle]
+    assert len(handles) == len({id(pf) for pf in handles})  # no handle given back twice
+    source.close()
+    assert source._files == {}
