@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from grainlike.core.record import Record, RecordMetadata
-from grainlike.dataset.base import DatasetIterator, IterDataset
+from grainlike.dataset.base import DatasetIterator
 from grainlike.dataset.flatmap import FlatMapIterDataset
-from grainlike.loader.stages import describe_op, note_record
+from grainlike.loader.stages import _OperationStage, note_record
 
 
 class _RecordFlatMap:
@@ -42,16 +42,8 @@ class _RecordFlatMap:
         return repr(self._op)
 
 
-class FlatMapRecordsIterDataset(IterDataset):
+class FlatMapRecordsIterDataset(_OperationStage):
     """``operations[position]``, a flat map, on each record (see the module docstring)."""
-
-    def __init__(self, parent: IterDataset, op: Any, position: int):
-        super().__init__(parent)
-        self._op = op
-        self._position = position
 
     def __iter__(self) -> DatasetIterator:
         return FlatMapIterDataset(self._parent, _RecordFlatMap(self._op, self._position)).__iter__()
-
-    def __str__(self) -> str:
-        return f"FlatMapRecordsIterDataset(operations[{self._position}] {describe_op(self._op)})"

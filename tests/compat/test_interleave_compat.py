@@ -79,6 +79,20 @@ def test_interleave_of_one_dataset_reports_its_next_index(grain_lib):
         assert list(it) == [4, 5]
 
 
+def _run_and_close(ds):
+    """``run(ds)``, closing the iterator (and its workers) at the end."""
+    it = iter(ds)
+    values, states = [], []
+    while True:
+        states.append(it.get_state())
+        try:
+            values.append(next(it))
+        except StopIteration:
+            break
+    it.close()
+    return values, states
+
+
 @pytest.mark.timeout(120)
 def test_interleave_under_mp_prefetch_matches_reference_and_restores(grain_lib):
     def build(lib):
@@ -86,28 +100,12 @@ def test_interleave_under_mp_prefetch_matches_reference_and_restores(grain_lib):
         return ds.mp_prefetch(lib.MultiprocessingOptions(num_workers=2))
 
     # grain's workers are spawned processes (seconds each): grain runs once.
-    g_it = iter(build(grain_lib))
-    g_values, g_states = [], []
-    while True:
-        g_states.append(g_it.get_state())
-        try:
-            g_values.append(next(g_it))
-        except StopIteration:
-            break
-    g_it.close()
+    g_values, g_states = _run_and_close(build(grain_lib))
     k = len(g_values) // 2
     leaks = LeakCheck()  # After grain, which keeps descriptors open for good.
 
     l_ds = build(LIB)
-    l_it = iter(l_ds)
-    l_values, l_states = [], []
-    while True:
-        l_states.append(l_it.get_state())
-        try:
-            l_values.append(next(l_it))
-        except StopIteration:
-            break
-    l_it.close()
+    l_values, l_states = _run_and_close(l_ds)
     assert_same(g_values, l_values, "elements")
     assert l_states == g_states
     it = iter(l_ds)

@@ -9,18 +9,14 @@ import pytest
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
 from tests.compat.dataset_pairs import GRAINLIKE, check_pipeline, grain_namespace
 from tests.compat.experimental_pairs import experimental
+from tests.compat.test_mp_prefetch_compat import _pipeline as mp_prefetch_pipeline
 from tests.helpers.leaks import no_leaks  # noqa: F401  (a fixture)
 
 
 def _pipeline(lib, threads, n=17):
-    ds = (
-        lib.MapDataset.range(n)
-        .map(lambda x: x * 3)
-        .to_iter_dataset()
-        .random_map(lambda x, rng: (x, int(rng.integers(0, 1 << 30))), seed=7)
-        .filter(lambda p: p[0] % 4 != 1)
-        .batch(2)
-    )
+    # mp_prefetch's differential pipeline, without workers (a random map on the
+    # iterator draws per thread as per worker; a filter makes the shares uneven).
+    ds = mp_prefetch_pipeline(lib, 0, n=n)
     return experimental(lib).multithread_prefetch(ds, num_threads=threads, buffer_size=2)
 
 
