@@ -11,7 +11,7 @@ import pytest
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
 from tests.compat.dataset_pairs import GRAINLIKE, assert_same, check_pipeline, grain_namespace, rest
 from tests.compat.experimental_pairs import experimental
-from tests.helpers.leaks import LeakCheck
+from tests.helpers.leaks import LeakCheck, no_leaks  # noqa: F401  (a fixture)
 
 LIB = GRAINLIKE
 
@@ -51,9 +51,19 @@ def test_interleave_prefetch_arguments_do_not_change_the_order(grain_lib):
     check_pipeline(build, grain_lib)
 
 
-def test_interleave_restores_at_every_step():
+def test_interleave_restores_at_every_step(no_leaks):
     ds = experimental(LIB).InterleaveIterDataset(_datasets(LIB, "iter"), cycle_length=2)
     assert_equal_output_after_checkpoint(ds)
+
+
+def test_an_interleave_closed_midway_stops_its_threads(no_leaks):
+    dss = [LIB.MapDataset.range(100).to_iter_dataset() for _ in range(4)]
+    ds = experimental(LIB).InterleaveIterDataset(dss, cycle_length=3, num_make_iter_threads=2, iter_buffer_size=5)
+    it = iter(ds)
+    assert [next(it) for _ in range(4)] == [0, 0, 0, 1]
+    it.close()
+    with pytest.raises(ValueError):
+        next(it)
 
 
 def test_interleave_state_of_a_fresh_iterator_names_the_first_cycle(grain_lib):
