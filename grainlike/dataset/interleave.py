@@ -110,6 +110,8 @@ class InterleaveDatasetIterator(DatasetIterator):
     def __next__(self):
         self._assert_not_closed()
         self._started = True
+        if not self._cycle_length:
+            raise StopIteration  # No datasets (grain raises IndexError).
         while True:
             slot = self._next_index_in_cycle
             iterator = self._in_use[slot]
@@ -272,6 +274,9 @@ class InterleaveIterDataset(IterDataset):
       iter_buffer_size: elements each IterDataset's iterator computes ahead, in a
         thread of its own.
 
+    Raises:
+      ValueError: ``cycle_length`` is not a positive int.
+
     Example:
       >>> from grainlike.dataset import MapDataset
       >>> dss = [MapDataset.range(3), MapDataset.range(10, 12), MapDataset.range(20, 21)]
@@ -289,6 +294,9 @@ class InterleaveIterDataset(IterDataset):
         iter_buffer_size: int = 1,
     ):
         super().__init__()
+        if isinstance(cycle_length, bool) or not isinstance(cycle_length, int) or cycle_length < 1:
+            # grain fails later, on the first next() (ZeroDivisionError).
+            raise ValueError(f"cycle_length must be a positive int, got {cycle_length!r}")
         self._datasets = datasets
         self._cycle_length = cycle_length
         self._num_make_iter_threads = num_make_iter_threads

@@ -89,6 +89,19 @@ def test_interleave_of_one_dataset_reports_its_next_index(grain_lib):
         assert list(it) == [4, 5]
 
 
+@pytest.mark.parametrize("cycle_length", [0, -1, 1.5])
+def test_a_cycle_length_that_is_not_a_positive_int_raises_value_error(cycle_length):
+    # grain accepts it and fails on the first next() (ZeroDivisionError for 0).
+    with pytest.raises(ValueError, match="cycle_length must be a positive int"):
+        experimental(LIB).InterleaveIterDataset(_datasets(LIB, "map"), cycle_length=cycle_length)
+
+
+def test_an_interleave_of_no_datasets_is_empty():
+    it = iter(experimental(LIB).InterleaveIterDataset([], cycle_length=2))
+    assert list(it) == []
+    assert it.get_state()["iterators_in_use_indices"] == []
+
+
 def _run_and_close(ds):
     """``run(ds)``, closing the iterator (and its workers) at the end."""
     it = iter(ds)
