@@ -96,6 +96,7 @@ _LAZY = {
     "full_reference_data": "grainlike.jax_loops:full_reference_data",
     "full_data_mapper": "grainlike.jax_loops:full_data_mapper",
     "host_errors": "grainlike.jax_loops:host_errors",
+    "ArraysSource": "grainlike.jax_loops:ArraysSource",
     "io": "grainlike.io",
     # Errors from worker processes and shared memory (grainlike only).
     "WorkerError": "grainlike.dataset.workers:WorkerError",
