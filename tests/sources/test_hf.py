@@ -109,7 +109,7 @@ def test_in_memory_dataset_is_spilled_once_for_workers(tmp_path):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_mnist_through_data_loader_with_workers_and_restore(mnist_like, workers):
+def test_mnist_through_data_loader_with_workers_and_restore(mnist_like, workers, no_leaks):
     source = HuggingFaceDataSource(mnist_like)
 
     def loader():
@@ -132,7 +132,7 @@ def test_mnist_through_data_loader_with_workers_and_restore(mnist_like, workers)
     assert [b["image"][:, 0, 0].tolist() for b in again] == rest
 
 
-def test_mnist_through_map_dataset_checkpoint(mnist_like):
+def test_mnist_through_map_dataset_checkpoint(mnist_like, no_leaks):
     ds = gl.MapDataset.source(HuggingFaceDataSource(mnist_like)).shuffle(seed=3).map(lambda r: int(r["label"]))
     assert sorted(ds) == sorted(i % 10 for i in range(N))
     assert_equal_output_after_checkpoint(ds.to_iter_dataset())

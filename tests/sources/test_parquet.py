@@ -129,7 +129,7 @@ def test_iter_dataset_files_as_elements_of_a_map_dataset(files):
     assert [[r["text"] for r in per_file] for per_file in ds] == TEXT
 
 
-def test_iter_dataset_in_two_workers_reads_one_file_each(files):
+def test_iter_dataset_in_two_workers_reads_one_file_each(files, no_leaks):
     pooled = ParquetIterDataset(files).mp_prefetch(gl.MultiprocessingOptions(num_workers=2))
     # Worker w reads files[w::2]; the pool takes one element from each in turn.
     assert [r["text"] for r in pooled] == [t for pair in zip(*TEXT) for t in pair]
@@ -202,7 +202,7 @@ def test_source_pickles_without_open_files(files):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_source_through_data_loader_restores(files, workers):
+def test_source_through_data_loader_restores(files, workers, no_leaks):
     source = ParquetDataSource(files, columns=["id", "text"])
 
     def loader():

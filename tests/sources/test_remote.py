@@ -28,6 +28,7 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 array_record_module = pytest.importorskip("array_record.python.array_record_module")
 
+from tests.helpers import leaks  # noqa: E402
 from tests.sources.s3_server import LocalS3Server, TcpProxy  # noqa: E402
 
 BUCKET = "grainlike-data"
@@ -95,6 +96,24 @@ def up(server, local_files):
     return server
 
 
+@pytest.fixture
+def no_worker_leaks():
+    """No worker process, shared-memory segment or worker thread outlives the test.
+
+    Unlike ``no_leaks``, descriptors are not compared: the process's S3
+    filesystem keeps its connections and its event loop open for later reads.
+    """
+    children, shm = leaks.worker_children(), leaks.own_shm_entries()
+    threads = {t for t in leaks.grainlike_threads() if not t.startswith("grainlike-remote")}
+    yield
+    assert leaks.wait_until(lambda: leaks.worker_children() <= children), leaks.worker_children() - children
+    assert leaks.wait_until(lambda: leaks.own_shm_entries() <= shm), leaks.own_shm_entries() - shm
+    # The read-ahead threads ("grainlike-remote") are one pool per process, kept for later reads.
+    assert leaks.wait_until(
+        lambda: {t for t in leaks.grainlike_threads() if not t.startswith("grainlike-remote")} <= threads
+    )
+
+
 def _options(server, tmp_path=None, **kwargs) -> remote.RemoteOptions:
     kwargs.setdefault("attempts", 2)
     kwargs.setdefault("backoff_s", 0.01)
@@ -133,7 +152,7 @@ def _ids(batches) -> list:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_array_record_shards_from_s3_through_data_loader_and_restore(up, local_files, tmp_path, workers):
+def test_array_record_shards_from_s3_through_data_loader_and_restore(up, local_files, tmp_path, workers, no_worker_leaks):
     source = ArrayRecordDataSource(_urls("ar"), remote_options=_options(up, tmp_path))
     local = ArrayRecordDataSource(_local(local_files, "ar"))
     assert len(source) == len(local) == SHARDS * PER_SHARD
@@ -148,7 +167,7 @@ def test_array_record_shards_from_s3_through_data_loader_and_restore(up, local_f
     assert [b.tolist() for b in again] == tail
 
 
-def test_array_record_from_s3_in_map_dataset_with_workers(up, local_files, tmp_path):
+def test_array_record_from_s3_in_map_dataset_with_workers(up, local_files, tmp_path, no_worker_leaks):
     source = ArrayRecordDataSource(_urls("ar"), remote_options=_options(up, tmp_path))
     ds = gl.MapDataset.source(source).shuffle(seed=2).to_iter_dataset()
     expected = list(gl.MapDataset.source(ArrayRecordDataSource(_local(local_files, "ar"))).shuffle(seed=2))
@@ -184,7 +203,7 @@ def test_array_record_repr_hashes_urls_as_grain_hashes_paths(up, tmp_path):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_parquet_from_s3_through_data_loader_and_restore(up, local_files, workers):
+def test_parquet_from_s3_through_data_loader_and_restore(up, local_files, workers, no_worker_leaks):
     options = _options(up, block_size=512)
     source = ParquetDataSource(_urls("pq"), remote_options=options)
     expected = _ids(_loader(ParquetDataSource(_local(local_files, "pq")), workers))
@@ -199,7 +218,7 @@ def test_parquet_from_s3_through_data_loader_and_restore(up, local_files, worker
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_parquet_from_s3_in_map_dataset(up, local_files, workers):
+def test_parquet_from_s3_in_map_dataset(up, local_files, workers, no_worker_leaks):
     def pipeline(paths, options=None):
         ds = gl.MapDataset.source(ParquetDataSource(paths, remote_options=options)).shuffle(seed=4)
         return ds.map(lambda r: int(r["id"])).to_iter_dataset()
