@@ -8,6 +8,8 @@ the ratios are what to compare across machines.
     tools/bench                    # everything (~10 minutes on 2 cores)
     tools/bench --quick            # shorter runs, one repetition
     tools/bench --only W1,W4       # some workloads
+    tools/bench --plot docs/bench.png --json out.json   # also a bar chart of the ratios
+    tools/bench --from-json out.json --plot docs/bench.png  # the report and chart again
 """
 
 from __future__ import annotations
@@ -226,6 +228,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="comma-separated workloads, e.g. W1,W4")
     parser.add_argument("--libs", default="grainlike,grain,torch")
     parser.add_argument("--json", default="", help="also write all results here")
+    parser.add_argument("--plot", default="", help="also draw the ratios to peers as a bar chart (PNG) here")
+    parser.add_argument("--from-json", default="", help="report (and plot) the results saved by --json; runs nothing")
     parser.add_argument("--child", nargs=5, metavar=("LIB", "WORKLOAD", "WORKERS", "BATCH", "SECONDS"))
     args = parser.parse_args(argv)
 
@@ -246,6 +250,13 @@ def main(argv=None) -> int:
 
     from benchmarks import workloads
 
+    if args.from_json:
+        results, floor = _load_results(args.from_json)
+        libs = [l for l in libs if any(k[2] == l for k in results)]
+        print(_report(results, libs, plan, floor, args))
+        if args.plot:
+            plot(results, libs, plan, args.plot)
+        return 0
     if any(p[0] in ("W2", "W6") for p in plan):
         print(f"preparing {workloads.images_path()} ...", file=sys.stderr)
     results: dict = {}
@@ -271,7 +282,81 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"|".join(map(str, k)): v for k, v in results.items()} | {"floors": floor}, f, indent=1)
+    if args.plot:
+        plot(results, libs, plan, args.plot)
     return 0
+
+
+def _load_results(path: str) -> tuple[dict, dict]:
+    """The results and floors that ``--json`` wrote."""
+    with open(path) as f:
+        saved = json.load(f)
+    floor = saved.pop("floors", {})
+    results = {}
+    for key, runs in saved.items():
+        workload, workers, lib = key.split("|")
+        results[(workload, int(workers), lib)] = runs
+    return results, floor
+
+
+_METRIC = {"W1": "records_per_s", "W2": "records_per_s", "W3": "mb_per_s", "W4": "first_batch_s",
+           "W4b": "second_first_batch_s", "W5": "restore_s", "W6": "records_per_s"}
+_TIMES = ("W4", "W4b", "W5")
+
+
+def ratios(results: dict, libs: list, plan: list) -> list:
+    """``(label, peer, ratio)``: how many times better grainlike did than each peer.
+
+    Throughputs: grainlike's over the peer's; times (W4, W4b, W5): the peer's
+    over grainlike's. Above 1, grainlike is ahead.
+    """
+    out = []
+    for workload, worker_counts, _ in plan:
+        for name in [workload] + (["W4b"] if workload == "W4" else []):
+            metric = _METRIC[name]
+            for w in worker_counts:
+                ours = _median(results.get((workload, w, "grainlike"), []), metric)
+                for peer in libs:
+                    if peer == "grainlike":
+                        continue
+                    theirs = _median(results.get((workload, w, peer), []), metric)
+                    if not ours or not theirs:
+                        continue
+                    out.append((f"{name} W={w}", peer, theirs / ours if name in _TIMES else ours / theirs))
+    return out
+
+
+def plot(results: dict, libs: list, plan: list, path: str) -> None:
+    """Draws ``ratios()`` as grouped bars on a log scale, one group per workload."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = ratios(results, libs, plan)
+    labels = list(dict.fromkeys(r[0] for r in rows))
+    peers = [l for l in libs if l != "grainlike" and any(r[1] == l for r in rows)]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(labels) + 2), 4.2))
+    width = 0.8 / max(len(peers), 1)
+    for j, peer in enumerate(peers):
+        xs, ys = [], []
+        for i, label in enumerate(labels):
+            for r in rows:
+                if r[0] == label and r[1] == peer:
+                    xs.append(i + (j - (len(peers) - 1) / 2) * width)
+                    ys.append(r[2])
+        bars = ax.bar(xs, ys, width, label=f"grainlike vs {peer}")
+        ax.bar_label(bars, labels=[f"{y:.2f}x" if y < 10 else f"{y:.0f}x" for y in ys], fontsize=7, padding=1)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
+    ax.set_ylabel("times better than the peer (log; >1: grainlike ahead)")
+    ax.set_title("tools/bench: grainlike against its peers, same run")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}", file=sys.stderr)
 
 
 def _median(rs: list, key: str):
@@ -282,8 +367,7 @@ def _median(rs: list, key: str):
 def _report(results: dict, libs: list, plan: list, floor: dict, args) -> str:
     import platform
 
-    metric = {"W1": "records_per_s", "W2": "records_per_s", "W3": "mb_per_s", "W4": "first_batch_s",
-              "W4b": "second_first_batch_s", "W5": "restore_s", "W6": "records_per_s"}
+    metric = _METRIC
     lines = [
         f"machine: {os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}; "
         f"{args.reps} repetition(s), {args.seconds:g} s per throughput run; medians",
