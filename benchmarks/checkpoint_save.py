@@ -27,14 +27,48 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-# (library of the data item, worker count)
-CONFIGS = [("grainlike", 0), ("grain", 0), ("grainlike", 2), ("grain", 2)]
+# (library of the data item, worker count); "empty" is an item whose handler
+# writes nothing: what any extra item costs inside Orbax.
+CONFIGS = [("empty", 0), ("grainlike", 0), ("grain", 0), ("grainlike", 2), ("grain", 2)]
 MODEL_MB = 10
 NUM_RECORDS = 10_000
 
 
+def _empty_item_args():
+    """Args of an item whose asynchronous handler writes nothing and returns no future."""
+    import dataclasses
+
+    import orbax.checkpoint as ocp
+
+    class EmptyHandler(ocp.AsyncCheckpointHandler):
+        async def async_save(self, directory, args=None):
+            return []
+
+        def save(self, directory, args=None):
+            pass
+
+        def restore(self, directory, args=None):
+            return None
+
+    @ocp.args.register_with_handler(EmptyHandler, for_save=True)
+    @dataclasses.dataclass
+    class EmptySave(ocp.args.CheckpointArgs):
+        item: object
+
+    @ocp.args.register_with_handler(EmptyHandler, for_restore=True)
+    @dataclasses.dataclass
+    class EmptyRestore(ocp.args.CheckpointArgs):  # Orbax wants both
+        item: object
+
+    return EmptySave
+
+
 def _iterator(lib_name: str, workers: int):
-    if lib_name == "grain":
+    if lib_name == "empty":
+        from benchmarks import grainlike_ops as ops
+
+        save = _empty_item_args()
+    elif lib_name == "grain":
         from benchmarks import grain_ops as ops
 
         import grain.checkpoint
@@ -118,7 +152,7 @@ def _child(lib_name: str, workers: int, pairs: int) -> dict:
 def run(reps: int, seconds: float, libs: list[str]) -> str:
     """Measures every configuration ``reps`` times, interleaved; returns a markdown section."""
     pairs = max(5, min(40, int(seconds * 5)))
-    configs = [c for c in CONFIGS if c[0] in libs]
+    configs = [c for c in CONFIGS if c[0] == "empty" or c[0] in libs]
     results: dict = {}
     for rep in range(reps):
         for lib_name, workers in configs:
