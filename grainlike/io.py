@@ -463,6 +463,11 @@ def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int =
         import jax.numpy as jnp
         from jax.experimental import io_callback
 
+        if data_state is not None and data is None and checkpoint_every:
+            raise ValueError(
+                "save(..., data_state=...) checkpoints a reference_data chain: pass that "
+                "reference_data as io.save(..., data=...)"
+            )
         one = jax.ShapeDtypeStruct((), jnp.int32)
         leaves = jax.tree.leaves(sample)
         saved = jax.lax.cond(

@@ -162,3 +162,7 @@ def test_checkpoint_holds_carry_samples_and_data_position(tmp_path):
     assert batch["x"].tolist() == xs[3].tolist()
     with pytest.raises(ValueError, match="checkpoint_dir"):
         io.save(io.MemoryCollector(), checkpoint_every=2)
+    init_save, save, _ = io.save(io.MemoryCollector(), checkpoint_every=2, checkpoint_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"pass that reference_data as io.save\(..., data=...\)"):
+        save(init_save({"x": jnp.int32(0)}, None, 1), True, {"x": jnp.int32(1)},
+             data_state=data.init())
