@@ -263,21 +263,23 @@ def test_missing_credentials_are_reported_with_the_object(up):
         ParquetDataSource(_urls("pq")[0], remote_options=options)
 
 
-def test_server_killed_mid_epoch_is_a_clear_error_then_resume_after_restart(server, up, local_files):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_server_killed_mid_epoch_is_a_clear_error_then_resume_after_restart(server, up, local_files, workers):
     url = f"s3://{BUCKET}/big/big.parquet"
     options = _options(up, block_size=1024, read_ahead=0)
     source = ParquetDataSource(url, remote_options=options, cached_row_groups=1)
-    expected = _ids(_loader(ParquetDataSource(local_files["big/big.parquet"]), 0, batch=8))
-    it = iter(_loader(source, 0, batch=8))
+    expected = _ids(_loader(ParquetDataSource(local_files["big/big.parquet"]), workers, batch=8))
+    it = iter(_loader(source, workers, batch=8))
     head = [next(it)["id"].tolist() for _ in range(2)]
     state = it.get_state()
     server.stop()
     with pytest.raises(remote.RemoteReadError, match=r"s3://grainlike-data/big/big.parquet.*2 attempts"):
         for _ in it:
             pass
+    it.close()
     server.start()
     server.upload(BUCKET, local_files)  # moto keeps objects in memory only
-    again = iter(_loader(ParquetDataSource(url, remote_options=options), 0, batch=8))
+    again = iter(_loader(ParquetDataSource(url, remote_options=options), workers, batch=8))
     again.set_state(state)
     assert head + _ids(again) == expected
 
