@@ -1,23 +1,36 @@
 """CRC-32C (Castagnoli), the checksum of TFRecord files, in numpy and Python.
 
-No compiled CRC package is needed. Short inputs go through a byte table in a
-Python loop. Long ones are cut into ``k`` equal chunks whose CRC registers advance
-together, one numpy step per byte position; since the register update is linear
-over GF(2), the chunks' registers are then folded into one with a precomputed
-"advance over ``n`` zero bytes" operator. That costs about ``2 * sqrt(len)`` numpy
-steps instead of ``len`` Python steps (~100 MB/s rather than ~7 MB/s).
+No compiled CRC package is needed. The register update is linear over GF(2):
+the CRC register after some bytes is the register those bytes give from zero,
+xor the starting register advanced over as many zero bytes. So:
+
+* short inputs go through a byte table in a Python loop;
+* a long input is cut into lanes of ``_LANE`` bytes whose registers advance
+  from zero together, two bytes (a 65536-entry table) per numpy step; the lanes
+  are folded pairwise with "advance over ``n`` zero bytes" operators;
+* many short records (``crc32c_many``) advance together the same way, each
+  right-aligned behind zero bytes (which leave a zero register at zero).
+
+The starting register's part is added with the zero-byte operators, built for
+each power of two by squaring.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any, Sequence
 
 import numpy as np
 
 _POLY = 0x82F63B78  # Reflected Castagnoli polynomial.
 _MASK_DELTA = 0xA282EAD8
-# Below this many bytes the Python loop is faster than the chunked numpy path.
-_NUMPY_MIN = 4096
+_INIT = 0xFFFFFFFF
+# Below this many bytes the Python loop is faster than the numpy lanes
+# (measured on 2 cores).
+NUMPY_MIN = 1536
+# Bytes per lane of one long input: each numpy step advances every lane by two
+# bytes, so shorter lanes mean fewer (longer) steps.
+_LANE = 32
 
 
 def _make_table() -> np.ndarray:
@@ -31,69 +44,145 @@ _TABLE_NP = _make_table()
 _TABLE = [int(x) for x in _TABLE_NP]
 
 
-def _advance_py(register: int, data: bytes) -> int:
+def _make_table16() -> np.ndarray:
+    # Two byte steps from register x (its low 16 bits xor the two bytes).
+    x = np.arange(1 << 16, dtype=np.uint32)
+    y = _TABLE_NP[x & 0xFF] ^ (x >> 8)
+    return _TABLE_NP[y & 0xFF] ^ (y >> 8)
+
+
+_TABLE16 = _make_table16()
+
+
+def _advance_py(register: int, data: Any) -> int:
     table = _TABLE
     for b in data:
         register = table[(register ^ b) & 0xFF] ^ (register >> 8)
     return register
 
 
-@functools.lru_cache(maxsize=32)
-def _zeros_operator(n: int) -> tuple:
-    """Four 256-entry tables: the register after ``n`` zero bytes, by input byte."""
-    # Images of the 32 basis registers, advanced over n zero bytes together.
-    regs = (np.uint32(1) << np.arange(32, dtype=np.uint32)).astype(np.uint32)
-    for _ in range(n):
-        regs = _TABLE_NP[regs & 0xFF] ^ (regs >> 8)
-    tables = []
+def _apply(tables: np.ndarray, regs: np.ndarray) -> np.ndarray:
+    """A linear map of registers, given as four 256-entry tables (one per byte)."""
+    return tables[0][regs & 0xFF] ^ tables[1][(regs >> 8) & 0xFF] ^ tables[2][(regs >> 16) & 0xFF] ^ tables[3][regs >> 24]
+
+
+def _tables_of(images: np.ndarray) -> np.ndarray:
+    """The byte tables of the linear map sending bit ``i`` to ``images[i]``."""
     values = np.arange(256, dtype=np.uint32)
+    tables = np.zeros((4, 256), dtype=np.uint32)
     for byte in range(4):
-        t = np.zeros(256, dtype=np.uint32)
         for bit in range(8):
-            t ^= np.where((values >> bit) & 1, regs[byte * 8 + bit], np.uint32(0)).astype(np.uint32)
-        tables.append([int(x) for x in t])
-    return tuple(tables)
+            tables[byte] ^= np.where((values >> bit) & 1, images[byte * 8 + bit], np.uint32(0)).astype(np.uint32)
+    return tables
 
 
-def _advance_np(register: int, data: bytes) -> int:
-    length = len(data)
-    n = 1 << max(6, (length.bit_length() + 1) // 2)  # A power of two near sqrt(len).
-    k = length // n
-    lanes = np.frombuffer(data, dtype=np.uint8, count=k * n).reshape(k, n).T.astype(np.uint32)
-    regs = np.zeros(k, dtype=np.uint32)
-    regs[0] = register
-    table = _TABLE_NP
-    for column in lanes:
-        regs = table[(regs ^ column) & 0xFF] ^ (regs >> 8)
-    t0, t1, t2, t3 = _zeros_operator(n)
-    register = 0
-    for r in regs.tolist():
-        register = t0[register & 0xFF] ^ t1[(register >> 8) & 0xFF] ^ t2[(register >> 16) & 0xFF] ^ t3[register >> 24]
-        register ^= r
-    return _advance_py(register, data[k * n :])
+_BASIS = (np.uint32(1) << np.arange(32, dtype=np.uint32)).astype(np.uint32)
 
 
-def crc32c(data: bytes, value: int = 0) -> int:
-    """The CRC-32C of ``data``; ``value`` is the CRC of bytes before it, to continue.
+@functools.lru_cache(maxsize=64)
+def _zeros_tables(power: int) -> np.ndarray:
+    """Byte tables of the register's advance over ``2**power`` zero bytes."""
+    if power == 0:
+        return _tables_of(_TABLE_NP[_BASIS & 0xFF] ^ (_BASIS >> 8))
+    half = _zeros_tables(power - 1)
+    return _tables_of(_apply(half, _apply(half, _BASIS)))
+
+
+def _over_zeros(regs: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Each register advanced over its own number of zero bytes."""
+    regs = regs.copy()
+    lengths = np.asarray(lengths, dtype=np.int64)
+    top = int(lengths.max()).bit_length() if len(lengths) else 0
+    for power in range(top):
+        chosen = np.flatnonzero((lengths >> power) & 1)
+        if len(chosen):
+            regs[chosen] = _apply(_zeros_tables(power), regs[chosen])
+    return regs
+
+
+def _from_zero(columns: np.ndarray) -> np.ndarray:
+    """Registers advanced from zero over ``columns`` (steps x lanes, two bytes each)."""
+    lanes = columns.shape[1]
+    regs = np.zeros(lanes, dtype=np.uint32)
+    index = np.empty(lanes, dtype=np.uint32)
+    looked_up = np.empty(lanes, dtype=np.uint32)
+    table = _TABLE16
+    for column in columns:
+        np.bitwise_xor(regs, column, out=index)
+        np.bitwise_and(index, 0xFFFF, out=index)
+        np.take(table, index, out=looked_up)
+        np.right_shift(regs, 16, out=regs)
+        np.bitwise_xor(regs, looked_up, out=regs)
+    return regs
+
+
+def _advance_np(register: int, data: memoryview) -> int:
+    k = len(data) // _LANE
+    lanes = np.frombuffer(data, dtype="<u2", count=k * _LANE // 2).reshape(k, _LANE // 2)
+    regs = _from_zero(np.ascontiguousarray(lanes.T))
+    # Fold neighbouring lanes pairwise: (a, b) -> advance(a over b's length) ^ b.
+    # A zero lane in front changes nothing (a zero register stays zero over zeros).
+    power = (_LANE - 1).bit_length()
+    while len(regs) > 1:
+        if len(regs) % 2:
+            regs = np.concatenate([np.zeros(1, np.uint32), regs])
+        regs = _apply(_zeros_tables(power), regs[0::2]) ^ regs[1::2]
+        power += 1
+    start = _over_zeros(np.array([register], np.uint32), np.array([k * _LANE]))
+    return _advance_py(int(regs[0] ^ start[0]), data[k * _LANE :])
+
+
+def crc32c(data: Any, value: int = 0) -> int:
+    """The CRC-32C of ``data`` (bytes-like); ``value`` is the CRC of bytes before it, to continue.
 
     Example:
       >>> hex(crc32c(b"123456789"))
       '0xe3069283'
     """
-    register = value ^ 0xFFFFFFFF
-    if len(data) < _NUMPY_MIN:
+    register = value ^ _INIT
+    if len(data) < NUMPY_MIN:
         register = _advance_py(register, data)
     else:
         register = _advance_np(register, memoryview(data).cast("B"))
-    return register ^ 0xFFFFFFFF
+    return register ^ _INIT
 
 
-def masked_crc32c(data: bytes) -> int:
-    """TFRecord's masked CRC: the CRC rotated right by 15 bits plus a constant.
+def crc32c_many(records: Sequence[Any]) -> np.ndarray:
+    """The CRC-32C of each of ``records`` (bytes-like), computed together, as uint32.
+
+    The records advance side by side, two bytes per numpy step over all of them:
+    for many short records ~10x faster than one loop each. The cost follows the
+    longest, so pass records of similar lengths.
+
+    Example:
+      >>> [hex(c) for c in crc32c_many([b"123456789", b""])]
+      ['0xe3069283', '0x0']
+    """
+    count = len(records)
+    lengths = np.fromiter((len(r) for r in records), dtype=np.int64, count=count)
+    width = int(lengths.max()) if count else 0
+    width += width % 2
+    matrix = np.zeros((count, width), dtype=np.uint8)  # Right-aligned, zeros in front.
+    for i, r in enumerate(records):
+        if len(r):
+            matrix[i, width - len(r) :] = np.frombuffer(r, dtype=np.uint8)
+    columns = np.ascontiguousarray(matrix.view("<u2").T)
+    regs = _from_zero(columns) ^ _over_zeros(np.full(count, _INIT, np.uint32), lengths)
+    return regs ^ np.uint32(_INIT)
+
+
+def masked(crc: Any) -> Any:
+    """TFRecord's mask of a CRC (an int or a uint32 array): rotated right 15 bits, plus a constant."""
+    if isinstance(crc, np.ndarray):
+        crc = crc.astype(np.uint64)
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def masked_crc32c(data: Any) -> int:
+    """TFRecord's masked CRC of ``data``.
 
     Example:
       >>> hex(masked_crc32c(b""))
       '0xa282ead8'
     """
-    crc = crc32c(data)
-    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+    return masked(crc32c(data))

@@ -56,6 +56,21 @@ def test_records_through_a_pipeline_match_reference(grain_ref, path):
     assert [v.tolist() for v in values] == [[0, 1, 14, 5120], [5000, 4]]
 
 
+def test_many_records_of_mixed_lengths_match_reference(grain_ref, tmp_path):
+    # Blocks of records are checked together: short records of similar lengths at
+    # once, long ones alone. States and restores fall inside and across blocks.
+    rng = np.random.default_rng(0)
+    lengths = rng.choice([0, 1, 7, 100, 900, 3000, 5000], size=700)
+    records = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in lengths]
+    p = str(tmp_path / "many.tfrecord")
+    write_tfrecords(p, records)
+
+    def build(lib):
+        return experimental(lib).TFRecordIterDataset(p)
+
+    assert check_pipeline(build, grain_namespace(grain_ref)) == records
+
+
 def test_tfrecord_restores_at_every_step(path):
     assert_equal_output_after_checkpoint(TFRecordIterDataset(path))
 
@@ -68,6 +83,9 @@ def test_a_flipped_data_byte_fails_the_checksum(path):
     it = iter(TFRecordIterDataset(path))
     assert next(it) == b"" and next(it) == b"a"
     with pytest.raises(CorruptRecordError, match=r"data\.tfrecord at byte 33: the checksum"):
+        next(it)
+    assert it.get_state() == {"reader_offset": 33}
+    with pytest.raises(CorruptRecordError):  # It stays at the corrupt record.
         next(it)
 
 
