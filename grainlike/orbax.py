@@ -46,6 +46,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import re
 import threading
 import types
 from typing import Any, Awaitable
@@ -172,7 +173,8 @@ def _missing_state_error(filename: Any) -> ValueError:
     return ValueError(
         f"File {filename} does not exist: there is no data-iterator state for JAX "
         f"process {index} of {count} in this checkpoint ({where}). A checkpoint "
-        "restores only with the number of JAX processes that wrote it."
+        "restores on another number of processes from all the files "
+        "process_*-of-N.json of one other number N."
     )
 
 
@@ -197,6 +199,78 @@ def _read_state(filename: Any) -> str:
     if not filename.exists():
         raise _missing_state_error(filename)
     return filename.read_text()
+
+
+_PROCESS_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
+
+
+def _read_state_for_process(iterator: Any, directory: Any) -> tuple[str, Any]:
+    """This process's state text and the file(s) it came from.
+
+    A checkpoint of another number of processes (``process_*-of-N.json``, N not
+    this job's) is restored elastically: a DataLoader iterator gets the state
+    continuing all N shards' states (``loader/elastic.py``); a Dataset iterator,
+    the state every process wrote, if all wrote the same (``ElasticIterator``).
+    """
+    filename = process_state_path(directory)
+    if filename.exists():
+        return filename.read_text(), filename
+    _, count = _process_index_and_count()
+    found: dict[int, dict[int, Any]] = {}
+    if directory.exists():
+        for path in directory.iterdir():
+            m = _PROCESS_FILE.fullmatch(path.name)
+            if m and int(m.group(2)) != count:
+                found.setdefault(int(m.group(2)), {})[int(m.group(1))] = path
+    if len(found) != 1 or set(next(iter(found.values()))) != set(range(next(iter(found)))):
+        # No other process count, several, or not all files of one: nothing to merge.
+        raise _missing_state_error(filename)
+    ((old_count, paths),) = found.items()
+    texts = {i: path.read_text() for i, path in paths.items()}
+    where = directory / f"process_*-of-{old_count}.json"
+    from grainlike.loader.state import InvalidStateError
+
+    try:
+        return _elastic_state_text(iterator, texts, old_count), where
+    except InvalidStateError as e:
+        raise InvalidStateError(f"cannot restore the iterator from {where}: {e}") from e
+
+
+def _elastic_state_text(iterator: Any, texts: dict, old_count: int) -> str:
+    """The state text for this process, continuing the states of ``old_count`` processes."""
+    from grainlike.loader import elastic
+    from grainlike.loader.state import InvalidStateError, dumps
+
+    current = iterator.get_state() if callable(getattr(iterator, "get_state", None)) else None
+    if isinstance(current, dict):
+        states = {i: json.loads(t) for i, t in texts.items()}
+        if len(states) != old_count or any(s != states[0] for s in states.values()):
+            raise InvalidStateError(
+                f"the checkpoint holds the states of {len(states)} of {old_count} processes, "
+                "not all the same: a Dataset iterator restores on another number of "
+                "processes only from a state every process shares (ElasticIterator's)"
+            )
+        return texts[0]
+    loader = _data_loader_of(iterator)
+    positions = elastic.process_states(loader, texts, old_count)
+    return dumps(loader._codec.encode(positions)).decode()
+
+
+def _data_loader_of(iterator: Any) -> Any:
+    """The DataLoader behind a DataLoader iterator or a wrapper of one (DeviceIterator)."""
+    from grainlike.loader.data_loader import DataLoaderIterator
+    from grainlike.loader.state import InvalidStateError
+
+    node = iterator
+    for _ in range(8):
+        if isinstance(node, DataLoaderIterator):
+            return node._loader
+        node = getattr(node, "_iterator", None)
+    raise InvalidStateError(
+        f"a {type(iterator).__name__} restores only with the number of processes that "
+        "wrote its checkpoint: only DataLoader iterators (and wrappers of one) restore "
+        "on another number"
+    )
 
 
 def _write_file(filename: Any, text: str) -> None:
@@ -270,8 +344,7 @@ async def load_state_async(iterator: Any, directory: Any) -> Awaitable[None]:
     """
 
     async def read() -> None:
-        filename = process_state_path(directory)
-        text = await asyncio.to_thread(_read_state, filename)
+        text, filename = await asyncio.to_thread(_read_state_for_process, iterator, directory)
         _apply_state(iterator, text, filename)
 
     return read()
@@ -392,8 +465,8 @@ def _build_orbax_classes() -> dict[str, type]:
                         "CheckpointRestore needs the iterator to restore into: "
                         "CheckpointRestore(iter(loader))"
                     )
-                filename = process_state_path(directory)
-                _apply_state(item, _read_state(filename), filename)
+                text, filename = _read_state_for_process(item, directory)
+                _apply_state(item, text, filename)
                 # As grain: start the workers now, so loading overlaps the rest
                 # of the restore.
                 start = getattr(item, "start_prefetch", None)

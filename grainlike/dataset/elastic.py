@@ -1,11 +1,15 @@
-"""``ElasticIterator``: grain 0.2.18's iterator that restores on another number of shards.
+"""Restoring Dataset iterators on another number of shards or workers.
 
+``ElasticIterator``: grain 0.2.18's iterator that restores on another number of shards.
 Each shard reads elements ``global_next_index + shard_index :: shard_count`` of
 an unbatched, unsharded ``MapDataset`` in batches of
 ``global_batch_size // shard_count``; after ``k`` steps every shard's state is
 ``{"global_next_index": k * global_batch_size}``, the same on every shard. A
 state of any shard therefore restores every shard of any shard count (and any
 global batch size): the next global batch starts at that element.
+
+``rebalance_worker_states``: an ``mp_prefetch`` state restored on another number
+of workers (grainlike only; grain refuses it).
 """
 
 from __future__ import annotations
@@ -183,3 +187,63 @@ class ElasticIterator(IterDataset):
             f"ElasticIterator(global_batch_size={self._global_batch_size}, "
             f"shard_options={self._shard_options!r})"
         )
+
+
+def rebalance_worker_states(
+    states: list, num_workers: int, initial_state: Any, where: str
+) -> tuple[list, int]:
+    """``mp_prefetch`` worker states of another worker count, moved onto ``num_workers``.
+
+    Worker ``i`` of ``k`` computes elements ``i, i + k, ...`` of the dataset below
+    ``mp_prefetch``; where that dataset's state is a position (``{"next_index": n}``
+    of a ``to_iter_dataset()`` slice, kept by maps, filters and batches above it),
+    worker ``i`` has consumed elements ``i + j * k`` for ``j < n``. When these form
+    a prefix ``[0, f)`` of the elements (a checkpoint after a whole round: every
+    worker consumed as many), the new workers start at ``f``.
+
+    Returns:
+      The new workers' states and the worker whose output comes next.
+
+    Raises:
+      InvalidStateError: the states are not positions, or the workers'
+        positions leave delivered elements above the first one not delivered
+        (a Dataset pipeline cannot skip them; the DataLoader can).
+    """
+    from grainlike.core.errors import InvalidStateError
+
+    def position(s: Any) -> Optional[int]:
+        if isinstance(s, dict) and set(s) == {"next_index"}:
+            n = s["next_index"]
+            if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+                return n
+        return None
+
+    k = len(states)
+    if position(initial_state) != 0:
+        raise InvalidStateError(
+            f"{where}: cannot restore a state of {k} workers on {num_workers}: the pipeline "
+            f"below mp_prefetch keeps the state {initial_state!r}, not the position of a "
+            "to_iter_dataset() slice ({'next_index': n}), so which elements each worker "
+            "consumed cannot be known"
+        )
+    positions = [0 if s is None else position(s) for s in states]
+    if any(p is None for p in positions):
+        bad = next(s for s, p in zip(states, positions) if p is None)
+        raise InvalidStateError(
+            f"{where}: cannot restore a state of {k} workers on {num_workers}: a worker's "
+            f"state {bad!r} is not a position ({{'next_index': n}})"
+        )
+    f = min(i + n * k for i, n in enumerate(positions))
+    above = sorted(
+        i + j * k for i, n in enumerate(positions) for j in range(max(0, -(-(f - i) // k)), n)
+    )
+    if above:
+        raise InvalidStateError(
+            f"{where}: cannot restore a state of {k} workers on {num_workers}: element {f} was "
+            f"not consumed but {len(above)} after it were ({above[:8]}), and a Dataset "
+            "pipeline cannot skip them. Checkpoint after a whole round of the workers (every "
+            f"worker at the same count: workers' positions {positions}), or use a DataLoader, "
+            "whose restore skips them"
+        )
+    new = [{"next_index": max(0, -(-(f - j) // num_workers))} for j in range(num_workers)]
+    return new, f % num_workers

@@ -414,6 +414,24 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
             state["iterators_in_use_states"],
             state["exhausted"],
         )
+        old_w = state["next_index_in_datasets"]
+        if (
+            isinstance(old_w, int)
+            and not isinstance(old_w, bool)
+            and 0 < old_w != w
+            and isinstance(indices, list)
+            and indices == list(range(old_w))
+            and isinstance(states, list)
+            and len(states) == old_w
+        ):
+            # Another worker count: the same elements from the first one not
+            # delivered on (see grainlike/dataset/elastic.py).
+            from grainlike.dataset.elastic import rebalance_worker_states
+
+            states, cycle = rebalance_worker_states(states, w, self._initial_state(), where)
+            state = {**state, "next_index_in_cycle": cycle, "exhausted": [0] * w}
+            indices, exhausted = list(range(w)), [0] * w
+            state["next_index_in_datasets"] = w
         if (
             list(indices) != list(range(w))
             or state["next_index_in_datasets"] != w

@@ -2,6 +2,10 @@
 
     SamplerMapDataset(source, sampler, shard_options)   records the sampler chooses
       .to_iter_dataset(read_options)                    chunks located and read at once
+      -> SkipRecordsIterDataset                         after an elastic restore, skips
+                                                        records delivered before it (a
+                                                        pipeline reading without it runs
+                                                        beside it: ElasticRecordsIterDataset)
       -> one stage per operation, on records            Map, RandomMap, Filter,
                                                         MapWithIndex, Batch, Operation
       -> RecordDataIterDataset                          each record's data
@@ -31,6 +35,7 @@ from grainlike.core.transforms import (
 from grainlike.dataset.base import IterDataset
 from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
 from grainlike.loader import state as state_lib
+from grainlike.loader.elastic import ElasticRecordsIterDataset, SkipRecordsIterDataset, has_skip_stage
 from grainlike.loader.chunked import ChunkedRecordsIterDataset, chunkable
 from grainlike.loader.stages import (
     BatchRecordsIterDataset,
@@ -126,6 +131,7 @@ def records_dataset(
     operations: Sequence[Any],
     read_options: Optional[ReadOptions],
     worker: Optional[tuple[int, int]] = None,
+    per_record: bool = False,
 ) -> IterDataset:
     """What the calling process computes, or each worker: the operations' outputs.
 
@@ -135,7 +141,11 @@ def records_dataset(
       read_options: as ``reading_options`` returns them.
       worker: ``(w, W)``: only worker ``w`` of ``W``'s positions ``w, w + W, ...``
         (``mp_prefetch`` slices a copy for each worker itself).
+      per_record: only the per-record stages, which can skip records (an
+        elastic restore's, see ``elastic.py``); otherwise a pipeline reading
+        without them computes the same beside them, used while nothing is skipped.
     """
+    unsliced = records
     locator = records.locator
     padding = locator if locator.batch_padding is not None else None
     if worker is not None and worker[1] > 1:
@@ -143,13 +153,15 @@ def records_dataset(
     ds = records.to_iter_dataset(read_options)
     start = 0
     flat = any(is_flat_map(op) for op in operations)
-    if not flat and ds.read_threads() == 0 and chunkable(operations):
+    if not per_record and not flat and ds.read_threads() == 0 and chunkable(operations):
         # Maps and filters, then a Batch, read in this thread: on chunks of
         # records, with no per-record objects (the same outputs and states).
         start = next(i for i, op in enumerate(operations) if isinstance(op, Batch))
         ds = ChunkedRecordsIterDataset(records, operations, start, padding, _producer(operations, start, records.data_source))
         padding = None
         start += 1
+    elif not flat:
+        ds = SkipRecordsIterDataset(ds)
     for i, op in enumerate(operations[start:], start):
         if isinstance(op, (MapTransform, RandomMapTransform, MapWithIndexTransform)):
             ds = MapRecordsIterDataset(ds, op, i)
@@ -162,7 +174,12 @@ def records_dataset(
             ds = FlatMapRecordsIterDataset(ds, op, i)
         else:
             ds = OperationIterDataset(ds, op, i)
-    return RecordDataIterDataset(ds)
+    out = RecordDataIterDataset(ds)
+    if per_record or flat or has_skip_stage(out):
+        # A flat map's state is the Dataset state (see loader_dataset): no elastic restore.
+        return out
+    exact = records_dataset(unsliced, operations, read_options, worker, per_record=True)
+    return ElasticRecordsIterDataset(out, exact)
 
 
 def loader_dataset(

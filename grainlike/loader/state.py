@@ -9,6 +9,13 @@ Below the loader's top stage the state is the Dataset API's: with no workers the
 reading stage's ``{"next_index": n}``, with workers ``mp_prefetch``'s dict holding
 one such state per worker. ``LegacyState`` converts between the two, and checks a
 legacy state completely before anything is restored from it.
+
+Elastic restore (see "Elastic restore" in ``docs/checkpointing.md``): a state
+of another worker count is restored by ``grainlike.loader.elastic``: every
+worker's delivered positions are merged, and the new workers start at the first
+position not delivered, skipping the few delivered above it. While such skipped
+positions are pending, the state carries them as sampler global indices under
+``SKIP_KEY`` (grain ignores the key); otherwise it is grain's state, byte for byte.
 """
 
 from __future__ import annotations
@@ -21,15 +28,24 @@ from typing import Any, Sequence
 from grainlike.core.errors import InvalidStateError
 
 STATE_VERSION = 2
+# Global indices delivered above some worker's position, not to deliver again.
+SKIP_KEY = "skip_indices"
+# The same, in each worker's Dataset state (the reading stage's "next_index" beside it).
+WORKER_SKIP_KEY = "skip"
 _KEYS = ("last_seen_indices", "last_worker_index", "worker_count", "sampler", "data_source")
 
 
 @dataclasses.dataclass
 class Positions:
-    """Where each worker is: the next position it reads, and whose turn is next."""
+    """Where each worker is: the next position it reads, and whose turn is next.
+
+    ``skip``: sorted sampler global indices above the workers' positions that
+    were delivered already (after an elastic restore); they are not read again.
+    """
 
     next_positions: list[int]
     next_worker: int
+    skip: tuple[int, ...] = ()
 
 
 def source_repr(source: Any) -> str:
@@ -115,7 +131,7 @@ class LegacyState:
             str(i): int(self.shard_index - g + i * self.shard_count + positions.next_positions[i] * g)
             for i in range(self._w)
         }
-        return {
+        state = {
             "version": STATE_VERSION,
             "last_seen_indices": last_seen,
             "last_worker_index": positions.next_worker - 1,
@@ -123,6 +139,33 @@ class LegacyState:
             "sampler": self.sampler_repr,
             "data_source": self.data_source_repr,
         }
+        skip = self.pending_skip(positions)
+        if skip:
+            state[SKIP_KEY] = skip
+        return state
+
+    def local_position(self, global_index: int) -> int:
+        """The shard-local position of a sampler global index of this shard."""
+        return (global_index - self.shard_index) // self.shard_count
+
+    def global_index(self, position: int) -> int:
+        """The sampler global index of a shard-local position."""
+        return position * self.shard_count + self.shard_index
+
+    def pending_skip(self, positions: Positions) -> list[int]:
+        """The skipped global indices that no worker has passed yet."""
+        w = self._w
+        out = []
+        for g in positions.skip:
+            p = self.local_position(g)
+            if p // w >= positions.next_positions[p % w]:
+                out.append(int(g))
+        return out
+
+    @property
+    def local_length(self) -> int:
+        """How many positions the shard has."""
+        return sum(self.worker_lengths)
 
     def decode(self, data: Any) -> Positions:
         """The positions of a legacy state, checked completely against this loader.
@@ -141,7 +184,12 @@ class LegacyState:
                 f"state version {version!r} is not supported (this version reads versions "
                 f"1 to {STATE_VERSION})"
             )
-        if not _is_int(data["worker_count"]) or data["worker_count"] != self.worker_count:
+        elastic = (
+            _is_int(data["worker_count"])
+            and data["worker_count"] >= 0
+            and data["worker_count"] != self.worker_count
+        )
+        if not _is_int(data["worker_count"]) or (data["worker_count"] != self.worker_count and not elastic):
             raise InvalidStateError(
                 "Worker count in checkpoint does not match dataloader worker count.\n"
                 f"worker count in checkpoint: {data['worker_count']}\n"
@@ -161,6 +209,30 @@ class LegacyState:
                 f"data source in dataloader: {self.data_source_repr}\n"
                 "The data source is compared by `repr(data_source)`."
             )
+        if elastic:
+            from grainlike.loader import elastic as elastic_lib
+
+            last_seen = data["last_seen_indices"]
+            if not isinstance(last_seen, dict) or len(last_seen) != max(data["worker_count"], 1):
+                raise InvalidStateError(
+                    f"last_seen_indices must map each worker of the state's worker_count "
+                    f"{data['worker_count']} to an index, got {last_seen!r}"
+                )
+
+            old = dataclasses.replace(
+                self,
+                worker_count=data["worker_count"],
+                worker_lengths=tuple(worker_lengths(self.local_length, data["worker_count"])),
+            )
+            return elastic_lib.rebalance(old, old.decode_positions(data), self)
+        return self.decode_positions(data)
+
+    def decode_positions(self, data: dict) -> Positions:
+        """The positions in ``data``, a legacy state of this worker count and shard.
+
+        Raises:
+          InvalidStateError: a position or skipped index is not one of this shard's.
+        """
         w = self._w
         last_seen = data["last_seen_indices"]
         if not isinstance(last_seen, dict) or sorted(last_seen) != sorted(str(i) for i in range(w)):
@@ -193,26 +265,47 @@ class LegacyState:
                 f"last_worker_index must be an int in [-1, {w - 1}], got {last_worker!r}"
             )
         next_worker = (last_worker + 1) % w if self.worker_count else 0
-        return Positions(next_positions=positions, next_worker=next_worker)
+        skip = data.get(SKIP_KEY, [])
+        if not isinstance(skip, list) or not all(_is_int(g) for g in skip):
+            raise InvalidStateError(f"{SKIP_KEY} must be a list of ints, got {skip!r}")
+        for g in skip:
+            p = self.local_position(g)
+            if (g - self.shard_index) % self.shard_count or not 0 <= p < self.local_length:
+                raise InvalidStateError(
+                    f"{SKIP_KEY} holds {g}, which is not a global index of shard "
+                    f"{self.shard_index} of {self.shard_count} ({self.local_length} positions)"
+                )
+            if p // w < positions[p % w]:
+                raise InvalidStateError(
+                    f"{SKIP_KEY} holds {g}, which worker {p % w} has read already "
+                    f"(it is at position {positions[p % w]})"
+                )
+        return Positions(next_positions=positions, next_worker=next_worker, skip=tuple(sorted(set(skip))))
 
     def from_dataset_state(self, state: dict) -> Positions:
         """The positions in the state of the stage below the loader's top."""
-        if self.worker_count == 0:
-            return Positions([state["next_index"]], 0)
-        return Positions(
-            [s["next_index"] for s in state["iterators_in_use_states"]], state["next_index_in_cycle"]
-        )
+        workers = [state] if self.worker_count == 0 else state["iterators_in_use_states"]
+        skip = [g for s in workers for g in s.get(WORKER_SKIP_KEY, ())]
+        cycle = 0 if self.worker_count == 0 else state["next_index_in_cycle"]
+        return Positions([s["next_index"] for s in workers], cycle, tuple(sorted(skip)))
+
+    def _worker_state(self, positions: Positions, worker: int) -> dict:
+        # The skip list is always given, empty too: the skipping stage keeps its
+        # list when a state comes without one (a rewind after an error).
+        w = self._w
+        skip = [g for g in positions.skip if self.local_position(g) % w == worker]
+        return {"next_index": positions.next_positions[worker], WORKER_SKIP_KEY: skip}
 
     def to_dataset_state(self, positions: Positions) -> dict:
         """The state of the stage below the loader's top at ``positions`` (as grain builds it)."""
         if self.worker_count == 0:
-            return {"next_index": positions.next_positions[0]}
+            return self._worker_state(positions, 0)
         w = self.worker_count
         return {
             "next_index_in_cycle": positions.next_worker,
             "next_index_in_datasets": w,
             "iterators_in_use_indices": list(range(w)),
-            "iterators_in_use_states": [{"next_index": p} for p in positions.next_positions],
+            "iterators_in_use_states": [self._worker_state(positions, i) for i in range(w)],
             "exhausted": [0] * w,
             "future_states": {},
         }

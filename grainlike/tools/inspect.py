@@ -3,6 +3,10 @@
     grainlike-inspect STATE.json            what the state says: source, sampler,
                                             each worker's position, the epoch
     grainlike-inspect CHECKPOINT_DIR        every process_*-of-*.json in it (Orbax)
+        [--workers W] [--processes M]       and how it restores on W workers per
+                                            process / M processes (elastic restore:
+                                            where each worker starts, what it skips,
+                                            how many records remain)
     grainlike-inspect FILE.array_record     record count, writer options and a
         [--record K]                        decoded record (grainlike format)
 
@@ -29,7 +33,14 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-__all__ = ["describe_array_record", "describe_path", "describe_state", "main"]
+__all__ = [
+    "describe_array_record",
+    "describe_path",
+    "describe_path_restore",
+    "describe_restore",
+    "describe_state",
+    "main",
+]
 
 _INDEX_SAMPLER = re.compile(
     r"IndexSampler\(num_records=(?P<num_records>\d+), "
@@ -145,6 +156,14 @@ def describe_state(state: Union[bytes, str, dict], name: str = "state") -> str:
                 f"  {label}: read {_plural(consumed, 'position')}, last at global index {last}; "
                 f"next is global index {last + g}"
             )
+    skip = data.get("skip_indices") or []
+    if skip:
+        shown = ", ".join(str(g) for g in skip[:8]) + (", ..." if len(skip) > 8 else "")
+        lines.append(
+            f"  skipped: {_plural(len(skip), 'global index')} above the workers' positions were "
+            f"delivered before an elastic restore and are not read again: {shown}"
+        )
+        total += len(skip)
     if m is not None:
         lines.append("  " + _progress(total, per_epoch, num_records, num_epochs, shard_index, shard_count, drop))
     lines.append(
@@ -174,6 +193,107 @@ def _progress(total, per_epoch, num_records, num_epochs, shard_index, shard_coun
         f"progress: {share}: in epoch {epoch + 1} of {num_epochs}, "
         f"{into} of its {per_epoch} records read"
     )
+
+
+# -- elastic restore ------------------------------------------------------------------
+
+
+def _sampler_of(data: dict, shard: Optional[tuple[int, int]] = None) -> Any:
+    """The IndexSampler a state names (re-sharded as ``shard``), or None for another sampler."""
+    from grainlike.core import samplers, sharding
+
+    m = _INDEX_SAMPLER.fullmatch(data["sampler"])
+    if m is None:
+        return None
+    index, count = shard or (int(m["shard_index"]), int(m["shard_count"]))
+    drop = m["drop"] == "True"
+    if m["shard_type"] == "NoSharding" and count == 1:
+        options = sharding.NoSharding()
+    else:
+        options = sharding.ShardOptions(index, count, drop)
+    return samplers.IndexSampler(
+        int(m["num_records"]),
+        options,
+        shuffle=m["shuffle"] == "True",
+        num_epochs=None if m["num_epochs"] == "None" else int(m["num_epochs"]),
+        seed=None if m["seed"] == "None" else int(m["seed"]),
+    )
+
+
+def _codec(data: dict, workers: int, shard_index: int, shard_count: int, sampler: Any) -> Any:
+    from grainlike.loader import state as state_lib
+
+    local_length = len(sampler) // shard_count if sampler is not None else sys.maxsize // 2
+    return state_lib.LegacyState(
+        workers,
+        shard_index,
+        shard_count,
+        repr(sampler) if sampler is not None else data["sampler"],
+        data["data_source"],
+        tuple(state_lib.worker_lengths(local_length, workers)),
+    )
+
+
+def _positions_line(label: str, codec: Any, positions: Any, known: bool) -> str:
+    read = sum(positions.next_positions) + len(positions.skip)
+    left = f"{codec.local_length - read} remain" if known else "the total is unknown (not an IndexSampler)"
+    skip = f", {len(positions.skip)} delivered above them skipped" if positions.skip else ""
+    return (
+        f"  {label}: next positions per worker {positions.next_positions}{skip}; "
+        f"{read} positions delivered, {left}"
+    )
+
+
+def describe_restore(
+    states: dict, process_count: int, *, workers: Optional[int] = None, processes: Optional[int] = None
+) -> str:
+    """How the states of ``process_count`` processes restore on ``workers`` / ``processes``.
+
+    Args:
+      states: each old process's state (JSON bytes, str or dict) by process index.
+      process_count: how many processes wrote them.
+      workers: the new worker count per process (None: each state's own).
+      processes: the new process count (None: ``process_count``).
+
+    Returns:
+      Lines saying, per new process, where each worker starts, how many delivered
+      positions it skips and how many remain; or why the restore is impossible.
+    """
+    from grainlike.loader import elastic
+    from grainlike.loader import state as state_lib
+
+    datas = {i: _load_state(s, f"state of process {i}") for i, s in states.items()}
+    m_count = process_count if processes is None else processes
+    w_text = "each state's worker count" if workers is None else _plural(workers, "worker")
+    def procs(n: int) -> str:
+        return f"{n} process" + ("" if n == 1 else "es")
+
+    lines = [f"Restore of the states of {procs(process_count)} on {procs(m_count)} with {w_text}"]
+    try:
+        if m_count == process_count:
+            for i in sorted(datas):
+                data = datas[i]
+                sampler = _sampler_of(data)
+                new_w = int(data["worker_count"]) if workers is None else workers
+                new = _codec(data, new_w, i, process_count, sampler)
+                positions = new.decode(data)
+                lines.append(_positions_line(f"process {i}", new, positions, sampler is not None))
+            return "\n".join(lines)
+        any_data = datas[min(datas)]
+        for j in range(m_count):
+            sampler = _sampler_of(any_data, (j, m_count))
+            if sampler is None:
+                raise state_lib.InvalidStateError(
+                    f"the sampler {any_data['sampler']!r} is not an IndexSampler: only an "
+                    "IndexSampler's records per shard can be recomputed for another process count"
+                )
+            new_w = int(any_data["worker_count"]) if workers is None else workers
+            codec = _codec(any_data, new_w, j, m_count, sampler)
+            positions = elastic.sampler_process_states(sampler, codec, datas, process_count)
+            lines.append(_positions_line(f"process {j} of {m_count}", codec, positions, True))
+    except (state_lib.InvalidStateError, KeyError) as e:
+        lines.append(f"  cannot restore: {e}")
+    return "\n".join(lines)
 
 
 # -- ArrayRecord files --------------------------------------------------------------
@@ -296,6 +416,29 @@ def describe_path(path: str, record: int = 0) -> str:
         ) from e
 
 
+def describe_path_restore(path: str, *, workers: Optional[int] = None, processes: Optional[int] = None) -> str:
+    """``describe_restore`` for a state file or the ``process_*-of-N.json`` files of a directory.
+
+    Raises:
+      FileNotFoundError: no state there.
+      ValueError: the directory holds states of several process counts.
+    """
+    path = os.fspath(path)
+    groups: dict = {}
+    files = _state_files(path) if os.path.isdir(path) else [path]
+    if not files:
+        raise FileNotFoundError(f"{path}: no checkpoint state found")
+    for f in files:
+        m = re.fullmatch(r"process_(\d+)-of-(\d+)\.json", os.path.basename(f))
+        index, count = (int(m[1]), int(m[2])) if m else (0, 1)
+        with open(f, "rb") as fh:
+            groups.setdefault((os.path.dirname(f), count), {})[index] = fh.read()
+    return "\n\n".join(
+        f"{where or '.'}:\n" + describe_restore(states, count, workers=workers, processes=processes)
+        for (where, count), states in sorted(groups.items())
+    )
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs ``grainlike-inspect``; returns the exit status (0 on success, 1 on error)."""
     parser = argparse.ArgumentParser(
@@ -305,11 +448,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     parser.add_argument("paths", nargs="+", metavar="PATH")
     parser.add_argument("-r", "--record", type=int, default=0, help="which record of an ArrayRecord file to decode (-1: none)")
+    parser.add_argument("--workers", type=int, default=None, metavar="W", help="also show how the state restores on W workers per process")
+    parser.add_argument("--processes", type=int, default=None, metavar="M", help="also show how the checkpoint restores on M JAX processes")
     args = parser.parse_args(argv)
     status = 0
     for i, path in enumerate(args.paths):
         try:
             text = describe_path(path, args.record)
+            if args.workers is not None or args.processes is not None:
+                text += "\n\n" + describe_path_restore(path, workers=args.workers, processes=args.processes)
         except (OSError, ValueError, IndexError) as e:
             print(f"grainlike-inspect: error: {e}", file=sys.stderr)
             status = 1

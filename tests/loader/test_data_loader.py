@@ -122,7 +122,7 @@ def test_initial_state_matches_reference_format():
         (lambda s: b"not json", "not valid JSON"),
         (lambda s: s[: len(s) // 2], "not valid JSON"),
         (lambda s: b"[1, 2]", "JSON object"),
-        (lambda s: _edit(s, worker_count=2), "Worker count"),
+        (lambda s: _edit(s, worker_count=2), "last_seen_indices must map each worker"),
         (lambda s: _edit(s, sampler="IndexSampler(other)"), "Sampler in checkpoint"),
         (lambda s: _edit(s, data_source="Other()"), "DataSource in checkpoint"),
         (lambda s: _edit(s, version=99), "version 99"),

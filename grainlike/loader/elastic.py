@@ -1,0 +1,402 @@
+"""Elastic restore: a DataLoader state continues on another number of workers or processes.
+
+A DataLoader's workers split the shard's positions round-robin (worker ``w`` of
+``W`` reads ``w, w + W, ...``) and each batches its own records, so what a
+checkpoint has delivered is, per worker, a prefix of its positions: all
+positions below a *frontier* (the first position not delivered) and a few above
+it. Restoring onto ``W'`` workers starts each new worker at its first position
+at or above the frontier and skips the delivered positions above it: every
+record the checkpointed job had not delivered is delivered once, nothing is
+delivered twice. The skipped positions travel in the state (as sampler global
+indices, ``state.SKIP_KEY``) until every worker has passed them.
+
+Across a change of JAX process count (``N`` -> ``M`` shards of an
+``IndexSampler``), positions of the old shards name other records than those of
+the new ones, so the merge is by record: for each epoch, the records the old
+shards delivered; each new shard skips those of its own records.
+
+Guarantees and limits are in "Elastic restore" in ``docs/checkpointing.md``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from grainlike.core.errors import InvalidStateError
+from grainlike.dataset.base import DatasetIterator, IterDataset
+from grainlike.loader import state as state_lib
+
+
+# The most delivered positions above the first one not delivered that a restore
+# skips (a list in the state until passed): workers' positions further apart than
+# this are no state a DataLoader writes.
+MAX_WINDOW = 1_000_000
+
+
+def frontier(codec: state_lib.LegacyState, positions: state_lib.Positions) -> tuple[int, list[int]]:
+    """What ``positions`` delivered, as shard-local positions.
+
+    Returns:
+      ``(f, above)``: every position below ``f`` was delivered, ``f`` was not, and
+      ``above`` (sorted) are the delivered positions above ``f``.
+    """
+    w = max(codec.worker_count, 1)
+    ends = [i + n * w for i, n in enumerate(positions.next_positions)]
+    f = min(ends)
+    # Worker i's first position at or above f is i + firsts[i] * w.
+    firsts = [max(0, -(-(f - i) // w)) for i in range(w)]
+    window = sum(max(0, n - first) for n, first in zip(positions.next_positions, firsts))
+    if window > MAX_WINDOW:
+        raise InvalidStateError(
+            f"cannot restore on another worker count: the state's workers are "
+            f"{window} positions apart (their next positions: {positions.next_positions}); "
+            f"at most {MAX_WINDOW} delivered positions above the first one not delivered "
+            "are skipped"
+        )
+    delivered = {codec.local_position(g) for g in positions.skip}
+    for i, (n, first) in enumerate(zip(positions.next_positions, firsts)):
+        delivered.update(range(i + first * w, i + n * w, w))
+    while f in delivered:
+        f += 1
+    return f, sorted(p for p in delivered if p > f)
+
+
+def assign(codec: state_lib.LegacyState, f: int, above: Sequence[int]) -> state_lib.Positions:
+    """Positions of ``codec``'s workers that deliver every position >= ``f`` not in ``above``."""
+    w = max(codec.worker_count, 1)
+    lengths = codec.worker_lengths
+    next_positions = [min(lengths[i], max(0, -(-(f - i) // w))) for i in range(w)]
+    next_worker = f % w if codec.worker_count else 0
+    skip = tuple(codec.global_index(p) for p in above if p < codec.local_length)
+    return state_lib.Positions(next_positions, next_worker, skip)
+
+
+def rebalance(
+    old: state_lib.LegacyState, positions: state_lib.Positions, new: state_lib.LegacyState
+) -> state_lib.Positions:
+    """``positions`` of ``old``'s workers, moved onto ``new``'s workers (same shard)."""
+    return assign(new, *frontier(old, positions))
+
+
+# -- the stage skipping delivered records ----------------------------------------------
+
+
+class SkipRecordsIterDataset(IterDataset):
+    """Passes the sampler's records on, except those whose global index its state skips.
+
+    Sits right above the reading stage of the loader's pipeline (each worker's
+    own copy). With nothing to skip (always, except just after an elastic
+    restore) it costs one call per record, and its state is its parent's.
+    """
+
+    def __iter__(self) -> "SkipRecordsDatasetIterator":
+        return SkipRecordsDatasetIterator(self._parent.__iter__())
+
+    def __str__(self) -> str:
+        return "SkipRecordsIterDataset"
+
+
+class SkipRecordsDatasetIterator(DatasetIterator):
+    """The iterator of ``SkipRecordsIterDataset``; state: the parent's plus the pending skips."""
+
+    def __init__(self, parent: DatasetIterator):
+        super().__init__(parent)
+        self._pull = parent.__next__
+        self._skip: list[int] = []  # sorted global indices
+        self._at = 0  # skip[:at] are behind the records read
+
+    def __next__(self) -> Any:
+        record = self._pull()
+        if self._at < len(self._skip):
+            record = self._past_skipped(record)
+        return record
+
+    def _past_skipped(self, record: Any) -> Any:
+        """``record``, or the first record after it that is not skipped."""
+        skip = self._skip
+        while True:
+            index = record.metadata.index
+            at = bisect.bisect_left(skip, index, self._at)
+            if at < len(skip) and skip[at] == index:
+                self._at = at + 1
+                record = self._pull()
+                continue
+            self._at = at
+            return record
+
+    def get_state(self) -> dict:
+        state = self._parent.get_state()
+        pending = self._skip[self._at :]
+        if pending:
+            state = dict(state)
+            state[state_lib.WORKER_SKIP_KEY] = list(pending)
+        return state
+
+    def set_state(self, state: dict) -> None:
+        """Restores the parent; a state without a skip list keeps this one's (rewinds).
+
+        Raises:
+          InvalidStateError: the skip list is not a list of ints.
+        """
+        if isinstance(state, dict) and state_lib.WORKER_SKIP_KEY in state:
+            skip = state[state_lib.WORKER_SKIP_KEY]
+            if not isinstance(skip, list) or not all(
+                isinstance(g, int) and not isinstance(g, bool) for g in skip
+            ):
+                raise InvalidStateError(
+                    f"{self}: '{state_lib.WORKER_SKIP_KEY}' must be a list of ints, got {skip!r}"
+                )
+            state = {k: v for k, v in state.items() if k != state_lib.WORKER_SKIP_KEY}
+            self._parent.set_state(state)
+            self._skip = sorted(set(skip))
+        else:
+            self._parent.set_state(state)
+        self._at = 0
+
+    def __str__(self) -> str:
+        return f"SkipRecordsDatasetIterator(pending={len(self._skip) - self._at})"
+
+
+# -- another number of processes -------------------------------------------------------
+
+_SHARD_OPTIONS = re.compile(r"\b\w+\((shard_index=\d+, shard_count=\d+, drop_remainder=(?:True|False))\)")
+
+
+def _without_shard_class(text: str) -> str:
+    """A sampler's repr with every shard options' class written ``ShardOptions``.
+
+    ``ShardByJaxProcess()`` of process ``i`` of ``N`` and ``ShardOptions(i, N)``
+    shard alike; which one wrote a state does not matter to a restore.
+    """
+    return _SHARD_OPTIONS.sub(r"ShardOptions(\1)", text)
+
+
+def process_states(
+    loader: Any, states: Mapping[int, Any], process_count: int
+) -> state_lib.Positions:
+    """Positions of ``loader`` (one of ``M`` processes) continuing ``N`` processes' states.
+
+    Args:
+      loader: the DataLoader of this process; its sampler must be a grainlike
+        ``IndexSampler`` sharded as the loader is (``ShardByJaxProcess`` or
+        ``ShardOptions``), so that each old shard's records can be recomputed.
+      states: every old process's state (legacy JSON bytes, str or object), by
+        its process index ``0..N-1``.
+      process_count: ``N``.
+
+    Returns:
+      This loader's positions: the first record of its shard not delivered by the
+      old processes, skipping the delivered records after it.
+
+    Raises:
+      InvalidStateError: a state is missing, malformed, or of another pipeline; or
+        the sampler cannot be re-sharded.
+    """
+    return sampler_process_states(loader.sampler, loader._codec, states, process_count)
+
+
+def sampler_process_states(
+    sampler: Any, codec: state_lib.LegacyState, states: Mapping[int, Any], process_count: int
+) -> state_lib.Positions:
+    """``process_states`` for a loader of ``sampler`` whose states ``codec`` converts."""
+    from grainlike.core import sharding
+    from grainlike.core.samplers import IndexSampler
+
+    if not isinstance(sampler, IndexSampler):
+        raise InvalidStateError(
+            f"cannot restore a checkpoint of {process_count} processes on "
+            f"{codec.shard_count}: the sampler {sampler!r} is not an IndexSampler, whose "
+            "records per shard grainlike can recompute for another number of shards"
+        )
+    if sampler.shard_options.shard_count != codec.shard_count or (
+        sampler.shard_options.shard_index != codec.shard_index
+    ):
+        raise InvalidStateError(
+            "cannot restore on another number of processes: the DataLoader shards with "
+            f"shard {codec.shard_index} of {codec.shard_count}, its sampler with "
+            f"{sampler.shard_options!r}; shard both alike (ShardByJaxProcess)"
+        )
+    missing = sorted(set(range(process_count)) - set(states))
+    if missing:
+        raise InvalidStateError(
+            f"the checkpoint of {process_count} processes lacks the state of process(es) "
+            f"{missing}: a restore on another number of processes needs all of them"
+        )
+    drop = sampler.shard_options.drop_remainder
+    olds = []
+    for i in range(process_count):
+        old_sampler = IndexSampler(
+            sampler.num_records,
+            sharding.ShardOptions(i, process_count, drop),
+            shuffle=sampler.shuffle,
+            num_epochs=sampler.num_epochs,
+            seed=sampler.seed,
+        )
+        data = states[i] if isinstance(states[i], dict) else state_lib.parse(states[i])
+        if not isinstance(data, dict) or "sampler" not in data or "worker_count" not in data:
+            raise InvalidStateError(f"the state of process {i} of {process_count} is not a DataLoader state")
+        if not isinstance(data["sampler"], str) or _without_shard_class(data["sampler"]) != repr(old_sampler):
+            raise InvalidStateError(
+                f"the state of process {i} of {process_count} is of another sampler: "
+                f"{data['sampler']!r}; this loader's sampler, sharded as that process, is "
+                f"{old_sampler!r}"
+            )
+        count = data["worker_count"]
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise InvalidStateError(f"the state of process {i} has worker_count {count!r}")
+        local_length = len(old_sampler) // process_count
+        old_codec = state_lib.LegacyState(
+            worker_count=count,
+            shard_index=i,
+            shard_count=process_count,
+            sampler_repr=data["sampler"],
+            data_source_repr=codec.data_source_repr,
+            worker_lengths=tuple(state_lib.worker_lengths(local_length, count)),
+        )
+        positions = old_codec.decode(data)
+        olds.append((old_sampler, old_codec, *frontier(old_codec, positions)))
+    return assign(codec, *_new_frontier(sampler, codec, olds))
+
+
+def _epoch_keys(sampler: Any, codec: state_lib.LegacyState, positions: np.ndarray) -> np.ndarray:
+    global_indices = positions.astype(np.int64) * codec.shard_count + codec.shard_index
+    return np.asarray(sampler.locate(global_indices).keys, dtype=np.int64)
+
+
+def _new_frontier(sampler: Any, codec: state_lib.LegacyState, olds: list) -> tuple[int, list[int]]:
+    """This shard's frontier and delivered positions above it, from the old shards'."""
+    n_new = sampler._shard_size
+    if n_new <= 0:
+        return 0, []
+    # Per old shard: its records per epoch, and epochs it has wholly delivered.
+    sizes = [old_sampler._shard_size for old_sampler, *_ in olds]
+    done = min((f // n if n > 0 else 10**18) for (_, _, f, _), n in zip(olds, sizes))
+    last = max(
+        ((max([f - 1, *above]) // n) if n > 0 else -1) for (_, _, f, above), n in zip(olds, sizes)
+    )
+    start = min(done * n_new, codec.local_length)
+    delivered: list[np.ndarray] = []
+    for epoch in range(done, last + 1):
+        seen = np.zeros(sampler.num_records, dtype=bool)
+        for (old_sampler, old_codec, f, above), n in zip(olds, sizes):
+            if n <= 0:
+                continue
+            lo, hi = epoch * n, min((epoch + 1) * n, old_codec.local_length)
+            prefix = np.arange(lo, max(lo, min(f, hi)), dtype=np.int64)
+            extra = np.asarray([p for p in above if lo <= p < hi], dtype=np.int64)
+            mine = np.concatenate([prefix, extra])
+            if mine.size:
+                seen[_epoch_keys(old_sampler, old_codec, mine)] = True
+        lo, hi = epoch * n_new, min((epoch + 1) * n_new, codec.local_length)
+        if lo >= hi:
+            break
+        ours = np.arange(lo, hi, dtype=np.int64)
+        delivered.append(ours[seen[_epoch_keys(sampler, codec, ours)]])
+    done_positions = set(np.concatenate(delivered).tolist()) if delivered else set()
+    f = start
+    while f in done_positions:
+        f += 1
+    return f, sorted(p for p in done_positions if p > f)
+
+
+# -- pipelines whose fast path reads without a skipping stage ---------------------------
+
+
+def has_skip_stage(ds: Any) -> bool:
+    """Whether the chain of stages ``ds`` (one parent each) reads through ``SkipRecordsIterDataset``."""
+    while ds is not None:
+        if isinstance(ds, SkipRecordsIterDataset):
+            return True
+        parents = getattr(ds, "_parents", ())
+        ds = parents[0] if len(parents) == 1 else None
+    return False
+
+
+def _bottom(it: DatasetIterator) -> DatasetIterator:
+    while it._parents:
+        it = it._parents[0]
+    return it
+
+
+class ElasticRecordsIterDataset(IterDataset):
+    """One loader pipeline computed two ways: ``fast``, and ``exact`` while records are skipped.
+
+    Both compute the same outputs with the same states (``{"next_index": p}`` at
+    the bottom); ``exact`` reads through ``SkipRecordsIterDataset``, ``fast`` (the
+    chunked reading of ``chunked.py``) does not. A state with records to skip
+    runs ``exact`` until its last skipped record is passed, then ``fast`` again.
+
+    Args:
+      fast: the pipeline used normally.
+      exact: the same pipeline with a ``SkipRecordsIterDataset`` above its reader.
+    """
+
+    def __init__(self, fast: IterDataset, exact: IterDataset):
+        super().__init__([fast, exact])
+
+    def set_allocator(self, alloc: Any) -> None:
+        """Gives ``alloc`` to both pipelines (a worker's shared-memory batches)."""
+        for parent in self._parents:
+            parent.set_allocator(alloc)
+
+    def __iter__(self) -> "ElasticRecordsDatasetIterator":
+        return ElasticRecordsDatasetIterator(self._parents[0].__iter__(), self._parents[1].__iter__())
+
+    def __str__(self) -> str:
+        return f"ElasticRecordsIterDataset({self._parents[0]})"
+
+
+class ElasticRecordsDatasetIterator(DatasetIterator):
+    """Runs ``fast``, or ``exact`` while its skip list is pending.
+
+    The first parent (the one ``stages._reading_stage`` finds) is ``fast``; while
+    ``exact`` runs, ``fast``'s reader is kept at ``exact``'s position, so that a
+    rewind after an error goes back to the right record.
+    """
+
+    def __init__(self, fast: DatasetIterator, exact: DatasetIterator):
+        super().__init__([fast, exact])
+        self._fast, self._exact = fast, exact
+        self._fast_reader, self._exact_reader = _bottom(fast), _bottom(exact)
+        self._skipper = exact
+        while not isinstance(self._skipper, SkipRecordsDatasetIterator):
+            self._skipper = self._skipper._parents[0]
+        self._active = fast
+
+    def _pending(self) -> bool:
+        return self._skipper._at < len(self._skipper._skip)
+
+    def __next__(self) -> Any:
+        if self._active is self._fast:
+            return self._fast.__next__()
+        if not self._pending():
+            self._fast.set_state(self._exact.get_state())
+            self._active = self._fast
+            return self._fast.__next__()
+        element = self._exact.__next__()
+        self._fast_reader._set_next_index(self._exact_reader._get_next_index())
+        return element
+
+    def get_state(self) -> dict:
+        return self._active.get_state()
+
+    def set_state(self, state: dict) -> None:
+        """A state with a skip list picks the pipeline; one without (a rewind) keeps it."""
+        if isinstance(state, dict) and state_lib.WORKER_SKIP_KEY in state:
+            if state[state_lib.WORKER_SKIP_KEY]:
+                self._exact.set_state(state)
+                self._fast.set_state({k: v for k, v in state.items() if k != state_lib.WORKER_SKIP_KEY})
+                self._active = self._exact
+                return
+            state = {k: v for k, v in state.items() if k != state_lib.WORKER_SKIP_KEY}
+            self._active = self._fast
+        self._active.set_state(state)
+        if self._active is self._exact:
+            self._fast_reader._set_next_index(self._exact_reader._get_next_index())
+
+    def __str__(self) -> str:
+        return f"ElasticRecordsDatasetIterator(active={self._active})"
