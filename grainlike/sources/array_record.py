@@ -31,6 +31,7 @@ from typing import Any, Optional, SupportsIndex
 import numpy as np
 
 from grainlike.sources import remote
+from grainlike.sources.keys import check_keys, group_by
 
 __all__ = ["ArrayRecordDataSource", "RecordKeyOutOfRangeError", "SourceFileNotFoundError"]
 
@@ -354,15 +355,9 @@ class ArrayRecordDataSource:
 
     def __getitems__(self, record_keys: Sequence[SupportsIndex]) -> list:
         """Reads ``[self[k] for k in record_keys]`` with one batched read per file."""
-        keys = np.asarray(record_keys)
+        keys = check_keys(record_keys, self._len, self._out_of_range)
         if keys.size == 0:
             return []
-        if keys.dtype.kind not in "iu" or keys.ndim != 1:
-            keys = np.array([operator.index(k) for k in record_keys], dtype=np.int64)
-        keys = keys.astype(np.int64, copy=False)
-        bad = (keys < 0) | (keys >= self._len)
-        if bad.any():
-            raise self._out_of_range(int(keys[np.argmax(bad)]))
         if len(self._filenames) == 1:
             return self._read_file(0, keys, keys + self._starts[0])
         ends = np.asarray(self._ends, dtype=np.int64)
@@ -370,11 +365,8 @@ class ArrayRecordDataSource:
         positions = keys - np.asarray(self._firsts, np.int64)[file_indices] + np.asarray(
             self._starts, np.int64
         )[file_indices]
-        order = np.argsort(file_indices, kind="stable")
-        sorted_files = file_indices[order]
-        cuts = np.flatnonzero(np.diff(sorted_files)) + 1
         out: list = [None] * len(keys)
-        for group in np.split(order, cuts):
+        for group in group_by(file_indices):
             file_index = int(file_indices[group[0]])
             records = self._read_file(file_index, keys[group], positions[group])
             for i, record in zip(group.tolist(), records):

@@ -28,6 +28,8 @@ from typing import Any, Optional, SupportsIndex
 
 import numpy as np
 
+from grainlike.sources.keys import check_keys
+
 __all__ = ["HuggingFaceDataSource"]
 
 
@@ -152,14 +154,9 @@ class HuggingFaceDataSource:
 
     def __getitems__(self, record_keys: Sequence[SupportsIndex]) -> list:
         """Reads ``[self[k] for k in record_keys]`` with one ``dataset[keys]`` call."""
-        keys = np.asarray(record_keys)
+        keys = check_keys(record_keys, len(self), self._out_of_range)
         if keys.size == 0:
             return []
-        if keys.dtype.kind not in "iu" or keys.ndim != 1:
-            keys = np.array([operator.index(k) for k in record_keys], dtype=np.int64)
-        bad = (keys < 0) | (keys >= len(self))
-        if bad.any():
-            raise self._out_of_range(int(keys[np.argmax(bad)]))
         columns = self._view()[keys.tolist()]
         names = list(columns)
         values = [columns[n] for n in names]

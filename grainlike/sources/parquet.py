@@ -28,6 +28,7 @@ import numpy as np
 
 from grainlike.core.errors import add_note
 from grainlike.sources import remote
+from grainlike.sources.keys import check_keys, group_by
 
 __all__ = ["ParquetDataSource", "columns_to_numpy"]
 
@@ -219,21 +220,13 @@ class ParquetDataSource:
     def __getitems__(self, record_keys: Sequence[SupportsIndex]) -> list:
         """Reads ``[self[k] for k in record_keys]``, each row group touched once."""
         self._state()
-        keys = np.asarray(record_keys)
+        keys = check_keys(record_keys, self._len, self._out_of_range)
         if keys.size == 0:
             return []
-        if keys.dtype.kind not in "iu" or keys.ndim != 1:
-            keys = np.array([operator.index(k) for k in record_keys], dtype=np.int64)
-        keys = keys.astype(np.int64, copy=False)
-        bad = (keys < 0) | (keys >= self._len)
-        if bad.any():
-            raise self._out_of_range(int(keys[np.argmax(bad)]))
         groups = np.searchsorted(self._ends, keys, side="right")
         rows = keys - self._firsts[groups]
-        order = np.argsort(groups, kind="stable")
-        cuts = np.flatnonzero(np.diff(groups[order])) + 1
         out: list = [None] * len(keys)
-        for members in np.split(order, cuts):
+        for members in group_by(groups):
             group = int(groups[members[0]])
             try:
                 table = self._row_group(group)
