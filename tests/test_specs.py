@@ -178,3 +178,14 @@ def test_bad_batch_size_is_rejected():
     loader, _ = counting_loader([grain.Batch(4)])
     with pytest.raises(ValueError, match="batch_size must be a positive int or None, got 0"):
         zeros_batch(loader, 0)
+
+
+def test_maps_after_the_batch_are_applied_to_the_described_batch():
+    class Flatten(grain.MapTransform):
+        def map(self, batch):
+            return {"flat": batch["v"].reshape(-1), "x": batch["x"]}
+
+    loader, _ = counting_loader([grain.Batch(4), Flatten()])
+    spec = element_spec(loader)
+    assert spec == {"flat": jax.ShapeDtypeStruct((12,), np.float32), "x": jax.ShapeDtypeStruct((4,), np.int32)}
+    assert jax.tree.map(lambda x: x.shape, next(iter(loader))) == {"flat": (12,), "x": (4,)}

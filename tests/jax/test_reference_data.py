@@ -200,3 +200,18 @@ def test_bad_arguments_are_rejected():
         data.init(in_epochs=True)
     with pytest.raises(ValueError, match="checkpoint is the dict"):
         data.restore({"line": 0})
+
+
+def test_host_errors_leaves_other_errors_alone():
+    from jax.experimental import io_callback
+
+    def fails():
+        raise KeyError("not grainlike's")
+
+    call = jax.jit(lambda: io_callback(fails, jax.ShapeDtypeStruct((), jnp.int32), ordered=True))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="not grainlike's"):
+        with host_errors():
+            jax.block_until_ready(call())
+    with pytest.raises(ZeroDivisionError):
+        with host_errors():
+            1 / 0
