@@ -87,6 +87,17 @@ def test_iter_dataset_restores_across_libraries(files, grain_parquet, step):
     _assert_same_elements(list(mine), list(reference))
 
 
+@pytest.mark.parametrize("step", [0, 3, 7, 10])
+def test_iter_dataset_several_files_restore_across_libraries(files, grain_parquet, step):
+    ours, theirs = iter(ParquetIterDataset(files)), iter(grain_parquet(files))
+    for _ in range(step):
+        next(ours), next(theirs)
+    mine, reference = iter(ParquetIterDataset(files)), iter(grain_parquet(files))
+    mine.set_state(theirs.get_state())
+    reference.set_state(ours.get_state())
+    _assert_same_elements(list(mine), list(reference))
+
+
 def test_iter_dataset_checkpoint_at_every_step(files):
     assert_equal_output_after_checkpoint(ParquetIterDataset(files[0]))
 
