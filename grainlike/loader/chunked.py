@@ -6,17 +6,17 @@ of CPU per record, five times what torch's DataLoader spends on a trivial record
 When the operations before the first ``Batch`` are maps and filters and the
 records are read in the calling thread, this stage does the same work a chunk
 at a time instead: one ``locate`` of the sampler and one batched read of the
-source per chunk of up to 256 records, each transform called over the chunk's
-data in a loop, a record's rng built only when a random transform asks for it,
+source per chunk of up to 256 records, each transform called in a loop over
+the records the next batch needs, a record's rng built only when a random transform asks for it,
 and the batch stacked from the buffered data. It yields what the per-record
 stages yield (the batch as a ``Record`` carrying the last record's metadata
 without its record key), in the same order, with the same random draws, and its
 state is the reading stage's: ``{"next_index": p}``, the position of the first
 record not in a delivered batch.
 
-Errors come when the per-record stages would raise them: a chunk's transforms
-stop at the first failing record, and its error is raised only when a batch needs
-that record (the batches before it are delivered first); after an error the next
+Transforms run on the records a batch needs, when it needs them (as in the
+per-record stages: a slow transform delays a batch by its own records only), so
+errors come when the per-record stages would raise them; after an error the next
 ``next()`` starts again at the first record of the batch that failed.
 """
 
@@ -169,6 +169,11 @@ class ChunkedRecordsDatasetIterator(DatasetIterator):
         self._rngs: Optional[list] = None  # Seeds, LazyRngs or a grain sampler's metadata.
         self._positions: Optional[list] = [] if self._filters else None
         self._error: Optional[BaseException] = None  # Raised when the buffer runs out.
+        # Records read and not transformed yet: values, global indices, keys, rng
+        # keys (or None) and positions (with filters, else None), and the error
+        # of the read after them.
+        self._raw: list = [[], [], [], None, None]
+        self._raw_error: Optional[BaseException] = None
 
     def _locate(self, start: int, stop: int) -> tuple:
         """Global indices, record keys and rng keys of positions ``[start, stop)``.
@@ -217,8 +222,8 @@ class ChunkedRecordsDatasetIterator(DatasetIterator):
                 return values, e
         return values, None
 
-    def _fill(self) -> None:
-        """Reads, transforms and buffers the next chunk (and its error, if any)."""
+    def _read_chunk(self) -> None:
+        """Locates and reads the next chunk into the read buffer (with its error, if any)."""
         start = self._read_until
         stop = self._read_until = min(self._length, start + self._chunk)
         indices, keys, rngs = self._locate(start, stop)
@@ -226,13 +231,39 @@ class ChunkedRecordsDatasetIterator(DatasetIterator):
         if self._chunk < _MAX_CHUNK and values:
             nbytes = max(tree.estimate_nbytes(values[0]), 1)
             self._chunk = max(1, min(_MAX_CHUNK, _CHUNK_BYTES // nbytes))
-        if rngs is not None and self._random and rngs and type(rngs[0]) is int:
-            # A placeholder per record: the first random transform builds the
-            # generator; later ones and the batch's metadata share it.
-            rngs = [LazyRng(s) for s in rngs]
-        positions = list(range(start, stop)) if self._filters else None
+        n = len(values)
+        if rngs is not None:
+            if self._random and rngs and type(rngs[0]) is int:
+                # A placeholder per record: the first random transform builds the
+                # generator; later ones and the batch's metadata share it.
+                rngs = [LazyRng(s) for s in rngs[:n]]
+            else:
+                rngs = rngs[:n]
+        positions = list(range(start, start + n)) if self._filters else None
+        self._raw = [values, indices[:n], keys[:n], rngs, positions]
+        self._raw_error = error
+
+    def _fill(self, need: int) -> None:
+        """Transforms up to ``need`` more read records, reading a chunk when none are left.
+
+        Transforms run only on the records a batch needs, as in the per-record
+        stages: a slow transform does not delay a batch by a whole chunk.
+        """
+        if not self._raw[0]:
+            if self._raw_error is None:
+                self._read_chunk()
+            if not self._raw[0]:
+                self._error = self._raw_error  # The read failed at its first record.
+                return
+        raw = self._raw
+        k = min(need, len(raw[0]))
+        values, indices, keys, rngs, positions = (None if xs is None else xs[:k] for xs in raw)
+        for xs in raw:
+            if xs is not None:
+                del xs[:k]
+        error = None
         for kind, op, _ in self._steps:
-            if len(values) < len(indices):  # The read or a transform failed.
+            if len(values) < len(indices):  # A transform failed.
                 n = len(values)
                 indices, keys = indices[:n], keys[:n]
                 rngs = None if rngs is None else rngs[:n]
@@ -337,9 +368,9 @@ class ChunkedRecordsDatasetIterator(DatasetIterator):
             while len(self._values) < size:
                 if self._error is not None:
                     raise self._error
-                if self._read_until >= self._length:
+                if not self._raw[0] and self._raw_error is None and self._read_until >= self._length:
                     break
-                self._fill()
+                self._fill(size - len(self._values))
             n = min(size, len(self._values))
             if n == 0 or (n < size and self._batch.drop_remainder):
                 # Every record was consumed, as the per-record stages consume them.

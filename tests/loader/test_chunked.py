@@ -198,3 +198,31 @@ def test_batches_of_python_ints_are_int64_arrays():
     batch = next(iter(loader))
     assert batch.dtype == np.int64 and batch.tolist() == [0, 1, 2, 3, 4]
 
+
+
+def test_transforms_run_only_on_the_records_each_batch_needs():
+    # A slow transform must delay a batch by that batch's records only, not by a
+    # whole chunk: count the calls after each batch, against the per-record stages.
+    def calls_per_batch(threads):
+        seen = []
+
+        class Count(grainlike.MapTransform):
+            def map(self, x):
+                seen.append(x)
+                return x
+
+        class Odd(grainlike.FilterTransform):
+            def filter(self, x):
+                return x % 2 == 1
+
+        it = iter(_loader([Count(), Odd(), grainlike.Batch(5)], threads=threads))
+        counts = []
+        for _ in range(6):
+            next(it)
+            counts.append(len(seen))
+        it.close()
+        return counts
+
+    chunked = calls_per_batch(False)
+    assert chunked == calls_per_batch(True)
+    assert chunked[0] < 20  # about 10 records for 5 odd ones, not a chunk of 256
