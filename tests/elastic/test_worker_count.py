@@ -174,3 +174,22 @@ def test_bad_skip_list_is_refused(no_leaks, edit, match):
     with iter(loader) as it:
         with pytest.raises(grain.InvalidStateError, match=match):
             it.set_state(bad)
+
+
+@pytest.mark.timeout(60)
+def test_warm_start_restores_on_another_worker_count(no_leaks):
+    # The first outputs are computed in this process while the workers start:
+    # they skip the same records the workers would.
+    (before, state), = [c for i, c in enumerate(_checkpoints("shuffle_batch", 3)) if CHECKPOINTS[i] == 2]
+    n, epochs, ops, _ = CONFIGS["shuffle_batch"]
+    loader = grain.DataLoader(
+        data_source=grain.RangeDataSource(0, n, 1),
+        sampler=grain.IndexSampler(n, grain.NoSharding(), shuffle=True, num_epochs=epochs, seed=7),
+        operations=ops(),
+        worker_count=2,
+        warm_start=True,
+    )
+    with iter(loader) as it:
+        it.set_state(state)
+        after = _records(list(it))
+    _assert_exactly_once("shuffle_batch", before, after, 2)
