@@ -9,7 +9,7 @@ import threading
 from typing import Any, Iterator, Optional, Sequence
 
 from grainlike.core import sharding
-from grainlike.core.transforms import Batch, FilterTransform, Map, MapWithIndex, RandomMap
+from grainlike.core.transforms import Batch, FilterTransform, Map, MapWithIndex, RandomMap, is_flat_map
 from grainlike.dataset.base import IterDataset
 from grainlike.loader import pipeline
 from grainlike.loader import state as state_lib
@@ -192,6 +192,11 @@ class DataLoader:
         if any(isinstance(op, FilterTransform) for op in self._operations):
             raise TypeError(
                 "len() of a DataLoader with a FilterTransform is unknown until it has run"
+            )
+        flat_maps = [op for op in self._operations if is_flat_map(op)]
+        if flat_maps:
+            raise TypeError(
+                f"len() of a DataLoader with the FlatMapTransform {flat_maps[0]!r} is unknown until it has run"
             )
         known = (Batch, Map, RandomMap, MapWithIndex)
         legacy = [op for op in self._operations if not isinstance(op, known)]

@@ -241,6 +241,24 @@ def test_flat_map_in_a_loader_restores_at_every_step(worker_count):
     leaks.assert_clean()
 
 
+def test_len_of_a_loader_with_a_flat_map_is_a_type_error_as_in_grain(grain_ref):
+    def loader(lib):
+        class Split(lib.experimental.FlatMapTransform):
+            max_fan_out = 2
+
+            def flat_map(self, x):
+                return [x, x]
+
+        return lib.DataLoader(
+            data_source=[1, 2], sampler=lib.SequentialSampler(2, lib.NoSharding()), operations=[Split()]
+        )
+
+    with pytest.raises(TypeError):
+        len(loader(grain_ref))
+    with pytest.raises(TypeError, match="FlatMapTransform .*Split"):
+        len(loader(grainlike))
+
+
 def test_an_error_in_a_flat_map_keeps_its_type_as_grain(grain_ref):
     def ops(lib):
         class Fails(lib.experimental.FlatMapTransform):
