@@ -13,6 +13,7 @@ import pytest
 import grainlike as gl
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
 from grainlike.sources.hf import HuggingFaceDataSource
+from tests.compat.conftest import grain_ref  # noqa: F401 (the fixture)
 
 datasets = pytest.importorskip("datasets")
 Image = pytest.importorskip("PIL.Image")
@@ -138,3 +139,30 @@ def test_mnist_through_map_dataset_checkpoint(mnist_like, no_leaks):
     assert_equal_output_after_checkpoint(ds.to_iter_dataset())
     pooled = ds.to_iter_dataset().mp_prefetch(gl.MultiprocessingOptions(num_workers=2))
     assert list(pooled) == list(ds)
+
+
+def test_grain_data_loader_over_the_source_gives_the_same_batches_and_states(mnist_like, grain_ref):
+    """grain's DataLoader takes any source: same batches, same state, restorable both ways."""
+
+    def loader(lib):
+        source = HuggingFaceDataSource(mnist_like)
+        return lib.DataLoader(
+            data_source=source,
+            sampler=lib.IndexSampler(len(source), lib.NoSharding(), shuffle=True, num_epochs=1, seed=2),
+            operations=[lib.Batch(5)],
+            worker_count=0,
+        )
+
+    def plain(batches):
+        return [(b["image"][:, 0, 0].tolist(), b["label"].tolist()) for b in batches]
+
+    theirs, ours = iter(loader(grain_ref)), iter(loader(gl))
+    assert plain(next(theirs) for _ in range(2)) == plain(next(ours) for _ in range(2))
+    state_theirs, state_ours = theirs.get_state(), ours.get_state()
+    assert state_ours == state_theirs and b"HuggingFaceDataSource(fingerprint=" in state_ours
+    rest = plain(theirs)
+    assert len(rest) == 3 and plain(ours) == rest  # 24 records in batches of 5: 5 batches
+    mine, reference = iter(loader(gl)), iter(loader(grain_ref))
+    mine.set_state(state_theirs)
+    reference.set_state(state_ours)
+    assert plain(mine) == plain(reference) == rest
