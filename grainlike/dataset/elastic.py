@@ -9,11 +9,13 @@ state of any shard therefore restores every shard of any shard count (and any
 global batch size): the next global batch starts at that element.
 
 ``rebalance_worker_states``: an ``mp_prefetch`` state restored on another number
-of workers (grainlike only; grain refuses it).
+of workers (grainlike only; grain refuses it); the workers skip the elements
+consumed before it with ``SkipPositionsIterDataset``.
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Any, Optional
 
 from grainlike.core import sharding
@@ -189,6 +191,15 @@ class ElasticIterator(IterDataset):
         )
 
 
+# In a worker's state: its positions above its next one that were delivered
+# before a restore on another worker count, not to compute again.
+SKIP_KEY = "skip_positions"
+
+# The most delivered positions above the first one not delivered that a restore
+# skips; workers further apart are no state mp_prefetch writes.
+MAX_WINDOW = 1_000_000
+
+
 def rebalance_worker_states(
     states: list, num_workers: int, initial_state: Any, where: str
 ) -> tuple[list, int]:
@@ -197,53 +208,127 @@ def rebalance_worker_states(
     Worker ``i`` of ``k`` computes elements ``i, i + k, ...`` of the dataset below
     ``mp_prefetch``; where that dataset's state is a position (``{"next_index": n}``
     of a ``to_iter_dataset()`` slice, kept by maps, filters and batches above it),
-    worker ``i`` has consumed elements ``i + j * k`` for ``j < n``. When these form
-    a prefix ``[0, f)`` of the elements (a checkpoint after a whole round: every
-    worker consumed as many), the new workers start at ``f``.
+    worker ``i`` has consumed elements ``i + j * k`` for ``j < n`` (and those its
+    ``"skip_positions"`` list names). The new workers start at the first element not
+    consumed, ``f``, and skip the consumed ones above it (``SkipPositionsIterDataset``).
 
     Returns:
       The new workers' states and the worker whose output comes next.
 
     Raises:
-      InvalidStateError: the states are not positions, or the workers'
-        positions leave delivered elements above the first one not delivered
-        (a Dataset pipeline cannot skip them; the DataLoader can).
+      InvalidStateError: the states are not positions, or are too far apart.
     """
     from grainlike.core.errors import InvalidStateError
 
-    def position(s: Any) -> Optional[int]:
-        if isinstance(s, dict) and set(s) == {"next_index"}:
-            n = s["next_index"]
-            if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
-                return n
+    def position(s: Any) -> Optional[tuple[int, list]]:
+        if isinstance(s, dict) and set(s) in ({"next_index"}, {"next_index", SKIP_KEY}):
+            n, skip = s["next_index"], s.get(SKIP_KEY, [])
+            ints = isinstance(skip, list) and all(isinstance(p, int) and not isinstance(p, bool) for p in skip)
+            if isinstance(n, int) and not isinstance(n, bool) and n >= 0 and ints:
+                return n, skip
         return None
 
     k = len(states)
-    if position(initial_state) != 0:
+    if position(initial_state) != (0, []):
         raise InvalidStateError(
             f"{where}: cannot restore a state of {k} workers on {num_workers}: the pipeline "
             f"below mp_prefetch keeps the state {initial_state!r}, not the position of a "
             "to_iter_dataset() slice ({'next_index': n}), so which elements each worker "
             "consumed cannot be known"
         )
-    positions = [0 if s is None else position(s) for s in states]
+    positions = [(0, []) if s is None else position(s) for s in states]
     if any(p is None for p in positions):
         bad = next(s for s, p in zip(states, positions) if p is None)
         raise InvalidStateError(
             f"{where}: cannot restore a state of {k} workers on {num_workers}: a worker's "
             f"state {bad!r} is not a position ({{'next_index': n}})"
         )
-    f = min(i + n * k for i, n in enumerate(positions))
-    above = sorted(
-        i + j * k for i, n in enumerate(positions) for j in range(max(0, -(-(f - i) // k)), n)
-    )
-    if above:
+    f = min(i + n * k for i, (n, _) in enumerate(positions))
+    firsts = [max(0, -(-(f - i) // k)) for i in range(k)]
+    window = sum(max(0, n - first) for (n, _), first in zip(positions, firsts))
+    if window > MAX_WINDOW:
         raise InvalidStateError(
-            f"{where}: cannot restore a state of {k} workers on {num_workers}: element {f} was "
-            f"not consumed but {len(above)} after it were ({above[:8]}), and a Dataset "
-            "pipeline cannot skip them. Checkpoint after a whole round of the workers (every "
-            f"worker at the same count: workers' positions {positions}), or use a DataLoader, "
-            "whose restore skips them"
+            f"{where}: cannot restore a state of {k} workers on {num_workers}: the workers "
+            f"are {window} elements apart (their positions: {[n for n, _ in positions]}); at "
+            f"most {MAX_WINDOW} consumed elements after the first one not consumed are skipped"
         )
-    new = [{"next_index": max(0, -(-(f - j) // num_workers))} for j in range(num_workers)]
+    consumed = {i + p * k for i, (_, skip) in enumerate(positions) for p in skip}
+    for i, ((n, _), first) in enumerate(zip(positions, firsts)):
+        consumed.update(range(i + first * k, i + n * k, k))
+    while f in consumed:
+        f += 1
+    above = sorted(g for g in consumed if g > f)
+    new = []
+    for j in range(num_workers):
+        state: dict = {"next_index": max(0, -(-(f - j) // num_workers))}
+        skip = [(g - j) // num_workers for g in above if g % num_workers == j]
+        if skip:
+            state[SKIP_KEY] = skip
+        new.append(state)
     return new, f % num_workers
+
+
+def insert_skip_stage(ds: Any) -> Any:
+    """``ds`` (a worker's copy of the stages) with a ``SkipPositionsIterDataset`` above
+    each stage that ``mp_prefetch`` slices (``set_slice``): its positions are the
+    worker's own."""
+    if callable(getattr(ds, "set_slice", None)):
+        return SkipPositionsIterDataset(ds)
+    parents = getattr(ds, "_parents", ())
+    if parents:
+        ds._parents = tuple(insert_skip_stage(p) for p in parents)
+    return ds
+
+
+class SkipPositionsIterDataset(IterDataset):
+    """Elements of its parent (a ``to_iter_dataset()`` slice), less the positions its state skips.
+
+    ``mp_prefetch`` puts it in a worker's pipeline only while that worker's
+    state names positions to skip (after a restore on another worker count).
+    """
+
+    def __iter__(self) -> "SkipPositionsDatasetIterator":
+        return SkipPositionsDatasetIterator(self._parent.__iter__())
+
+    def __str__(self) -> str:
+        return "SkipPositionsIterDataset"
+
+
+class SkipPositionsDatasetIterator(DatasetIterator):
+    """State: the parent's, plus ``"skip_positions"``: the positions still to skip."""
+
+    def __init__(self, parent: DatasetIterator):
+        super().__init__(parent)
+        self._pull = parent.__next__
+        self._skip: list[int] = []
+        self._at = 0
+
+    def __next__(self) -> Any:
+        skip = self._skip
+        while self._at < len(skip):
+            position = self._parent._get_next_index()
+            at = bisect.bisect_left(skip, position, self._at)
+            self._at = at
+            if at < len(skip) and skip[at] == position:
+                self._at = at + 1
+                self._pull()  # consumed before the restore: dropped
+                continue
+            break
+        return self._pull()
+
+    def get_state(self) -> dict:
+        state = self._parent.get_state()
+        pending = self._skip[self._at :]
+        if pending:
+            state = {**state, SKIP_KEY: list(pending)}
+        return state
+
+    def set_state(self, state: dict) -> None:
+        skip = state.get(SKIP_KEY, []) if isinstance(state, dict) else []
+        if isinstance(state, dict) and SKIP_KEY in state:
+            state = {k: v for k, v in state.items() if k != SKIP_KEY}
+        self._parent.set_state(state)
+        self._skip, self._at = sorted(set(skip)), 0
+
+    def __str__(self) -> str:
+        return f"SkipPositionsDatasetIterator(pending={len(self._skip) - self._at})"

@@ -141,6 +141,12 @@ class _WorkerSliceTask:
         self._worker_dataset = ds  # For describe_output.
         if worker_count > 1:
             _set_slice(ds, slice(worker_index, None, worker_count))
+        if isinstance(state, dict) and state.get("skip_positions"):
+            # Restored on another worker count: elements consumed before it are
+            # skipped (see grainlike/dataset/elastic.py).
+            from grainlike.dataset.elastic import insert_skip_stage
+
+            ds = insert_skip_stage(ds)
         set_allocator = getattr(ds, "set_allocator", None)
         if alloc is not None and callable(set_allocator):
             # The parent's batches are the outputs: stack them in shared memory.
@@ -454,6 +460,11 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
                 f"{where}: future_states must be empty for mp_prefetch, got {state['future_states']!r}"
             )
         new_states = copy.deepcopy(list(states))
+        # A worker that has delivered nothing reports the parent iterator's initial
+        # state (as grain does), which may not fit its slice (an interleave of
+        # fewer datasets than its cycle length): such a worker starts afresh.
+        initial = self._initial_state()
+        new_states = [None if s == initial else s for s in new_states]
         # Check each worker state on a parent iterator here, so that a bad state
         # fails now and leaves this iterator as it was.
         # A worker's state is one of its slice: a stage that slices what it
