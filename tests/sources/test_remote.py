@@ -359,3 +359,14 @@ def test_local_paths_as_file_urls_and_epath(local_files):
     assert [by_url[k]["text"] for k in range(len(by_url))] == [by_epath[k]["text"] for k in range(len(by_epath))]
     ar = ArrayRecordDataSource(["file://" + p for p in _local(local_files, "ar")])
     assert ar[PER_SHARD] == _records(1)[0]
+
+
+def test_epath_objects_name_remote_files(up, tmp_path):
+    epath = pytest.importorskip("etils.epath")
+    ar = ArrayRecordDataSource([epath.Path(u) for u in _urls("ar")], remote_options=_options(up, tmp_path))
+    assert ar[PER_SHARD + 2] == _records(1)[2]
+    assert repr(ar) == repr(ArrayRecordDataSource(_urls("ar"), remote_options=_options(up, tmp_path)))
+    pq_source = ParquetDataSource([epath.Path(u) for u in _urls("pq")], remote_options=_options(up))
+    assert int(pq_source[PER_SHARD]["id"]) == 100
+    rows = iter(ParquetIterDataset(epath.Path(_urls("pq")[1]), remote_options=_options(up)))
+    assert int(next(rows)["id"]) == 100
