@@ -21,9 +21,9 @@ import sys
 
 import numpy as np
 
-NUM_RECORDS = 256
+NUM_RECORDS = 512
 BATCH = 2
-SAVE_EVERY = 3
+SAVE_EVERY = 4
 SEED = 11
 MODEL_SIZE = 16 * 1024  # float64: 128 KiB
 
