@@ -18,16 +18,19 @@ import os
 import struct
 from typing import Any, BinaryIO, Iterable, Optional, Union
 
+import numpy as np
+
 from grainlike.dataset.base import DatasetIterator, IterDataset
 from grainlike.dataset.crc32c import crc32c_many, masked, masked_crc32c
 from grainlike.dataset.state import non_negative_int, require_keys
 
 _HEADER = struct.Struct("<QI")
 _FOOTER = struct.Struct("<I")
-# Records read at once: the first block is small, so the first record comes soon.
-_FIRST_BLOCK = 8
-_BLOCK_RECORDS = 256
+# Bytes read at once: the first block is small, so the first record comes soon;
+# each next one twice as large, up to _BLOCK_BYTES and _BLOCK_RECORDS records.
+_FIRST_CHUNK = 64 << 10
 _BLOCK_BYTES = 4 << 20
+_BLOCK_RECORDS = 1024
 # Records at least this long get their checksum alone (in numpy lanes); shorter
 # ones of similar lengths together, when at least _MIN_GROUP of them are (a
 # crc32c_many step costs about as much as 25 bytes of the byte loop).
@@ -42,9 +45,9 @@ class CorruptRecordError(ValueError):
 class _TFRecordDatasetIterator(DatasetIterator):
     """Reads one TFRecord file from start to end; see the module docstring.
 
-    Records are read in blocks (8 at first, doubling to ``_BLOCK_RECORDS``) whose
-    data checksums are verified together (``crc32c_many``); an error found in a
-    block is raised when the iteration reaches the record that has it.
+    Records are read in blocks (64 KiB at first, doubling to ``_BLOCK_BYTES``)
+    whose checksums are verified together (``crc32c_many``); an error found in
+    a block is raised when the iteration reaches the record that has it.
     """
 
     def __init__(self, path: Union[str, os.PathLike]):
@@ -54,48 +57,81 @@ class _TFRecordDatasetIterator(DatasetIterator):
         self._offset = 0  # Of the next record returned.
         # (data, offset after it), or (CorruptRecordError, offset of its record).
         self._ready: collections.deque = collections.deque()
-        self._block = _FIRST_BLOCK
+        self._read_at = 0  # Where the next block starts.
+        self._chunk = _FIRST_CHUNK
 
     def _corrupt(self, offset: int, what: str) -> CorruptRecordError:
         return CorruptRecordError(f"Not a valid TFRecord: {self._path} at byte {offset}: {what}")
 
     def _read_block(self) -> None:
-        """Reads up to a block of records into ``_ready``, checked; nothing at the end."""
+        """Reads the next block of records into ``_ready``, checked; nothing at the end.
+
+        The block's bytes are read at once and parsed in memory; the lengths'
+        checksums are then verified together, before any length is used beyond
+        the block (a record longer than the block is read alone, after its
+        length's checksum).
+        """
         f = self._file
-        records: list = []  # (offset, length, body = data + footer)
+        base = self._read_at
+        f.seek(base)
+        want = self._chunk
+        self._chunk = min(self._chunk * 2, _BLOCK_BYTES)
+        buf = f.read(want)
+        at_end = len(buf) < want
+        pos = 0
+        records: list = []  # (offset, length, bytes holding the data, where it starts)
+        headers: list = []
+        length_crcs: list = []
         error = None
-        size = 0
-        while len(records) < self._block and size < _BLOCK_BYTES:
-            offset = f.tell()
-            header = f.read(_HEADER.size)
-            if not header:
+        while len(records) < _BLOCK_RECORDS:
+            left = len(buf) - pos
+            if left < _HEADER.size:
+                if at_end and left:
+                    error = (self._corrupt(base + pos, f"fewer than {_HEADER.size} bytes of header: {buf[pos:].hex()}"), base + pos)
+                break  # At the end, or the header goes on in the next block.
+            length, length_crc = _HEADER.unpack_from(buf, pos)
+            end = pos + _HEADER.size + length + _FOOTER.size
+            if end > len(buf):
+                if records:
+                    break  # The next block starts with it.
+                # The block's first record does not fit in it: its length is
+                # checked before it is read whole.
+                if masked_crc32c(buf[pos : pos + 8]) != length_crc:
+                    error = (self._length_error(base + pos, length), base + pos)
+                    break
+                body = buf[pos + _HEADER.size :] + f.read(end - len(buf))
+                if len(body) != length + _FOOTER.size:
+                    what = f"the record of {length} bytes is truncated ({len(body)} of {length + 4} bytes left)"
+                    error = (self._corrupt(base + pos, what), base + pos)
+                    break
+                records.append((base + pos, length, body, 0))
+                pos = end
                 break
-            if len(header) != _HEADER.size:
-                error = (self._corrupt(offset, f"fewer than {_HEADER.size} bytes of header: {header.hex()}"), offset)
-                break
-            length, length_crc = _HEADER.unpack(header)
-            # Checked before the length is trusted to read the data.
-            if masked_crc32c(header[:8]) != length_crc:
-                error = (self._corrupt(offset, f"the length's checksum does not match (length field {length})"), offset)
-                break
-            body = f.read(length + _FOOTER.size)
-            if len(body) != length + _FOOTER.size:
-                what = f"the record of {length} bytes is truncated ({len(body)} of {length + 4} bytes left)"
-                error = (self._corrupt(offset, what), offset)
-                break
-            records.append((offset, length, body))
-            size += length
-        self._block = min(self._block * 2, _BLOCK_RECORDS)
-        datas = [memoryview(body)[:length] for _, length, body in records]
+            headers.append(buf[pos : pos + 8])
+            length_crcs.append(length_crc)
+            records.append((base + pos, length, buf, pos + _HEADER.size))
+            pos = end
+        if headers:
+            bad = np.flatnonzero(masked(crc32c_many(headers)) != np.array(length_crcs, np.uint64))
+            if len(bad):
+                k = int(bad[0])
+                offset, length = records[k][0], records[k][1]
+                error = (self._length_error(offset, length), offset)
+                records = records[:k]
+        self._read_at = base + pos
+        datas = [memoryview(source)[start : start + length] for _, length, source, start in records]
         crcs = _data_crcs(datas)
-        for (offset, length, body), data, crc in zip(records, datas, crcs):
-            (expected,) = _FOOTER.unpack_from(body, length)
+        for (offset, length, source, start), data, crc in zip(records, datas, crcs):
+            (expected,) = _FOOTER.unpack_from(source, start + length)
             if crc != expected:
                 error = (self._corrupt(offset, f"the checksum of the {length}-byte record does not match"), offset)
                 break
             self._ready.append((bytes(data), offset + _HEADER.size + length + _FOOTER.size))
         if error is not None:
             self._ready.append(error)
+
+    def _length_error(self, offset: int, length: int) -> CorruptRecordError:
+        return self._corrupt(offset, f"the length's checksum does not match (length field {length})")
 
     def __next__(self) -> bytes:
         self._assert_not_closed()
@@ -121,9 +157,9 @@ class _TFRecordDatasetIterator(DatasetIterator):
         require_keys(state, self, ("reader_offset",))
         offset = non_negative_int(state, "reader_offset", self)
         self._file.seek(offset)
-        self._offset = offset
+        self._offset = self._read_at = offset
         self._ready.clear()
-        self._block = _FIRST_BLOCK
+        self._chunk = _FIRST_CHUNK
 
     def close(self) -> None:
         """Closes the file."""

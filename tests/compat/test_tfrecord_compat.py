@@ -71,6 +71,48 @@ def test_many_records_of_mixed_lengths_match_reference(grain_ref, tmp_path):
     assert check_pipeline(build, grain_namespace(grain_ref)) == records
 
 
+def test_records_longer_than_a_block_match_reference(grain_ref, tmp_path):
+    # The first block is 64 KiB: a longer record is read alone, after its length
+    # is checked; smaller ones around it come in blocks.
+    records = [b"a", bytes(range(256)) * 800, b"b" * 70_000, b"", b"c" * 65_000, b"d"]
+    p = str(tmp_path / "long.tfrecord")
+    write_tfrecords(p, records)
+
+    def build(lib):
+        return experimental(lib).TFRecordIterDataset(p)
+
+    assert check_pipeline(build, grain_namespace(grain_ref)) == records
+
+
+@pytest.mark.parametrize("corrupt", ["length", "data"])
+def test_a_corrupt_record_past_the_first_block_is_reached_in_order(tmp_path, corrupt):
+    records = [bytes([i % 256]) * 1000 for i in range(300)]  # ~300 KB: several blocks.
+    p = tmp_path / "deep.tfrecord"
+    write_tfrecords(p, records)
+    raw = bytearray(p.read_bytes())
+    bad = 200
+    offset = bad * 1016
+    raw[offset + (1 if corrupt == "length" else 500)] ^= 0x40
+    p.write_bytes(bytes(raw))
+    it = iter(TFRecordIterDataset(p))
+    assert [next(it) for _ in range(bad)] == records[:bad]
+    with pytest.raises(CorruptRecordError, match=f"at byte {offset}: the {'length' if corrupt == 'length' else 'checksum'}"):
+        next(it)
+    assert it.get_state() == {"reader_offset": offset}
+    it.set_state({"reader_offset": offset + 1016})  # Past it, the file reads on.
+    assert list(it) == records[bad + 1 :]
+
+
+def test_a_truncated_long_record_raises_value_error(tmp_path):
+    p = tmp_path / "cut.tfrecord"
+    write_tfrecords(p, [b"x", b"y" * 100_000])
+    p.write_bytes(p.read_bytes()[:-10])
+    it = iter(TFRecordIterDataset(p))
+    assert next(it) == b"x"
+    with pytest.raises(CorruptRecordError, match="at byte 17: the record of 100000 bytes is truncated"):
+        next(it)
+
+
 def test_tfrecord_restores_at_every_step(path):
     assert_equal_output_after_checkpoint(TFRecordIterDataset(path))
 
