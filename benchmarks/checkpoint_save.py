@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from benchmarks.child import run_child  # noqa: E402
 
 # (library of the data item, worker count); "empty" is an item whose handler
 # writes nothing: what any extra item costs inside Orbax.
@@ -130,25 +131,6 @@ def measure(lib_name: str, workers: int, pairs: int) -> dict:
     }
 
 
-def _child(lib_name: str, workers: int, pairs: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.checkpoint_save", "--child", lib_name, str(workers), str(pairs)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:  # only the group this function started
-            os.killpg(proc.pid, 9)
-            proc.communicate()
-    lines = [l for l in out.splitlines() if l.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"error": (err.strip().splitlines() or ["failed"])[-1][:200]}
-    return json.loads(lines[-1])
-
-
 def run(reps: int, seconds: float, libs: list[str]) -> str:
     """Measures every configuration ``reps`` times, interleaved; returns a markdown section."""
     pairs = max(5, min(40, int(seconds * 5)))
@@ -156,7 +138,7 @@ def run(reps: int, seconds: float, libs: list[str]) -> str:
     results: dict = {}
     for rep in range(reps):
         for lib_name, workers in configs:
-            r = _child(lib_name, workers, pairs)
+            r = run_child("benchmarks.checkpoint_save", [lib_name, str(workers), str(pairs)])
             results.setdefault((lib_name, workers), []).append(r)
             print(f"[{rep + 1}/{reps}] W8 {lib_name} W={workers}: {r}", file=sys.stderr)
 
