@@ -23,6 +23,7 @@ import logging
 import operator
 import os
 import re
+import tempfile
 import threading
 from collections.abc import Sequence
 from concurrent import futures
@@ -162,6 +163,51 @@ def _normalize_paths(paths: Any) -> list:
     )
 
 
+# The first tail of a remote file fetched to count its records; grown 8x until the
+# footer fits (a file written with group_size:1 has a footer entry per record).
+_FIRST_TAIL_BYTES = 1 << 20
+
+
+def _count_remote_records(url: str, remote_options: Optional[remote.RemoteOptions]) -> int:
+    """The number of records of a remote ArrayRecord file, from its tail only.
+
+    The reader opens local files and reads only the footer to count: it is given a
+    sparse local file of the object's size holding the object's last bytes. A
+    footer that starts before them reads as zeros, which fail the chunks' hashes,
+    and a longer tail is fetched (in the end the whole file).
+    """
+    from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+
+    options = remote_options or remote.RemoteOptions()
+    try:
+        size = remote.object_size(url, options)
+    except FileNotFoundError as e:
+        raise SourceFileNotFoundError(f"ArrayRecordDataSource: file not found: {url!r} ({e})") from e
+    tail = min(size, _FIRST_TAIL_BYTES)
+    with tempfile.TemporaryDirectory(prefix="grainlike-footer-") as directory:
+        path = os.path.join(directory, "tail.array_record")
+        while True:
+            with open(path, "wb") as f:
+                f.truncate(size)
+                f.seek(size - tail)
+                f.write(remote.read_range(url, size - tail, size, options))
+            try:
+                reader = array_record_module.ArrayRecordReader(path, options=_BASE_READER_OPTIONS)
+                try:
+                    if reader.ok():
+                        return reader.num_records()
+                finally:
+                    try:
+                        reader.close()
+                    except Exception:  # pylint: disable=broad-except
+                        pass  # A reader that read zeros reports it again here.
+            except Exception:  # pylint: disable=broad-except
+                pass
+            if tail == size:
+                raise ValueError(f"ArrayRecordDataSource: {url!r} is not a readable ArrayRecord file.")
+            tail = min(size, tail * 8)
+
+
 def _read_instruction(
     path: Any, remote_options: Optional[remote.RemoteOptions] = None
 ) -> tuple[str, int, int]:
@@ -180,6 +226,8 @@ def _read_instruction(
         filename, start, end = m.group(1), int(m.group(2)), int(m.group(3))
     else:
         filename = os.fspath(path)
+        if not _is_local(filename):
+            return filename, 0, _count_remote_records(filename, remote_options)
         # Counting only reads the footer; default options, as Grain does.
         reader = _open_reader(filename, "", remote_options)
         try:
@@ -207,9 +255,9 @@ class ArrayRecordDataSource:
         ``{"index_storage_option": "offloaded"}``.
       remote_options: for ``s3://``, ``gs://`` and other fsspec URLs: credentials,
         retries and the local cache the files are copied to (grainlike only; see
-        ``grainlike.sources.remote.RemoteOptions``). Counting records opens each
-        file, so plain remote paths are fetched when the source is built; give
-        ``"file[start:end]"`` paths or file instructions to fetch them on first read.
+        ``grainlike.sources.remote.RemoteOptions``). Records are counted from the
+        end of each remote file (its footer); files are copied into the cache when
+        first read.
 
     Raises:
       SourceFileNotFoundError: a path does not exist (named in the message); a

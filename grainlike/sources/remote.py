@@ -276,6 +276,11 @@ def object_size(url: str, options: RemoteOptions) -> int:
     return int(info["size"])
 
 
+def read_range(url: str, start: int, end: int, options: RemoteOptions) -> bytes:
+    """Bytes ``[start, end)`` of the object at ``url``, with retries."""
+    return _read_range(url, start, end, options)
+
+
 def _read_range(url: str, start: int, end: int, options: RemoteOptions) -> bytes:
     fs = _filesystem(url, options)
 

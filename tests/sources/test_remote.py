@@ -183,10 +183,15 @@ def test_array_record_remote_instructions_fetch_on_first_read(up, tmp_path):
     assert len(os.listdir(tmp_path / "cache")) >= 1
 
 
-def test_array_record_missing_object_is_named(up, tmp_path):
+def test_array_record_missing_or_broken_object_is_named(up, tmp_path):
     url = f"s3://{BUCKET}/ar/missing.array_record"
     with pytest.raises(SourceFileNotFoundError, match="missing.array_record"):
         ArrayRecordDataSource(url, remote_options=_options(up, tmp_path))
+    junk = tmp_path / "junk.array_record"
+    junk.write_bytes(b"not an array record file" * 100)
+    up.upload(BUCKET, {"ar/junk.array_record": str(junk)})
+    with pytest.raises(ValueError, match="junk.array_record"):
+        ArrayRecordDataSource(f"s3://{BUCKET}/ar/junk.array_record", remote_options=_options(up, tmp_path))
 
 
 def test_array_record_repr_hashes_urls_as_grain_hashes_paths(up, tmp_path):
@@ -370,3 +375,25 @@ def test_epath_objects_name_remote_files(up, tmp_path):
     assert int(pq_source[PER_SHARD]["id"]) == 100
     rows = iter(ParquetIterDataset(epath.Path(_urls("pq")[1]), remote_options=_options(up)))
     assert int(next(rows)["id"]) == 100
+
+
+def test_array_record_counts_from_the_tail_without_copying_the_files(up, tmp_path, monkeypatch):
+    from grainlike.sources import array_record
+
+    reads = []
+    original = remote.read_range
+
+    def recording(url, start, end, options):
+        reads.append((url, end - start))
+        return original(url, start, end, options)
+
+    monkeypatch.setattr(remote, "read_range", recording)
+    # A tail far smaller than the footer: the count must grow it, never guess from zeros.
+    monkeypatch.setattr(array_record, "_FIRST_TAIL_BYTES", 16)
+    source = ArrayRecordDataSource(_urls("ar"), remote_options=_options(up, tmp_path))
+    assert len(source) == SHARDS * PER_SHARD
+    assert not os.path.exists(tmp_path / "cache")  # nothing copied to build it
+    tails = [n for url, n in reads if url == _urls("ar")[0]]
+    assert tails[0] == 16 and len(tails) >= 2 and tails == sorted(tails)
+    assert source[PER_SHARD - 1] == _records(0)[-1]
+    assert len(os.listdir(tmp_path / "cache")) >= 1  # copied on first read
