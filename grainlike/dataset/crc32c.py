@@ -63,7 +63,8 @@ def _advance_py(register: int, data: Any) -> int:
 
 def _apply(tables: np.ndarray, regs: np.ndarray) -> np.ndarray:
     """A linear map of registers, given as four 256-entry tables (one per byte)."""
-    return tables[0][regs & 0xFF] ^ tables[1][(regs >> 8) & 0xFF] ^ tables[2][(regs >> 16) & 0xFF] ^ tables[3][regs >> 24]
+    low = tables[0][regs & 0xFF] ^ tables[1][(regs >> 8) & 0xFF]
+    return low ^ tables[2][(regs >> 16) & 0xFF] ^ tables[3][regs >> 24]
 
 
 def _tables_of(images: np.ndarray) -> np.ndarray:

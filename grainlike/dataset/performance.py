@@ -268,12 +268,15 @@ def pick_performance_config(
     else:
         buffer_size = max_buffer_size
 
+    why_workers = (
+        "compute costs more than the handover" if worth_workers else "cheaper to compute here than to hand over"
+    )
     measurements = (
         f"{len(timing.elements)} elements computed: first {timing.first_s * 1e3:.3f} ms, then "
         f"{timing.per_element_s * 1e6:.1f} us each ({timing.per_element_cpu_s * 1e6:.1f} us CPU); "
         f"handing one to a worker {handover_s * 1e6:.1f} us; {size_mb * 1024:.1f} KiB each; "
         f"{cpus} usable CPUs; RAM budget {budget_mb:.0f} MB -> num_workers={num_workers} "
-        f"({'compute costs more than the handover' if worth_workers else 'cheaper to compute here than to hand over'}). "
+        f"({why_workers}). "
         f"Reads under {len(parents)} to_iter_dataset(): wall/CPU time {wait_ratio:.2f}, blocked {blocked} "
         f"times in {len(read_elements)} reads -> "
         f"num_threads={threads}, prefetch_buffer_size={buffer_size}."

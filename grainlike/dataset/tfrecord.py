@@ -87,7 +87,8 @@ class _TFRecordDatasetIterator(DatasetIterator):
             left = len(buf) - pos
             if left < _HEADER.size:
                 if at_end and left:
-                    error = (self._corrupt(base + pos, f"fewer than {_HEADER.size} bytes of header: {buf[pos:].hex()}"), base + pos)
+                    what = f"fewer than {_HEADER.size} bytes of header: {buf[pos:].hex()}"
+                    error = (self._corrupt(base + pos, what), base + pos)
                 break  # At the end, or the header goes on in the next block.
             length, length_crc = _HEADER.unpack_from(buf, pos)
             end = pos + _HEADER.size + length + _FOOTER.size
