@@ -11,6 +11,7 @@ import pytest
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
 from tests.compat.dataset_pairs import GRAINLIKE, assert_same, check_pipeline, grain_namespace, rest
 from tests.compat.experimental_pairs import experimental
+from tests.compat.test_mp_prefetch_compat import _run as run_and_close
 from tests.helpers.leaks import LeakCheck, no_leaks  # noqa: F401  (a fixture)
 
 LIB = GRAINLIKE
@@ -102,20 +103,6 @@ def test_an_interleave_of_no_datasets_is_empty():
     assert it.get_state()["iterators_in_use_indices"] == []
 
 
-def _run_and_close(ds):
-    """``run(ds)``, closing the iterator (and its workers) at the end."""
-    it = iter(ds)
-    values, states = [], []
-    while True:
-        states.append(it.get_state())
-        try:
-            values.append(next(it))
-        except StopIteration:
-            break
-    it.close()
-    return values, states
-
-
 @pytest.mark.timeout(120)
 def test_interleave_under_mp_prefetch_matches_reference_and_restores(grain_lib):
     def build(lib):
@@ -125,13 +112,13 @@ def test_interleave_under_mp_prefetch_matches_reference_and_restores(grain_lib):
         return ds.mp_prefetch(lib.MultiprocessingOptions(num_workers=2))
 
     # grain's workers are spawned processes (seconds each): grain runs once.
-    g_values, g_states = _run_and_close(build(grain_lib))
+    g_values, g_states, g_end = run_and_close(build(grain_lib))
     leaks = LeakCheck()  # After grain, which keeps descriptors open for good.
 
     l_ds = build(LIB)
-    l_values, l_states = _run_and_close(l_ds)
+    l_values, l_states, l_end = run_and_close(l_ds)
     assert_same(g_values, l_values, "elements")
-    assert l_states == g_states
+    assert (l_states, l_end) == (g_states, g_end)
     for k in (1, len(g_values) // 2):  # At 1, worker 1 has not started yet.
         it = iter(l_ds)
         it.set_state(g_states[k])
