@@ -52,6 +52,22 @@ def test_interleave_prefetch_arguments_do_not_change_the_order(grain_lib):
     check_pipeline(build, grain_lib)
 
 
+def test_interleave_repeated_matches_reference(grain_lib):
+    def build(lib):
+        ds = experimental(lib).InterleaveIterDataset(_datasets(lib, "iter", n=4), cycle_length=2)
+        return experimental(lib).RepeatIterDataset(ds, num_epochs=2).batch(3)
+
+    check_pipeline(build, grain_lib)
+
+
+def test_interleave_of_a_shuffled_map_of_datasets_with_an_empty_one_matches_reference(grain_lib):
+    def build(lib):
+        dss = lib.MapDataset.range(5).map(lambda i: lib.MapDataset.range(i).to_iter_dataset())
+        return experimental(lib).InterleaveIterDataset(dss.shuffle(seed=3), cycle_length=3).map(lambda x: x * 2)
+
+    assert sorted(check_pipeline(build, grain_lib)) == sorted(2 * x for i in range(5) for x in range(i))
+
+
 def test_interleave_restores_at_every_step(no_leaks):
     ds = experimental(LIB).InterleaveIterDataset(_datasets(LIB, "iter"), cycle_length=2)
     assert_equal_output_after_checkpoint(ds)
