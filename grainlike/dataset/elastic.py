@@ -280,11 +280,20 @@ def insert_skip_stage(ds: Any) -> Any:
     return ds
 
 
+def contains_skip_stage(ds: Any) -> bool:
+    """Whether a ``SkipPositionsIterDataset`` is among the stages of ``ds``."""
+    if isinstance(ds, SkipPositionsIterDataset):
+        return True
+    return any(contains_skip_stage(p) for p in getattr(ds, "_parents", ()))
+
+
 class SkipPositionsIterDataset(IterDataset):
     """Elements of its parent (a ``to_iter_dataset()`` slice), less the positions its state skips.
 
     ``mp_prefetch`` puts it in a worker's pipeline only while that worker's
-    state names positions to skip (after a restore on another worker count).
+    state names positions to skip (after a restore on another worker count);
+    the DataLoader has it in its per-record pipeline (``loader/elastic.py``).
+    With nothing to skip it costs one call per element.
     """
 
     def __iter__(self) -> "SkipPositionsDatasetIterator":
@@ -324,11 +333,28 @@ class SkipPositionsDatasetIterator(DatasetIterator):
         return state
 
     def set_state(self, state: dict) -> None:
-        skip = state.get(SKIP_KEY, []) if isinstance(state, dict) else []
+        """Restores the parent; a state without a skip list keeps this one's (a rewind).
+
+        Raises:
+          InvalidStateError: the skip list is not a list of ints.
+        """
         if isinstance(state, dict) and SKIP_KEY in state:
-            state = {k: v for k, v in state.items() if k != SKIP_KEY}
-        self._parent.set_state(state)
-        self._skip, self._at = sorted(set(skip)), 0
+            skip = state[SKIP_KEY]
+            if not isinstance(skip, list) or not all(
+                isinstance(p, int) and not isinstance(p, bool) for p in skip
+            ):
+                from grainlike.core.errors import InvalidStateError
+
+                raise InvalidStateError(f"{self}: '{SKIP_KEY}' must be a list of ints, got {skip!r}")
+            self._parent.set_state({k: v for k, v in state.items() if k != SKIP_KEY})
+            self._skip = sorted(set(skip))
+        else:
+            self._parent.set_state(state)
+        self._at = 0
+
+    def pending(self) -> bool:
+        """Whether a position to skip is still ahead."""
+        return self._at < len(self._skip)
 
     def __str__(self) -> str:
         return f"SkipPositionsDatasetIterator(pending={len(self._skip) - self._at})"

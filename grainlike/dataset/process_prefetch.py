@@ -143,10 +143,12 @@ class _WorkerSliceTask:
             _set_slice(ds, slice(worker_index, None, worker_count))
         if isinstance(state, dict) and state.get("skip_positions"):
             # Restored on another worker count: elements consumed before it are
-            # skipped (see grainlike/dataset/elastic.py).
-            from grainlike.dataset.elastic import insert_skip_stage
+            # skipped (see grainlike/dataset/elastic.py), by the pipeline's own
+            # skipping stage if it has one (the DataLoader's).
+            from grainlike.dataset.elastic import contains_skip_stage, insert_skip_stage
 
-            ds = insert_skip_stage(ds)
+            if not contains_skip_stage(ds):
+                ds = insert_skip_stage(ds)
         set_allocator = getattr(ds, "set_allocator", None)
         if alloc is not None and callable(set_allocator):
             # The parent's batches are the outputs: stack them in shared memory.

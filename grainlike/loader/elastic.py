@@ -8,7 +8,9 @@ it. Restoring onto ``W'`` workers starts each new worker at its first position
 at or above the frontier and skips the delivered positions above it: every
 record the checkpointed job had not delivered is delivered once, nothing is
 delivered twice. The skipped positions travel in the state (as sampler global
-indices, ``state.SKIP_KEY``) until every worker has passed them.
+indices, ``state.SKIP_KEY``; in each worker's Dataset state as its own
+positions, read by ``dataset.elastic.SkipPositionsIterDataset``) until every
+worker has passed them.
 
 Across a change of JAX process count (``N`` -> ``M`` shards of an
 ``IndexSampler``), positions of the old shards name other records than those of
@@ -20,7 +22,6 @@ Guarantees and limits are in "Elastic restore" in ``docs/checkpointing.md``.
 
 from __future__ import annotations
 
-import bisect
 import re
 from typing import Any, Mapping, Sequence
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from grainlike.core.errors import InvalidStateError
 from grainlike.dataset.base import DatasetIterator, IterDataset
+from grainlike.dataset.elastic import SkipPositionsDatasetIterator
 from grainlike.loader import state as state_lib
 
 
@@ -80,85 +82,6 @@ def rebalance(
 ) -> state_lib.Positions:
     """``positions`` of ``old``'s workers, moved onto ``new``'s workers (same shard)."""
     return assign(new, *frontier(old, positions))
-
-
-# -- the stage skipping delivered records ----------------------------------------------
-
-
-class SkipRecordsIterDataset(IterDataset):
-    """Passes the sampler's records on, except those whose global index its state skips.
-
-    Sits right above the reading stage of the loader's pipeline (each worker's
-    own copy). With nothing to skip (always, except just after an elastic
-    restore) it costs one call per record, and its state is its parent's.
-    """
-
-    def __iter__(self) -> "SkipRecordsDatasetIterator":
-        return SkipRecordsDatasetIterator(self._parent.__iter__())
-
-    def __str__(self) -> str:
-        return "SkipRecordsIterDataset"
-
-
-class SkipRecordsDatasetIterator(DatasetIterator):
-    """The iterator of ``SkipRecordsIterDataset``; state: the parent's plus the pending skips."""
-
-    def __init__(self, parent: DatasetIterator):
-        super().__init__(parent)
-        self._pull = parent.__next__
-        self._skip: list[int] = []  # sorted global indices
-        self._at = 0  # skip[:at] are behind the records read
-
-    def __next__(self) -> Any:
-        record = self._pull()
-        if self._at < len(self._skip):
-            record = self._past_skipped(record)
-        return record
-
-    def _past_skipped(self, record: Any) -> Any:
-        """``record``, or the first record after it that is not skipped."""
-        skip = self._skip
-        while True:
-            index = record.metadata.index
-            at = bisect.bisect_left(skip, index, self._at)
-            if at < len(skip) and skip[at] == index:
-                self._at = at + 1
-                record = self._pull()
-                continue
-            self._at = at
-            return record
-
-    def get_state(self) -> dict:
-        state = self._parent.get_state()
-        pending = self._skip[self._at :]
-        if pending:
-            state = dict(state)
-            state[state_lib.WORKER_SKIP_KEY] = list(pending)
-        return state
-
-    def set_state(self, state: dict) -> None:
-        """Restores the parent; a state without a skip list keeps this one's (rewinds).
-
-        Raises:
-          InvalidStateError: the skip list is not a list of ints.
-        """
-        if isinstance(state, dict) and state_lib.WORKER_SKIP_KEY in state:
-            skip = state[state_lib.WORKER_SKIP_KEY]
-            if not isinstance(skip, list) or not all(
-                isinstance(g, int) and not isinstance(g, bool) for g in skip
-            ):
-                raise InvalidStateError(
-                    f"{self}: '{state_lib.WORKER_SKIP_KEY}' must be a list of ints, got {skip!r}"
-                )
-            state = {k: v for k, v in state.items() if k != state_lib.WORKER_SKIP_KEY}
-            self._parent.set_state(state)
-            self._skip = sorted(set(skip))
-        else:
-            self._parent.set_state(state)
-        self._at = 0
-
-    def __str__(self) -> str:
-        return f"SkipRecordsDatasetIterator(pending={len(self._skip) - self._at})"
 
 
 # -- another number of processes -------------------------------------------------------
@@ -306,16 +229,6 @@ def _new_frontier(sampler: Any, codec: state_lib.LegacyState, olds: list) -> tup
 # -- pipelines whose fast path reads without a skipping stage ---------------------------
 
 
-def has_skip_stage(ds: Any) -> bool:
-    """Whether the chain of stages ``ds`` (one parent each) reads through ``SkipRecordsIterDataset``."""
-    while ds is not None:
-        if isinstance(ds, SkipRecordsIterDataset):
-            return True
-        parents = getattr(ds, "_parents", ())
-        ds = parents[0] if len(parents) == 1 else None
-    return False
-
-
 def _bottom(it: DatasetIterator) -> DatasetIterator:
     while it._parents:
         it = it._parents[0]
@@ -326,13 +239,13 @@ class ElasticRecordsIterDataset(IterDataset):
     """One loader pipeline computed two ways: ``fast``, and ``exact`` while records are skipped.
 
     Both compute the same outputs with the same states (``{"next_index": p}`` at
-    the bottom); ``exact`` reads through ``SkipRecordsIterDataset``, ``fast`` (the
+    the bottom); ``exact`` reads through ``SkipPositionsIterDataset``, ``fast`` (the
     chunked reading of ``chunked.py``) does not. A state with records to skip
     runs ``exact`` until its last skipped record is passed, then ``fast`` again.
 
     Args:
       fast: the pipeline used normally.
-      exact: the same pipeline with a ``SkipRecordsIterDataset`` above its reader.
+      exact: the same pipeline with a ``SkipPositionsIterDataset`` above its reader.
     """
 
     def __init__(self, fast: IterDataset, exact: IterDataset):
@@ -363,17 +276,14 @@ class ElasticRecordsDatasetIterator(DatasetIterator):
         self._fast, self._exact = fast, exact
         self._fast_reader, self._exact_reader = _bottom(fast), _bottom(exact)
         self._skipper = exact
-        while not isinstance(self._skipper, SkipRecordsDatasetIterator):
+        while not isinstance(self._skipper, SkipPositionsDatasetIterator):
             self._skipper = self._skipper._parents[0]
         self._active = fast
-
-    def _pending(self) -> bool:
-        return self._skipper._at < len(self._skipper._skip)
 
     def __next__(self) -> Any:
         if self._active is self._fast:
             return self._fast.__next__()
-        if not self._pending():
+        if not self._skipper.pending():
             self._fast.set_state(self._exact.get_state())
             self._active = self._fast
             return self._fast.__next__()

@@ -2,7 +2,7 @@
 
     SamplerMapDataset(source, sampler, shard_options)   records the sampler chooses
       .to_iter_dataset(read_options)                    chunks located and read at once
-      -> SkipRecordsIterDataset                         after an elastic restore, skips
+      -> SkipPositionsIterDataset                       after an elastic restore, skips
                                                         records delivered before it (a
                                                         pipeline reading without it runs
                                                         beside it: ElasticRecordsIterDataset)
@@ -35,7 +35,8 @@ from grainlike.core.transforms import (
 from grainlike.dataset.base import IterDataset
 from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
 from grainlike.loader import state as state_lib
-from grainlike.loader.elastic import ElasticRecordsIterDataset, SkipRecordsIterDataset, has_skip_stage
+from grainlike.dataset.elastic import SkipPositionsIterDataset, contains_skip_stage
+from grainlike.loader.elastic import ElasticRecordsIterDataset
 from grainlike.loader.chunked import ChunkedRecordsIterDataset, chunkable
 from grainlike.loader.stages import (
     BatchRecordsIterDataset,
@@ -161,7 +162,7 @@ def records_dataset(
         padding = None
         start += 1
     elif not flat:
-        ds = SkipRecordsIterDataset(ds)
+        ds = SkipPositionsIterDataset(ds)
     for i, op in enumerate(operations[start:], start):
         if isinstance(op, (MapTransform, RandomMapTransform, MapWithIndexTransform)):
             ds = MapRecordsIterDataset(ds, op, i)
@@ -175,7 +176,7 @@ def records_dataset(
         else:
             ds = OperationIterDataset(ds, op, i)
     out = RecordDataIterDataset(ds)
-    if per_record or flat or has_skip_stage(out):
+    if per_record or flat or contains_skip_stage(out):
         # A flat map's state is the Dataset state (see loader_dataset): no elastic restore.
         return out
     exact = records_dataset(unsliced, operations, read_options, worker, per_record=True)

@@ -26,12 +26,12 @@ from typing import Any, Sequence
 
 # One class for every iterator's refused state, DataLoader and Dataset stages alike.
 from grainlike.core.errors import InvalidStateError
+from grainlike.dataset.elastic import SKIP_KEY as WORKER_SKIP_KEY
 
 STATE_VERSION = 2
 # Global indices delivered above some worker's position, not to deliver again.
 SKIP_KEY = "skip_indices"
-# The same, in each worker's Dataset state (the reading stage's "next_index" beside it).
-WORKER_SKIP_KEY = "skip"
+# In each worker's Dataset state, WORKER_SKIP_KEY: its own positions to skip.
 _KEYS = ("last_seen_indices", "last_worker_index", "worker_count", "sampler", "data_source")
 
 
@@ -285,7 +285,8 @@ class LegacyState:
     def from_dataset_state(self, state: dict) -> Positions:
         """The positions in the state of the stage below the loader's top."""
         workers = [state] if self.worker_count == 0 else state["iterators_in_use_states"]
-        skip = [g for s in workers for g in s.get(WORKER_SKIP_KEY, ())]
+        w = self._w
+        skip = [self.global_index(i + q * w) for i, s in enumerate(workers) for q in s.get(WORKER_SKIP_KEY, ())]
         cycle = 0 if self.worker_count == 0 else state["next_index_in_cycle"]
         return Positions([s["next_index"] for s in workers], cycle, tuple(sorted(skip)))
 
@@ -293,7 +294,8 @@ class LegacyState:
         # The skip list is always given, empty too: the skipping stage keeps its
         # list when a state comes without one (a rewind after an error).
         w = self._w
-        skip = [g for g in positions.skip if self.local_position(g) % w == worker]
+        local = (self.local_position(g) for g in positions.skip)
+        skip = [p // w for p in local if p % w == worker]
         return {"next_index": positions.next_positions[worker], WORKER_SKIP_KEY: skip}
 
     def to_dataset_state(self, positions: Positions) -> dict:

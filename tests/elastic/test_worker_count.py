@@ -193,3 +193,35 @@ def test_warm_start_restores_on_another_worker_count(no_leaks):
         it.set_state(state)
         after = _records(list(it))
     _assert_exactly_once("shuffle_batch", before, after, 2)
+
+
+@pytest.mark.timeout(60)
+def test_error_after_restore_goes_on_without_repeating_or_losing_records(no_leaks):
+    # A transform fails once while skipped records are pending; the next next()
+    # starts the batch again and still skips them.
+    (before, state), = [c for i, c in enumerate(_checkpoints("shuffle_batch", 3)) if CHECKPOINTS[i] == 1]
+
+    class FailsOnce(grain.MapTransform):
+        calls = 0
+
+        def map(self, x):
+            FailsOnce.calls += 1
+            if FailsOnce.calls == 2:
+                raise RuntimeError("flaky")
+            return x
+
+    n, epochs, _, _ = CONFIGS["shuffle_batch"]
+    loader = grain.DataLoader(
+        data_source=grain.RangeDataSource(0, n, 1),
+        sampler=grain.IndexSampler(n, grain.NoSharding(), shuffle=True, num_epochs=epochs, seed=7),
+        operations=[FailsOnce(), grain.Batch(3)],
+        worker_count=0,
+    )
+    after = []
+    with iter(loader) as it:
+        it.set_state(state)
+        with pytest.raises(RuntimeError, match="flaky"):
+            next(it)
+        assert SKIP_KEY in json.loads(it.get_state())
+        after = _records(list(it))
+    _assert_exactly_once("shuffle_batch", before, after, 0)
