@@ -24,6 +24,7 @@ is read: ``pip install "grainlike[remote]"``.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import io
 import os
@@ -247,19 +248,29 @@ def with_retries(fn: Callable[[], T], url: str, what: str, options: RemoteOption
 # -- read-ahead threads, one pool per process -----------------------------------
 
 _POOL_LOCK = threading.Lock()
-_POOL: Optional[futures.ThreadPoolExecutor] = None
+_POOLS: dict = {}
 _POOL_PID = 0
 _POOL_THREADS = 16
 
 
-def _pool() -> futures.ThreadPoolExecutor:
-    global _POOL, _POOL_PID
+def _pool(kind: str = "read") -> futures.ThreadPoolExecutor:
+    """The process's threads of one kind, made on first use.
+
+    ``"read"`` runs block reads and fetches ahead; ``"copy"`` the ranged reads of
+    a whole-file copy, which a fetch on a "read" thread waits for: two pools, so
+    that waiting never holds the threads the awaited work needs.
+    """
+    global _POOL_PID
     with _POOL_LOCK:
-        if _POOL is None or _POOL_PID != os.getpid():
-            # A pool inherited through fork has no threads behind it: make a new one.
-            _POOL = futures.ThreadPoolExecutor(_POOL_THREADS, thread_name_prefix="grainlike-remote")
+        if _POOL_PID != os.getpid():
+            # Pools inherited through fork have no threads behind them: make new ones.
+            _POOLS.clear()
             _POOL_PID = os.getpid()
-        return _POOL
+        pool = _POOLS.get(kind)
+        if pool is None:
+            pool = futures.ThreadPoolExecutor(_POOL_THREADS, thread_name_prefix=f"grainlike-remote-{kind}")
+            _POOLS[kind] = pool
+        return pool
 
 
 def submit(fn: Callable[..., Any], *args: Any) -> futures.Future:
@@ -464,10 +475,22 @@ class LocalCache:
         fs = _filesystem(url, self._options)
         info = with_retries(lambda: fs.info(_fs_path(url)), url, "get the size of", self._options)
         size = int(info["size"])
-        path = os.path.join(self._dir, self._name(url, info))
+        name = self._name(url, info)
+        path = os.path.join(self._dir, name)
         if _touch(path):
             return path
         os.makedirs(self._dir, exist_ok=True)
+        # One copy at a time per file, across the processes and threads sharing the
+        # directory: the others wait here, then find it done.
+        with open(os.path.join(self._dir, f".lock-{name}"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if _touch(path):
+                return path
+            self._copy(url, size, path)
+        self._evict(keep=path)
+        return path
+
+    def _copy(self, url: str, size: int, path: str) -> None:
         fd, tmp = tempfile.mkstemp(dir=self._dir, prefix=".partial-")
         try:
             bs = self._options.block_size
@@ -478,7 +501,7 @@ class LocalCache:
 
             # Blocks of one file in parallel: remote latency, not bandwidth, bounds
             # a single ranged read.
-            for f in [_pool().submit(copy, r) for r in ranges]:
+            for f in [_pool("copy").submit(copy, r) for r in ranges]:
                 f.result()
             os.close(fd)
             fd = -1
@@ -488,8 +511,6 @@ class LocalCache:
                 os.close(fd)
             if os.path.exists(tmp):
                 os.unlink(tmp)
-        self._evict(keep=path)
-        return path
 
     def _evict(self, keep: str) -> None:
         if self._max_bytes is None:
@@ -497,7 +518,7 @@ class LocalCache:
         with self._lock:
             entries = []
             for name in os.listdir(self._dir):
-                if name.startswith(".partial-"):
+                if name.startswith((".partial-", ".lock-")):
                     continue
                 full = os.path.join(self._dir, name)
                 try:

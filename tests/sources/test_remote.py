@@ -180,7 +180,7 @@ def test_array_record_remote_instructions_fetch_on_first_read(up, tmp_path):
     source = ArrayRecordDataSource([u + f"[0:{PER_SHARD}]" for u in _urls("ar")], remote_options=options)
     assert not os.path.exists(tmp_path / "cache")  # nothing fetched to build it
     assert source[PER_SHARD + 1] == _records(1)[1]
-    assert len(os.listdir(tmp_path / "cache")) >= 1
+    assert [n for n in os.listdir(tmp_path / "cache") if not n.startswith(".")]
 
 
 def test_array_record_missing_or_broken_object_is_named(up, tmp_path):
@@ -249,7 +249,7 @@ def test_parquet_through_local_cache_is_bounded(up, local_files, tmp_path):
     options = _options(up, tmp_path, cache_max_bytes=size + size // 2)  # room for one file
     source = ParquetDataSource(_urls("pq"), remote_options=options)
     assert [int(source[k]["id"]) for k in (0, PER_SHARD)] == [0, 100]
-    cached = os.listdir(tmp_path / "cache")
+    cached = [n for n in os.listdir(tmp_path / "cache") if not n.startswith(".")]
     assert len(cached) == 1 and cached[0].endswith("part-1.parquet")
 
 
@@ -396,4 +396,25 @@ def test_array_record_counts_from_the_tail_without_copying_the_files(up, tmp_pat
     tails = [n for url, n in reads if url == _urls("ar")[0]]
     assert tails[0] == 16 and len(tails) >= 2 and tails == sorted(tails)
     assert source[PER_SHARD - 1] == _records(0)[-1]
-    assert len(os.listdir(tmp_path / "cache")) >= 1  # copied on first read
+    assert [n for n in os.listdir(tmp_path / "cache") if not n.startswith(".")]  # copied on first read
+
+
+def test_threads_fetching_one_file_copy_it_once(up, local_files, tmp_path, monkeypatch):
+    from concurrent import futures
+
+    copies = []
+    original = remote._read_range
+
+    def counting(url, start, end, options):
+        if url == _urls("pq")[0]:
+            copies.append((start, end))
+            time.sleep(0.05)  # long enough for the other threads to arrive meanwhile
+        return original(url, start, end, options)
+
+    monkeypatch.setattr(remote, "_read_range", counting)
+    cache = remote.LocalCache(str(tmp_path / "cache"), _options(up))
+    with futures.ThreadPoolExecutor(4) as pool:
+        paths = list(pool.map(cache.fetch, [_urls("pq")[0]] * 4))
+    assert len(set(paths)) == 1 and len(copies) == 1
+    with open(paths[0], "rb") as f, open(_local(local_files, "pq")[0], "rb") as g:
+        assert f.read() == g.read()
