@@ -1,9 +1,10 @@
 """A small training run that tests/checkpoint/test_kill_anywhere.py kills at any moment.
 
-    kill_anywhere_train.py WORKDIR --workers W
+    kill_anywhere_train.py WORKDIR --workers W [--device]
 
 A DataLoader with W worker processes reads an in-memory source, one epoch,
-shuffled; a numpy "model" is updated from every batch; an asynchronous Orbax
+shuffled (with ``--device``, its batches put on the device two ahead by a
+``DeviceIterator``); a numpy "model" is updated from every batch; an asynchronous Orbax
 CheckpointManager saves model and iterator every ``SAVE_EVERY`` steps. Every
 delivered record id goes to ``WORKDIR/log`` (``"<step> <id>"`` per line, fsynced
 before the step counts). A run resumes from the latest complete checkpoint:
@@ -80,20 +81,25 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("workdir")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--device", action="store_true", help="through a DeviceIterator")
     args = parser.parse_args()
 
     import orbax.checkpoint as ocp
 
     import grainlike as grain
+    from grainlike.device import DeviceIterator
 
     marker("imported")
     log_path = os.path.join(args.workdir, "log")
     options = ocp.CheckpointManagerOptions(
         save_interval_steps=SAVE_EVERY, max_to_keep=2, enable_async_checkpointing=True
     )
-    with ocp.CheckpointManager(os.path.join(args.workdir, "ckpt"), options=options) as mngr, iter(
-        loader(grain, args.workers)
-    ) as it:
+    it = iter(loader(grain, args.workers))
+    if args.device:
+        # Batches put on the device ahead of the loop, as in training; the state
+        # saved is that of the batches the loop received.
+        it = DeviceIterator(it, prefetch=2)
+    with ocp.CheckpointManager(os.path.join(args.workdir, "ckpt"), options=options) as mngr, it:
         step = mngr.latest_step() or 0
         model = np.zeros(MODEL_SIZE)
         entries: list[tuple[int, int]] = []

@@ -1,8 +1,8 @@
 """SIGKILL a training run at random moments; over all restarts every record is trained on once.
 
-``kill_anywhere_train.py`` (2 DataLoader workers, an asynchronous Orbax
-CheckpointManager saving model and iterator every 4 steps, every delivered
-record id logged and fsynced) is started, killed with SIGKILL at a seeded
+``kill_anywhere_train.py`` (2 DataLoader workers, batches put on the device
+ahead by a ``DeviceIterator``, an asynchronous Orbax CheckpointManager saving
+model and iterator every 4 steps, every delivered record id logged and fsynced) is started, killed with SIGKILL at a seeded
 random moment, and started again, ``KILLS`` times; then it runs to the end of
 the epoch. The moments cycle through: while Python imports / the workers start
 (a delay from the process start), just after a restore while the workers start,
@@ -13,8 +13,9 @@ must hold every record of the epoch exactly once, in the order of a run never
 killed, and no process of any killed run may remain.
 
 The same test runs with the worker count changing at every restart (2, 1, 3,
-...), restoring each checkpoint on another number of workers: every record
-exactly once, in an order that depends on the worker counts.
+...; without the DeviceIterator, to save time), restoring checkpoints on another
+number of workers: every record exactly once, in an order that depends on the
+worker counts.
 
 The default run kills 10 times in each (one Python start with jax and orbax
 costs ~1.5-3 s here, and each test takes ~25-40 s on 2 busy cores);
@@ -141,24 +142,25 @@ def _reference_order(worker_count: int) -> list[int]:
         return [int(i) for batch in it for i in batch]
 
 
-def _cmd(tmp_path, worker_count: int) -> list[str]:
-    return [sys.executable, str(SCRIPT), str(tmp_path), "--workers", str(worker_count)]
+def _cmd(tmp_path, worker_count: int, device: bool) -> list[str]:
+    cmd = [sys.executable, str(SCRIPT), str(tmp_path), "--workers", str(worker_count)]
+    return cmd + ["--device"] if device else cmd
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + KILLS * 15)
 @pytest.mark.parametrize(
-    "worker_counts",
+    "worker_counts,device",
     # Elastic: the worker count cycles 2, 1, 3 from run to run, so most restores
     # are onto another worker count than the checkpoint's.
-    [(2,), (2, 1, 3)],
-    ids=["same_workers", "elastic"],
+    [((2,), True), ((2, 1, 3), False)],
+    ids=["same_workers_device_iterator", "elastic"],
 )
-def test_killed_anywhere_every_record_is_trained_on_exactly_once(tmp_path, worker_counts):
+def test_killed_anywhere_every_record_is_trained_on_exactly_once(tmp_path, worker_counts, device):
     rng = random.Random(SEED)
     sessions, kinds = [], []
     for k in range(KILLS):
         kind = KINDS[k % len(KINDS)]  # every kind, the moment within it random
-        cmd = _cmd(tmp_path, worker_counts[k % len(worker_counts)])
+        cmd = _cmd(tmp_path, worker_counts[k % len(worker_counts)], device)
         with in_session(cmd, env=_env(), cwd=tmp_path) as proc:
             sessions.append(proc.pid)
             run = Run(proc)
@@ -166,7 +168,7 @@ def test_killed_anywhere_every_record_is_trained_on_exactly_once(tmp_path, worke
             assert proc.returncode == -signal.SIGKILL, run.failure(f"kill {k} ({kind}) found it ended")
             kinds.append((kind, run.seen[-1] if run.seen else "-"))
 
-    with in_session(_cmd(tmp_path, worker_counts[0]), env=_env(), cwd=tmp_path) as proc:
+    with in_session(_cmd(tmp_path, worker_counts[0], device), env=_env(), cwd=tmp_path) as proc:
         sessions.append(proc.pid)
         run = Run(proc)
         assert run.wait_for(lambda line: line == "done"), run.failure("the last run did not finish")
