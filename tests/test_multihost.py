@@ -9,27 +9,17 @@ processes restores in both.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import re
-import socket
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 
 import grainlike as grain
+from tests.helpers.jax_processes import run_job
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROCESS_TIMEOUT_S = 120
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _script(tmp_path) -> pathlib.Path:
@@ -59,36 +49,7 @@ def _expected_sums(num_processes, steps):
 def test_two_processes_share_a_global_batch_and_a_checkpoint(tmp_path):
     script = _script(tmp_path)
     ckpt = tmp_path / "ckpt"
-    address = f"127.0.0.1:{_free_port()}"
-    env = dict(os.environ)
-    env.update(
-        JAX_PLATFORMS="cpu",
-        XLA_FLAGS="--xla_force_host_platform_device_count=1",
-        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
-    )
-    logs = [(tmp_path / f"out{i}.txt", tmp_path / f"err{i}.txt") for i in range(2)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(i), "2", address, str(ckpt)],
-            stdout=open(logs[i][0], "w"), stderr=open(logs[i][1], "w"), env=env, cwd=tmp_path,
-        )
-        for i in range(2)
-    ]
-    try:
-        deadline = time.monotonic() + PROCESS_TIMEOUT_S
-        # If one process fails, the other would wait for it in a barrier: stop at once.
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            if any(p.poll() not in (None, 0) for p in procs):
-                break
-            time.sleep(0.1)
-    finally:
-        for p in procs:  # only the two processes this test started
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-    for p, (out, err) in zip(procs, logs):
-        assert p.returncode == 0, f"process exited with {p.returncode}:\n{err.read_text()[-4000:]}"
-    outputs = [json.loads(out.read_text().strip().splitlines()[-1]) for out, _ in logs]
+    outputs = run_job(script, 2, [ckpt], tmp_path, PROCESS_TIMEOUT_S)
 
     expected = _expected_sums(2, 5)
     for i, result in enumerate(outputs):
