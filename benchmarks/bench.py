@@ -44,6 +44,7 @@ SECTIONS: dict[str, str] = {
     "W8": "benchmarks.checkpoint_save",
     "W9": "benchmarks.in_jit",
     "W10": "benchmarks.remote",
+    "W11": "benchmarks.tfrecord_interleave",
 }
 DESCRIPTIONS = {
     "W1": "1e6 small int records, identity map, Batch(128): records/s",
