@@ -390,6 +390,8 @@ def _signal_waiter() -> Any:
 
 _build_lock = threading.Lock()
 _built: dict[str, type] = {}
+# ``_signal_waiter()``, set when the classes are built.
+_directory_waiter: Any = None
 
 
 def _build_orbax_classes() -> dict[str, type]:
@@ -405,7 +407,8 @@ def _build_orbax_classes() -> dict[str, type]:
                 "pip install 'grainlike[orbax]'"
             ) from e
 
-        _wait_for_directory = _signal_waiter()
+        global _directory_waiter
+        _directory_waiter = _signal_waiter()
 
         class PyGrainCheckpointHandler(ocp.AsyncCheckpointHandler):
             """Orbax handler for grainlike (and grain) iterators: ``grain.checkpoint.CheckpointHandler``.
@@ -430,7 +433,7 @@ def _build_orbax_classes() -> dict[str, type]:
             ) -> list:
                 item = item if item is not None else args.item
                 state = _state_text(item)  # now, not when the write runs
-                if _wait_for_directory is None or hasattr(directory, "await_creation"):
+                if _directory_waiter is None or hasattr(directory, "await_creation"):
                     # Waits for Orbax's "directory created" signals before writing.
                     return [
                         ocp_future.CommitFutureAwaitingContractedSignals(
@@ -445,7 +448,7 @@ def _build_orbax_classes() -> dict[str, type]:
                     self._writer = concurrent.futures.ThreadPoolExecutor(
                         max_workers=1, thread_name_prefix="grainlike_checkpoint_writer"
                     )
-                wait = _wait_for_directory()  # the signals of this save, taken now
+                wait = _directory_waiter()  # the signals of this save, taken now
                 filename = process_state_path(directory)
 
                 def write() -> None:

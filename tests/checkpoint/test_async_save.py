@@ -82,8 +82,15 @@ class Gate:
         self.opened.set()
 
 
+@pytest.mark.parametrize("orbax_signals", ["read by grainlike", "public API only"])
 @pytest.mark.parametrize("worker_count", [0, 2])
-def test_save_returns_before_the_state_file_is_written(tmp_path, monkeypatch, worker_count, no_leaks):
+def test_save_returns_before_the_state_file_is_written(
+    tmp_path, monkeypatch, worker_count, orbax_signals, no_leaks
+):
+    if orbax_signals == "public API only":
+        # As with an Orbax whose internals moved: one commit thread per save.
+        gckpt.CheckpointSave  # builds the classes
+        monkeypatch.setattr(grainlike_orbax, "_directory_waiter", None)
     gate = Gate(monkeypatch)
     with _async_manager(tmp_path) as mngr, iter(_loader(grainlike, worker_count)) as it:
         take(it, K)
@@ -93,6 +100,8 @@ def test_save_returns_before_the_state_file_is_written(tmp_path, monkeypatch, wo
         assert not gate.released.is_set()
         assert gate.writes_waiting.wait(GATE_TIMEOUT_S), "the write never started"
         assert all(t is not threading.main_thread() for t in gate.writer_threads)
+        long_lived = [t.name.startswith("grainlike_checkpoint_writer") for t in gate.writer_threads]
+        assert all(long_lived) if orbax_signals == "read by grainlike" else not any(long_lived)
         assert _state_files(tmp_path) == []
         # The loop goes on; the checkpoint keeps the position at save().
         take(it, 2)
