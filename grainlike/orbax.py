@@ -417,8 +417,9 @@ def _build_orbax_classes() -> dict[str, type]:
             DataLoader iterator's state bytes, or a Dataset iterator's state dict
             as indented JSON. With
             async checkpointing the state is read when ``save()`` is called, and
-            only the file write runs in the background, so the iterator can be
-            advanced at once.
+            only the file write runs in the background (in one thread per
+            handler, ended by ``close()``), so the iterator can be advanced at
+            once.
 
             Example:
               mngr.save(step, args=ocp.args.Composite(
