@@ -198,6 +198,10 @@ def _new_frontier(sampler: Any, codec: state_lib.LegacyState, olds: list) -> tup
     # Per old shard: its records per epoch, and epochs it has wholly delivered.
     sizes = [old_sampler._shard_size for old_sampler, *_ in olds]
     done = min((f // n if n > 0 else 10**18) for (_, _, f, _), n in zip(olds, sizes))
+    if sum(max(n, 0) for n in sizes) < sampler.num_records:
+        # The old shards dropped records (drop_remainder): no epoch of theirs
+        # delivered every record, so every epoch is compared record by record.
+        done = 0
     last = max(
         ((max([f - 1, *above]) // n) if n > 0 else -1) for (_, _, f, above), n in zip(olds, sizes)
     )
