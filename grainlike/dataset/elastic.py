@@ -16,7 +16,7 @@ consumed before it with ``SkipPositionsIterDataset``.
 from __future__ import annotations
 
 import bisect
-from typing import Any, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 from grainlike.core import sharding
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
@@ -200,6 +200,40 @@ SKIP_KEY = "skip_positions"
 MAX_WINDOW = 1_000_000
 
 
+def round_robin_frontier(next_positions: Sequence[int], extra: Iterable[int], where: str) -> tuple[int, list[int]]:
+    """What ``k = len(next_positions)`` round-robin workers consumed, as positions.
+
+    Worker ``i`` consumed positions ``i + j * k`` for ``j < next_positions[i]``;
+    ``extra`` are positions consumed beside those (skipped after an earlier restore).
+
+    Returns:
+      ``(f, above)``: every position below ``f`` was consumed, ``f`` was not, and
+      ``above`` (sorted) are the consumed positions above ``f``.
+
+    Raises:
+      InvalidStateError: more than ``MAX_WINDOW`` positions above ``f`` were
+        consumed (no state a pipeline writes); the message starts with ``where``.
+    """
+    from grainlike.core.errors import InvalidStateError
+
+    k = len(next_positions)
+    f = min(i + n * k for i, n in enumerate(next_positions))
+    firsts = [max(0, -(-(f - i) // k)) for i in range(k)]  # worker i's first position >= f
+    window = sum(max(0, n - first) for n, first in zip(next_positions, firsts))
+    if window > MAX_WINDOW:
+        raise InvalidStateError(
+            f"{where}: the workers are {window} positions apart (their next positions: "
+            f"{list(next_positions)}); at most {MAX_WINDOW} consumed positions after the "
+            "first one not consumed are skipped"
+        )
+    consumed = set(extra)
+    for i, (n, first) in enumerate(zip(next_positions, firsts)):
+        consumed.update(range(i + first * k, i + n * k, k))
+    while f in consumed:
+        f += 1
+    return f, sorted(p for p in consumed if p > f)
+
+
 def rebalance_worker_states(
     states: list, num_workers: int, initial_state: Any, where: str
 ) -> tuple[list, int]:
@@ -243,21 +277,8 @@ def rebalance_worker_states(
             f"{where}: cannot restore a state of {k} workers on {num_workers}: a worker's "
             f"state {bad!r} is not a position ({{'next_index': n}})"
         )
-    f = min(i + n * k for i, (n, _) in enumerate(positions))
-    firsts = [max(0, -(-(f - i) // k)) for i in range(k)]
-    window = sum(max(0, n - first) for (n, _), first in zip(positions, firsts))
-    if window > MAX_WINDOW:
-        raise InvalidStateError(
-            f"{where}: cannot restore a state of {k} workers on {num_workers}: the workers "
-            f"are {window} elements apart (their positions: {[n for n, _ in positions]}); at "
-            f"most {MAX_WINDOW} consumed elements after the first one not consumed are skipped"
-        )
-    consumed = {i + p * k for i, (_, skip) in enumerate(positions) for p in skip}
-    for i, ((n, _), first) in enumerate(zip(positions, firsts)):
-        consumed.update(range(i + first * k, i + n * k, k))
-    while f in consumed:
-        f += 1
-    above = sorted(g for g in consumed if g > f)
+    extra = [i + p * k for i, (_, skip) in enumerate(positions) for p in skip]
+    f, above = round_robin_frontier([n for n, _ in positions], extra, where)
     new = []
     for j in range(num_workers):
         state: dict = {"next_index": max(0, -(-(f - j) // num_workers))}

@@ -29,14 +29,8 @@ import numpy as np
 
 from grainlike.core.errors import InvalidStateError
 from grainlike.dataset.base import DatasetIterator, IterDataset
-from grainlike.dataset.elastic import SkipPositionsDatasetIterator
+from grainlike.dataset.elastic import SkipPositionsDatasetIterator, round_robin_frontier
 from grainlike.loader import state as state_lib
-
-
-# The most delivered positions above the first one not delivered that a restore
-# skips (a list in the state until passed): workers' positions further apart than
-# this are no state a DataLoader writes.
-MAX_WINDOW = 1_000_000
 
 
 def frontier(codec: state_lib.LegacyState, positions: state_lib.Positions) -> tuple[int, list[int]]:
@@ -45,26 +39,12 @@ def frontier(codec: state_lib.LegacyState, positions: state_lib.Positions) -> tu
     Returns:
       ``(f, above)``: every position below ``f`` was delivered, ``f`` was not, and
       ``above`` (sorted) are the delivered positions above ``f``.
+
+    Raises:
+      InvalidStateError: the workers are too far apart (no state a DataLoader writes).
     """
-    w = max(codec.worker_count, 1)
-    ends = [i + n * w for i, n in enumerate(positions.next_positions)]
-    f = min(ends)
-    # Worker i's first position at or above f is i + firsts[i] * w.
-    firsts = [max(0, -(-(f - i) // w)) for i in range(w)]
-    window = sum(max(0, n - first) for n, first in zip(positions.next_positions, firsts))
-    if window > MAX_WINDOW:
-        raise InvalidStateError(
-            f"cannot restore on another worker count: the state's workers are "
-            f"{window} positions apart (their next positions: {positions.next_positions}); "
-            f"at most {MAX_WINDOW} delivered positions above the first one not delivered "
-            "are skipped"
-        )
-    delivered = {codec.local_position(g) for g in positions.skip}
-    for i, (n, first) in enumerate(zip(positions.next_positions, firsts)):
-        delivered.update(range(i + first * w, i + n * w, w))
-    while f in delivered:
-        f += 1
-    return f, sorted(p for p in delivered if p > f)
+    skipped = [codec.local_position(g) for g in positions.skip]
+    return round_robin_frontier(positions.next_positions, skipped, "cannot restore on another worker count")
 
 
 def assign(codec: state_lib.LegacyState, f: int, above: Sequence[int]) -> state_lib.Positions:
