@@ -105,19 +105,17 @@ def measure(fmt: str, where: str, workers: int, endpoint: str, data_dir: str, ca
 
 
 def _child(args: list) -> dict:
+    from tests.helpers.processes import run_in_session
+
     env = {**os.environ, "PYTHONPATH": ROOT, "AWS_CONFIG_FILE": os.devnull,
            "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.remote", "--child", *map(str, args)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
-        start_new_session=True,
-    )
     try:
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.communicate()
+        proc, out, err = run_in_session(
+            [sys.executable, "-m", "benchmarks.remote", "--child", *map(str, args)],
+            timeout=300, cwd=ROOT, env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": "timeout"}
     lines = [l for l in out.splitlines() if l.startswith("{")]
     if proc.returncode != 0 or not lines:
         return {"error": (err.strip().splitlines() or ["failed"])[-1][:200]}

@@ -84,13 +84,13 @@ def _missing(path: str) -> SourceFileNotFoundError:
 
 
 def _local_copy(
-    path: str, remote_options: Optional[remote.RemoteOptions], known: Optional[str] = None
+    path: str, remote_options: Optional[remote.RemoteOptions], info: Optional[dict] = None
 ) -> str:
     """A local path with the contents of ``path``: itself, or its cached copy if remote."""
     if _is_local(path):
         return remote.local_path(path)
     try:
-        return remote.cache_for(remote_options or remote.RemoteOptions()).fetch(path, known)
+        return remote.cache_for(remote_options or remote.RemoteOptions()).fetch(path, info)
     except FileNotFoundError as e:
         raise SourceFileNotFoundError(f"ArrayRecordDataSource: file not found: {path!r} ({e})") from e
 
@@ -99,11 +99,11 @@ def _open_reader(
     path: str,
     options: str,
     remote_options: Optional[remote.RemoteOptions] = None,
-    known: Optional[str] = None,
+    info: Optional[dict] = None,
 ):
     from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
 
-    url, path = path, _local_copy(path, remote_options, known)
+    url, path = path, _local_copy(path, remote_options, info)
     reader = array_record_module.ArrayRecordReader(
         path, options=options, file_reader_buffer_size=_FILE_READER_BUFFER_SIZE
     )
@@ -293,9 +293,9 @@ class ArrayRecordDataSource:
                     pool.map(lambda p: _read_instruction(p, remote_options), normalized)
                 )
         self._filenames = [f for f, _, _ in instructions]
-        # Remote files copied while counting: workers open these copies without
-        # asking the store again (a missing one is fetched anew).
-        self._copies = {f: c for f in self._filenames if (c := remote.fetched_copy(f, remote_options)) is not None}
+        # Size and version of each remote file, read while counting: every process
+        # finds its cached copy without asking the store, and copies that version.
+        self._infos = {f: i for f in self._filenames if (i := remote.known_info(f)) is not None}
         self._starts = [s for _, s, _ in instructions]
         counts = [e - s for _, s, e in instructions]
         # _firsts[i]: global key of file i's first record; _ends[i]: one past its last.
@@ -324,7 +324,7 @@ class ArrayRecordDataSource:
                     filename = self._filenames[file_index]
                     reader = _open_reader(
                         filename, self._reader_options, self._remote_options,
-                        self._copies.get(filename),
+                        self._infos.get(filename),
                     )
                     _warn_group_size(filename, reader)
                     self._readers[file_index] = reader
@@ -340,7 +340,7 @@ class ArrayRecordDataSource:
             return
         cache = remote.cache_for(self._remote_options or remote.RemoteOptions())
         # A failure is not reported here: the read of that file will retry and raise.
-        remote.submit(cache.fetch, filename)
+        remote.submit(cache.fetch, filename, self._infos.get(filename))
 
     def close(self) -> None:
         """Closes the open readers. Idempotent; a later read opens them again."""

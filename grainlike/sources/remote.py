@@ -278,13 +278,30 @@ def submit(fn: Callable[..., Any], *args: Any) -> futures.Future:
     return _pool().submit(fn, *args)
 
 
-def object_size(url: str, options: RemoteOptions) -> int:
-    """The size in bytes of the object at ``url``."""
+# What this process last learnt of each object: url -> {"size", "version"}.
+_INFOS: dict = {}
+
+
+def object_info(url: str, options: RemoteOptions) -> dict:
+    """``{"size": bytes, "version": etag or modification time}`` of the object at ``url``."""
     fs = _filesystem(url, options)
     info = with_retries(lambda: fs.info(_fs_path(url)), url, "get the size of", options)
     if info.get("type") == "directory":
         raise IsADirectoryError(f"{url!r} is a directory, not a file")
-    return int(info["size"])
+    version = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified")
+    out = {"size": int(info["size"]), "version": str(version)}
+    _INFOS[url] = out
+    return out
+
+
+def known_info(url: str) -> Optional[dict]:
+    """The ``object_info`` this process last read for ``url``, if any (no request)."""
+    return _INFOS.get(url)
+
+
+def object_size(url: str, options: RemoteOptions) -> int:
+    """The size in bytes of the object at ``url``."""
+    return object_info(url, options)["size"]
 
 
 def read_range(url: str, start: int, end: int, options: RemoteOptions) -> bytes:
@@ -452,29 +469,21 @@ class LocalCache:
         return self._dir
 
     def _name(self, url: str, info: dict) -> str:
-        version = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified")
-        digest = hashlib.sha1(f"{url}\0{info.get('size')}\0{version}".encode()).hexdigest()[:20]
+        digest = hashlib.sha1(f"{url}\0{info['size']}\0{info['version']}".encode()).hexdigest()[:20]
         base = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[-80:]
         return f"{digest}-{base}"
 
-    def fetch(self, url: str, known: Optional[str] = None) -> str:
+    def fetch(self, url: str, info: Optional[dict] = None) -> str:
         """Returns a local path holding the contents of ``url``, fetching it if needed.
 
         Args:
           url: the remote object.
-          known: a copy fetched before (``fetched_copy``), used without asking the
-            store while it exists.
+          info: its ``object_info``, if known: a file already cached is then found
+            without asking the store.
         """
-        if known is not None and _touch(known):
-            return known
-        path = self._fetch(url)
-        _FETCHED[(self._dir, url)] = path
-        return path
-
-    def _fetch(self, url: str) -> str:
-        fs = _filesystem(url, self._options)
-        info = with_retries(lambda: fs.info(_fs_path(url)), url, "get the size of", self._options)
-        size = int(info["size"])
+        if info is None:
+            info = object_info(url, self._options)
+        size = info["size"]
         name = self._name(url, info)
         path = os.path.join(self._dir, name)
         if _touch(path):
@@ -539,10 +548,6 @@ class LocalCache:
                     pass
 
 
-# Copies this process fetched or found: (cache directory, url) -> local path.
-_FETCHED: dict = {}
-
-
 def _touch(path: str) -> bool:
     """Marks a cached copy recently used; False if it is gone."""
     try:
@@ -551,11 +556,6 @@ def _touch(path: str) -> bool:
     except OSError:
         return False
 
-
-def fetched_copy(url: str, options: Optional[RemoteOptions] = None) -> Optional[str]:
-    """The copy of ``url`` in the cache of ``options`` this process last fetched, if it still exists."""
-    path = _FETCHED.get((cache_for(options or RemoteOptions()).directory, url))
-    return path if path is not None and os.path.exists(path) else None
 
 
 def default_cache_dir() -> str:

@@ -418,3 +418,13 @@ def test_threads_fetching_one_file_copy_it_once(up, local_files, tmp_path, monke
     assert len(set(paths)) == 1 and len(copies) == 1
     with open(paths[0], "rb") as f, open(_local(local_files, "pq")[0], "rb") as g:
         assert f.read() == g.read()
+
+
+def test_array_record_cached_files_read_without_the_server(server, up, tmp_path):
+    import pickle
+
+    source = ArrayRecordDataSource(_urls("ar"), remote_options=_options(up, tmp_path))
+    assert [source[0], source[PER_SHARD]] == [_records(0)[0], _records(1)[0]]  # both copied
+    clone = pickle.loads(pickle.dumps(source))  # as a worker receives it: no open reader
+    server.stop()
+    assert clone[PER_SHARD + 3] == _records(1)[3]
