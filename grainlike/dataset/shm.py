@@ -202,6 +202,10 @@ class SegmentPool:
         self._pending.clear()
         return out
 
+    def lent_count(self) -> int:
+        """How many segments the consumer holds or has yet to receive (exports add one per leaf)."""
+        return len(self._lent)
+
     def take_unsent(self) -> list[tuple[int, int, int]]:
         """``(seg_id, size, fd)`` of segments the consumer has not received yet; the caller closes the fds."""
         unsent, self._unsent = self._unsent, []

@@ -33,6 +33,7 @@ import multiprocessing.context
 import mmap
 import os
 import select
+import pickle
 import signal
 import struct
 import sys
@@ -279,6 +280,59 @@ def _forkserver_context():
         return _context
 
 
+def _jax_backend_initialised() -> bool:
+    """Whether JAX has started a backend (its runtime threads) in this process."""
+    xla_bridge = sys.modules.get("jax._src.xla_bridge")
+    if xla_bridge is None:
+        return False
+    backends = getattr(xla_bridge, "_backends", None)
+    # A JAX that keeps its backends elsewhere: assume they may be running.
+    return not isinstance(backends, dict) or bool(backends)
+
+
+def fork_is_safe() -> bool:
+    """Whether workers may be forked from this process directly, as torch does.
+
+    Forking copies only the calling thread: a lock another thread holds (in
+    logging, in an allocator, in JAX's runtime) stays locked forever in the
+    child. So this process must run no other Python thread and no JAX backend
+    (importing jax starts none; its first computation does). Then a fork is what
+    the preloaded server would do, minus the server's boot and the round trip
+    (W4: the first batch with 2 workers in a fresh process). Otherwise workers
+    fork from the preloaded server, which never has either.
+    """
+    if sys.platform != "linux" or not hasattr(os, "fork"):
+        return False
+    return threading.active_count() == 1 and not _jax_backend_initialised()
+
+
+class _ForkedWorkerProcess(multiprocessing.context.ForkProcess):
+    """A worker forked from the calling process (``fork_is_safe()``)."""
+
+
+def _forked_entry(parent_ends: list, *args) -> None:
+    # The child's copies of the consumer's ends of its own pipes: only the
+    # consumer may hold them, so that each side sees EOF when the other exits.
+    # (The ends of earlier workers were closed by _after_fork_in_child.)
+    for fd in parent_ends:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _worker_entry(*args)
+
+
+def _as_inherited(arg: Any) -> Any:
+    """A start argument for a forked worker: a ``PassedFd`` is inherited as it is."""
+    if isinstance(arg, PassedFd):
+        return arg.fd
+    if isinstance(arg, tuple):
+        return tuple(_as_inherited(a) for a in arg)
+    if isinstance(arg, dict):
+        return {k: _as_inherited(v) for k, v in arg.items()}
+    return arg
+
+
 def prestart() -> None:
     """Starts the forkserver now so the first workers fork at once.
 
@@ -286,7 +340,10 @@ def prestart() -> None:
     interpreter importing numpy and grainlike) then overlaps whatever the program
     does before its first ``next()``. Later pools in the process reuse it. The
     server imports the main module only if the user preloads ``"__main__"``.
+    Not while workers would fork from this process directly (``fork_is_safe``).
     """
+    if fork_is_safe():
+        return
     _forkserver_context()
     from multiprocessing import forkserver
 
@@ -539,6 +596,9 @@ class WorkerPool:
         self._payload, shipped = pickle_task(task)
         self._started = False
         self._released = [collections.deque() for _ in range(worker_count)]
+        # Outputs that came in one message with others ("outs"), not yet returned:
+        # (state, payload) per output, per worker.
+        self._inbox = [collections.deque() for _ in range(worker_count)]
         # Workers started held, and the in-process outputs standing in for them.
         self._held = [False] * worker_count
         self._local: dict = {}
@@ -758,6 +818,13 @@ class WorkerPool:
                 if found:
                     return output
                 continue
+            inbox = self._inbox[w]
+            if inbox:
+                state, output = pickle.loads(inbox[0])
+                inbox.popleft()
+                self.states[w] = state
+                self._advance(w)
+                return output
             try:
                 msg = self._recv(w)
                 if msg[0] == "out" and msg[3]:
@@ -775,6 +842,12 @@ class WorkerPool:
                 self._advance(w)
                 self._tick(w)
                 return output
+            if kind == "outs":
+                # Small outputs travel several to a message, each pickled on its
+                # own (worker_main._Outbox): one message, one credit.
+                inbox.extend(msg[1])
+                self._tick(w)
+                continue
             if kind == "end":
                 self.exhausted[w] = True
                 self.states[w] = msg[1]
@@ -887,7 +960,13 @@ def _launch(
     Stops early if ``sd`` is shutting down; a failure is kept in
     ``sd.launch_error`` for the consumer to raise (it may run in a thread).
     """
-    ctx = _forkserver_context()
+    forked = not hold and fork_is_safe()
+    if forked:
+        from grainlike.dataset import worker_main  # noqa: F401  (imported once, here, not in each child)
+
+        ctx = multiprocessing.get_context("fork")
+    else:
+        ctx = _forkserver_context()
     try:
         for w in range(worker_count):
             if sd.done:
@@ -899,16 +978,20 @@ def _launch(
             os.set_inheritable(stack_r, False)
             progress = None if sd.progress is None else PassedFd(sd.progress.fd)
             shipped = {token: PassedFd(fd) for token, fd in sd.shipped.items()}
-            proc = _WorkerProcess(
-                target=_worker_entry,
-                args=(
-                    payload, w, worker_count, starts[w], buffer_size,
-                    result_w, control_r, os.getpid(), profile, hold,
-                    exhausted[w], (progress, w, PassedFd(stack_w)), shipped,
-                ),
-                name=f"grainlike-worker-{w}",
-                daemon=True,
+            args = (
+                payload, w, worker_count, starts[w], buffer_size,
+                result_w, control_r, os.getpid(), profile, hold,
+                exhausted[w], (progress, w, PassedFd(stack_w)), shipped,
             )
+            if forked:
+                proc = _ForkedWorkerProcess(
+                    target=_forked_entry,
+                    args=([result_r.fileno(), control_w.fileno(), stack_r], *_as_inherited(args)),
+                    name=f"grainlike-worker-{w}",
+                    daemon=True,
+                )
+            else:
+                proc = _WorkerProcess(target=_worker_entry, args=args, name=f"grainlike-worker-{w}", daemon=True)
             try:
                 proc.start()
             except BaseException:

@@ -18,6 +18,9 @@ SCRIPT = textwrap.dedent(
 
     if {disable}:
         workers._PRELOAD_IF_LOADED = ()
+    # The preloaded server's imports are under test: a worker forked from this
+    # process (fork_is_safe) has every module it has.
+    workers.fork_is_safe = lambda: False
 
 
     class Probe(gl.MapTransform):

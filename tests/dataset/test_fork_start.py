@@ -1,0 +1,91 @@
+"""Workers fork from the calling process when that is safe, else from the preloaded server.
+
+Safe: no other Python thread and no JAX backend in the calling process. Either
+way the outputs and states are the same.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+
+from tests.helpers.processes import run_in_session
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, threading
+    sys.path.insert(0, {root!r})
+    import psutil
+    import grainlike as gl
+    from grainlike.dataset import workers
+
+    how = {how!r}
+    if how == "thread":
+        stop = threading.Event()
+        threading.Thread(target=stop.wait, daemon=True).start()
+    elif how == "jax":
+        import jax.numpy as jnp
+        jnp.zeros(1).block_until_ready()  # starts the CPU backend
+    elif how == "server":
+        workers.fork_is_safe = lambda: False
+
+    class Square(gl.MapTransform):
+        def map(self, x):
+            return x * x
+
+    loader = gl.DataLoader(
+        data_source=gl.RangeDataSource(0, 30, 1),
+        sampler=gl.IndexSampler(30, gl.NoSharding(), shuffle=True, num_epochs=1, seed=3),
+        operations=[Square(), gl.Batch(4)],
+        worker_count=2,
+    )
+    safe = workers.fork_is_safe()
+    it = iter(loader)
+    out = [next(it).tolist()]
+    parents = sorted({{psutil.Process(p.pid).ppid() == os.getpid() for p in it._stream._shutdown.procs}})
+    states = [it.get_state().decode()]
+    for b in it:
+        out.append(b.tolist())
+        states.append(it.get_state().decode())
+    if how == "thread":
+        stop.set()
+    print("RESULT", json.dumps({{"safe": safe, "forked_here": parents, "out": out, "states": states}}))
+    """
+)
+
+
+def _run(how: str) -> dict:
+    root = __file__.rsplit("/tests/", 1)[0]
+    proc, out, err = run_in_session(
+        [sys.executable, "-c", SCRIPT.format(root=root, how=how)], timeout=120,
+        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 0, err
+    return json.loads([l for l in out.splitlines() if l.startswith("RESULT")][-1][len("RESULT "):])
+
+
+@pytest.fixture(scope="module")
+def from_server() -> dict:
+    return _run("server")
+
+
+def test_a_single_threaded_process_forks_its_workers_itself(from_server):
+    forked = _run("plain")
+    assert forked["safe"] is True
+    assert forked["forked_here"] == [True]
+    assert from_server["forked_here"] == [False]
+    assert forked["out"] == from_server["out"] and forked["states"] == from_server["states"]
+    assert len(forked["out"]) == 8
+
+
+@pytest.mark.parametrize("how", ["thread", "jax"])
+def test_a_thread_or_a_jax_backend_sends_the_fork_to_the_server(how, from_server):
+    if how == "jax":
+        pytest.importorskip("jax")
+    got = _run(how)
+    assert got["safe"] is False
+    assert got["forked_here"] == [False]
+    assert got["out"] == from_server["out"] and got["states"] == from_server["states"]
