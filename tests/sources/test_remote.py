@@ -428,3 +428,32 @@ def test_array_record_cached_files_read_without_the_server(server, up, tmp_path)
     clone = pickle.loads(pickle.dumps(source))  # as a worker receives it: no open reader
     server.stop()
     assert clone[PER_SHARD + 3] == _records(1)[3]
+
+
+def test_any_fsspec_protocol_reads_here_memory(local_files, tmp_path):
+    fsspec = pytest.importorskip("fsspec")
+    memory = fsspec.filesystem("memory")
+    for key, path in local_files.items():
+        with open(path, "rb") as f:
+            memory.pipe_file(f"/grainlike-test/{key}", f.read())
+    try:
+        parquet = ParquetDataSource([f"memory://grainlike-test/pq/part-{s}.parquet" for s in range(SHARDS)])
+        assert int(parquet[PER_SHARD + 1]["id"]) == 101
+        ar = ArrayRecordDataSource(
+            [f"memory://grainlike-test/ar/train-{s:05d}-of-{SHARDS:05d}.array_record" for s in range(SHARDS)],
+            remote_options=remote.RemoteOptions(cache_dir=str(tmp_path / "cache")),
+        )
+        assert ar[1] == _records(0)[1]
+    finally:
+        memory.rm("/grainlike-test", recursive=True)
+
+
+def test_gs_without_gcsfs_says_what_to_install():
+    try:
+        import gcsfs  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("gcsfs is installed: the message under test is for its absence")
+    with pytest.raises(ImportError, match="gs://bucket/x.parquet.*gcsfs"):
+        ParquetDataSource("gs://bucket/x.parquet")
