@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, Optional
 
 from multiprocessing.reduction import ForkingPickler
 
@@ -58,9 +58,11 @@ def _pickled(obj: Any) -> "tuple[bytes | None, str]":
         return None, _safe(lambda: f"{type(e).__name__}: {e}", type(e).__name__)
 
 
-# Small outputs travel up to this many to a message, and up to about this many bytes.
+# Small outputs travel up to this many to a message, and up to about this many
+# bytes; a group waits at most about this long once the consumer has taken all.
 _GROUP_MAX = 32
 _GROUP_BYTES = 64 * 1024
+_GROUP_WAIT_S = 0.02
 
 
 class _Outbox:
@@ -72,11 +74,12 @@ class _Outbox:
     pickled at once, wait here and travel as one ``("outs", [pickled (state,
     output), ...])`` message, which takes one credit. They leave when the group
     is full (``_GROUP_MAX`` outputs or ``_GROUP_BYTES``), before any other
-    message, and whenever the consumer has taken every message sent (it may be
-    waiting for them: the control thread sends the group then), so a slow
-    pipeline's outputs are never held back behind the next one. Which outputs
-    share a message changes nothing else: the outputs, their order and their
-    states are the same.
+    message, at once for a worker's first output (the first batch waits for
+    nothing), and, for a slow pipeline, when the consumer has taken every
+    message sent and the group has waited ``_GROUP_WAIT_S`` (the control thread
+    sends it then): a slow output never holds back the ones before it. Which
+    outputs share a message changes nothing else: the outputs, their order and
+    their states are the same.
     """
 
     def __init__(self, results: Any, credits: threading.Semaphore, stop: threading.Event):
@@ -86,6 +89,7 @@ class _Outbox:
         self._lock = threading.Lock()  # One sender at a time; guards the group.
         self._group: list = []
         self._bytes = 0
+        self._since = 0.0  # When the group's first output came.
         # Messages sent (by the sender holding the lock) and taken by the consumer
         # (counted by the control thread): each counter has one writer.
         self._sent = 0
@@ -107,9 +111,16 @@ class _Outbox:
     def add(self, pickled: bytes) -> None:
         """Queues one small output (its pickled ``(state, output)``)."""
         with self._lock:
+            if not self._group:
+                self._since = time.monotonic()
             self._group.append(pickled)
             self._bytes += len(pickled)
-            if len(self._group) >= _GROUP_MAX or self._bytes >= _GROUP_BYTES or self._sent == self._taken:
+            if (
+                len(self._group) >= _GROUP_MAX
+                or self._bytes >= _GROUP_BYTES
+                or self._sent == 0
+                or (self._sent == self._taken and time.monotonic() - self._since >= _GROUP_WAIT_S)
+            ):
                 self._send_group(credit=True)
 
     def send(self, message: bytes, fds: list) -> None:
@@ -133,17 +144,26 @@ class _Outbox:
         with self._lock:
             self._send_group(credit)
 
+    def wait_s(self) -> Optional[float]:
+        """How long the control thread may sleep before a group may be due (None: long)."""
+        # While the consumer has taken every message, it may be waiting: look
+        # again soon, a group may be waiting too.
+        return _GROUP_WAIT_S if self._sent == self._taken else None
+
     def taken(self) -> None:
-        """The consumer took a message (control thread): send the group if it took all."""
+        """The consumer took a message (control thread)."""
         self._taken += 1
-        if self._sent != self._taken or not self._group:
+
+    def send_if_due(self) -> None:
+        """Sends a group that waited ``_GROUP_WAIT_S`` while the consumer has taken everything (control thread)."""
+        if not self._group or self._sent != self._taken or time.monotonic() - self._since < _GROUP_WAIT_S:
             return
-        # A sender holding the lock sends soon anyway; a bounded wait keeps this
-        # thread free to see "stop".
-        if not self._lock.acquire(timeout=0.2):
+        # Never wait for the lock: whoever holds it is sending anyway, and this
+        # thread must stay free to see "stop".
+        if not self._lock.acquire(blocking=False):
             return
         try:
-            if self._sent == self._taken and self._group and self._credits.acquire(blocking=False):
+            if self._group and self._sent == self._taken and self._credits.acquire(blocking=False):
                 self._send_group(credit=False)
         finally:
             self._lock.release()
@@ -321,9 +341,12 @@ def run(
             while True:
                 # EOF on the control pipe says the consumer died; checking its pid
                 # too covers a pipe end leaked into some other process it forked.
-                idle_tick = not control.poll(1.0 if progress is None else 0.5)
+                idle_s = 1.0 if progress is None else 0.5
+                due = outbox.wait_s()
+                idle_tick = not control.poll(idle_s if due is None else min(due, idle_s))
                 if progress is not None:
                     progress.sample()
+                outbox.send_if_due()
                 if idle_tick:
                     if consumer_pid and not shm.pid_alive(consumer_pid):
                         consumer_gone()
@@ -333,8 +356,9 @@ def run(
                     if msg[1] and pool is not None:
                         with pool_lock:
                             pool.release(msg[1])
-                    credits.release()
                     outbox.taken()
+                    credits.release()
+                    outbox.send_if_due()
                 elif msg[0] == "start":
                     start_at[0] = msg[1]
                     started.set()
@@ -346,9 +370,9 @@ def run(
         started.set()
         credits.release()
 
+    outbox = _Outbox(results, credits, stop)
     threading.Thread(target=listen, name="grainlike-control", daemon=True).start()
 
-    outbox = _Outbox(results, credits, stop)
     state = start
     produced = 0
     busy = waited = 0.0

@@ -295,15 +295,22 @@ def fork_is_safe() -> bool:
 
     Forking copies only the calling thread: a lock another thread holds (in
     logging, in an allocator, in JAX's runtime) stays locked forever in the
-    child. So this process must run no other Python thread and no JAX backend
-    (importing jax starts none; its first computation does). Then a fork is what
+    child. So this process must run no other thread (Python or native) than
+    those it ran when grainlike was imported (numpy's BLAS pool), and no JAX
+    backend (importing jax starts none; its first computation does). Then a fork is what
     the preloaded server would do, minus the server's boot and the round trip
     (W4: the first batch with 2 workers in a fresh process). Otherwise workers
     fork from the preloaded server, which never has either.
     """
+    from grainlike.dataset.base import THREADS_AT_IMPORT, native_thread_count
+
     if sys.platform != "linux" or not hasattr(os, "fork"):
         return False
-    return threading.active_count() == 1 and not _jax_backend_initialised()
+    if threading.active_count() != 1 or _jax_backend_initialised():
+        return False
+    # Native threads too (an ArrayRecord reader's pool, OpenCV's): a forked
+    # child reading ArrayRecord with its parent's pool copied crashes.
+    return 0 < native_thread_count() <= THREADS_AT_IMPORT
 
 
 class _ForkedWorkerProcess(multiprocessing.context.ForkProcess):
