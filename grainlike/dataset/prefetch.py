@@ -114,7 +114,34 @@ class PrefetchIterDataset(IterDataset):
         return PrefetchDatasetIterator(self._parent, self._read_options, self._allow_nones, self.read_threads())
 
 
-class PrefetchDatasetIterator(DatasetIterator):
+class NextIndexState:
+    """The state of a stage reading positions ``0 .. _length`` in order: grain's ``{"next_index": n}``.
+
+    The stage keeps ``_next_index`` (the next position it delivers from) and
+    ``_length``, and moves with ``_restart_at(index)``.
+    """
+
+    _next_index: int
+    _length: int
+
+    def _restart_at(self, index: int) -> None:
+        raise NotImplementedError
+
+    def get_state(self) -> dict:
+        return {"next_index": self._next_index}
+
+    def set_state(self, state: dict) -> None:
+        require_keys(state, self, ("next_index",))
+        self._restart_at(non_negative_int(state, "next_index", self, upper=self._length))
+
+    def _get_next_index(self) -> int:
+        return self._next_index
+
+    def _set_next_index(self, index: int) -> None:
+        self.set_state({"next_index": index})
+
+
+class PrefetchDatasetIterator(NextIndexState, DatasetIterator):
     """Reads its MapDataset in chunks; see the module docstring."""
 
     # Chunks double from one element, so that the first elements do not wait
@@ -260,22 +287,6 @@ class PrefetchDatasetIterator(DatasetIterator):
     def start_prefetch(self) -> None:
         if self._threads and not self._closed and not self._pending and not self._ready:
             self._submit()
-
-    # -- state ---------------------------------------------------------------
-
-    def get_state(self) -> dict:
-        return {"next_index": self._next_index}
-
-    def set_state(self, state: dict) -> None:
-        require_keys(state, self, ("next_index",))
-        index = non_negative_int(state, "next_index", self, upper=self._length)
-        self._restart_at(index)
-
-    def _get_next_index(self) -> int:
-        return self._next_index
-
-    def _set_next_index(self, index: int) -> None:
-        self.set_state({"next_index": index})
 
     def close(self) -> None:
         """Stops the read threads without waiting for a read in progress."""

@@ -39,7 +39,7 @@ from grainlike.core.transforms import (
 )
 from grainlike.dataset.base import DatasetIterator, IterDataset
 from grainlike.dataset.filter import FilterThresholdChecker
-from grainlike.dataset.state import non_negative_int, require_keys
+from grainlike.dataset.prefetch import NextIndexState
 from grainlike.loader import stages
 
 # Chunks never exceed this many records, nor about this many bytes of data.
@@ -127,7 +127,7 @@ class ChunkedRecordsIterDataset(IterDataset):
         )
 
 
-class ChunkedRecordsDatasetIterator(DatasetIterator):
+class ChunkedRecordsDatasetIterator(NextIndexState, DatasetIterator):
     """Iterates a ``ChunkedRecordsIterDataset``; see the module docstring."""
 
     def __init__(
@@ -431,20 +431,7 @@ class ChunkedRecordsDatasetIterator(DatasetIterator):
             if odd:
                 add_note(error, odd)
 
-    # -- state ---------------------------------------------------------------------
-
-    def get_state(self) -> dict:
-        return {"next_index": self._next_index}
-
-    def set_state(self, state: dict) -> None:
-        require_keys(state, self, ("next_index",))
-        self._restart_at(non_negative_int(state, "next_index", self, upper=self._length))
-
-    def _get_next_index(self) -> int:
-        return self._next_index
-
-    def _set_next_index(self, index: int) -> None:
-        self.set_state({"next_index": index})
+    # -- the rest of the protocol (the state is NextIndexState's) -------------------------
 
     def close(self) -> None:
         if getattr(self, "_closed", True):

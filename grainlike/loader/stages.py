@@ -39,7 +39,7 @@ from grainlike.core.transforms import Batch, MapWithIndexTransform, RandomMapTra
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
 from grainlike.dataset.filter import FilterThresholdChecker
 from grainlike.dataset.map import PassThroughStateIterator
-from grainlike.dataset.prefetch import PrefetchDatasetIterator, PrefetchIterDataset
+from grainlike.dataset.prefetch import NextIndexState, PrefetchDatasetIterator, PrefetchIterDataset
 from grainlike.loader import state as state_lib
 
 
@@ -576,7 +576,7 @@ def _reading_stage(it: DatasetIterator) -> Optional[DatasetIterator]:
     while it._parents:
         it = it._parents[0]
     # The chunked stage (chunked.py) reads and transforms: it has no parents.
-    return it if type(it)._get_next_index is not DatasetIterator._get_next_index else None
+    return it if isinstance(it, NextIndexState) else None
 
 
 class LoaderStateIterDataset(IterDataset):
