@@ -42,7 +42,6 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import json
 import os
@@ -352,46 +351,8 @@ async def load_state_async(iterator: Any, directory: Any) -> Awaitable[None]:
 
 # -- Orbax v0: CheckpointHandler and its args, built on first use --------------------
 
-
-def _signal_waiter() -> Any:
-    """``() -> wait``: ``wait()`` blocks until Orbax has created this save's directories.
-
-    Orbax creates a save's directories in the background and signals when they
-    exist; a handler's write waits for the signals of the save it belongs to,
-    which must be read when ``async_save`` is called. Orbax offers that only
-    through ``CommitFutureAwaitingContractedSignals``, which starts a thread per
-    call; this reads the same contract so a long-lived thread can do the
-    waiting. None where this Orbax has no such contract (the handler then uses
-    the public class).
-    """
-    try:
-        from orbax.checkpoint._src.futures import future as orbax_future
-        from orbax.checkpoint._src.futures import synchronization
-        from orbax.checkpoint._src.multihost import multihost
-
-        contract = orbax_future.AwaitableSignalsContract
-        wait_for_signals = orbax_future.wait_for_signals
-        current_operation = synchronization.OperationIdGenerator.get_current_operation_id
-        timeout = multihost.coordination_timeout
-    except (ImportError, AttributeError):
-        return None
-
-    def prepare() -> Any:
-        operation_id = current_operation()
-        signals = contract.get_awaitable_signals_from_contract(operation_id=operation_id)
-
-        def wait() -> None:
-            wait_for_signals(signals, timeout_secs=timeout(), operation_id=operation_id)
-
-        return wait
-
-    return prepare
-
-
 _build_lock = threading.Lock()
 _built: dict[str, type] = {}
-# ``_signal_waiter()``, set when the classes are built.
-_directory_waiter: Any = None
 
 
 def _build_orbax_classes() -> dict[str, type]:
@@ -407,9 +368,6 @@ def _build_orbax_classes() -> dict[str, type]:
                 "pip install 'grainlike[orbax]'"
             ) from e
 
-        global _directory_waiter
-        _directory_waiter = _signal_waiter()
-
         class PyGrainCheckpointHandler(ocp.AsyncCheckpointHandler):
             """Orbax handler for grainlike (and grain) iterators: ``grain.checkpoint.CheckpointHandler``.
 
@@ -417,9 +375,8 @@ def _build_orbax_classes() -> dict[str, type]:
             DataLoader iterator's state bytes, or a Dataset iterator's state dict
             as indented JSON. With
             async checkpointing the state is read when ``save()`` is called, and
-            only the file write runs in the background (in one thread per
-            handler, ended by ``close()``), so the iterator can be advanced at
-            once.
+            only the file write runs in the background (in Orbax's commit
+            thread), so the iterator can be advanced at once.
 
             Example:
               mngr.save(step, args=ocp.args.Composite(
@@ -427,36 +384,18 @@ def _build_orbax_classes() -> dict[str, type]:
                   data_iter=grainlike.checkpoint.CheckpointSave(it)))
             """
 
-            _writer: Any = None  # the thread pool writing this handler's files
-
             async def async_save(
                 self, directory: Any, item: Any = None, args: Any = None
             ) -> list:
                 item = item if item is not None else args.item
                 state = _state_text(item)  # now, not when the write runs
-                if _directory_waiter is None or hasattr(directory, "await_creation"):
-                    # Waits for Orbax's "directory created" signals before writing.
-                    return [
-                        ocp_future.CommitFutureAwaitingContractedSignals(
-                            _write_state(directory, state), name="grainlike_iterator_state"
-                        )
-                    ]
-                # One long-lived thread writes, instead of a thread started per
-                # save: start() waits until the new thread runs, which with every
-                # core busy (data workers) took 3-16 ms at p90-p95 here; handing
-                # the write to a running thread takes ~40 us.
-                if self._writer is None:
-                    self._writer = concurrent.futures.ThreadPoolExecutor(
-                        max_workers=1, thread_name_prefix="grainlike_checkpoint_writer"
+                # Orbax's commit thread waits for its "directory created" signals,
+                # then writes; save() does not wait for it.
+                return [
+                    ocp_future.CommitFutureAwaitingContractedSignals(
+                        _write_state(directory, state), name="grainlike_iterator_state"
                     )
-                wait = _directory_waiter()  # the signals of this save, taken now
-                filename = process_state_path(directory)
-
-                def write() -> None:
-                    wait()
-                    _write_file(filename, state)
-
-                return [self._writer.submit(write)]
+                ]
 
             def save(self, directory: Any, item: Any = None, args: Any = None) -> None:
                 item = item if item is not None else args.item
@@ -488,11 +427,7 @@ def _build_orbax_classes() -> dict[str, type]:
                 pass
 
             def close(self) -> None:
-                # Lets a write in flight finish: Orbax closes its handlers after
-                # waiting for its own commits, so there is none left normally.
-                if self._writer is not None:
-                    self._writer.shutdown(wait=True)
-                    self._writer = None
+                pass
 
             @classmethod
             def typestr(cls) -> str:
