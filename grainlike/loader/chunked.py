@@ -5,10 +5,11 @@ for every record and pass it through one ``__next__`` per operation: about 1.5 u
 of CPU per record, five times what torch's DataLoader spends on a trivial record.
 When the operations before the first ``Batch`` are maps and filters and the
 records are read in the calling thread, this stage does the same work a chunk
-at a time instead: one ``locate`` of the sampler and one batched read of the
-source per chunk of up to 256 records, each transform called in a loop over
-the records the next batch needs, a record's rng built only when a random transform asks for it,
-and the batch stacked from the buffered data. It yields what the per-record
+at a time instead: one ``locate`` of the sampler per 4,096 positions, one
+batched read of the source per chunk of up to 256 records (about 8 MiB), each
+transform called in a loop over the records the next batch needs, a record's
+rng built only when a random transform asks for it, and the batch stacked from
+the buffered data. It yields what the per-record
 stages yield (the batch as a ``Record`` carrying the last record's metadata
 without its record key), in the same order, with the same random draws, and its
 state is the reading stage's: ``{"next_index": p}``, the position of the first
