@@ -467,11 +467,6 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
         # fewer datasets than its cycle length): such a worker starts afresh.
         initial = self._initial_state()
         new_states = [None if s == initial else s for s in new_states]
-        # A worker that has delivered nothing reports the parent iterator's initial
-        # state (as grain does), which may not fit its slice (an interleave of
-        # fewer datasets than its cycle length): such a worker starts afresh.
-        initial = self._initial_state()
-        new_states = [None if s == initial else s for s in new_states]
         # Check each worker state on a parent iterator here, so that a bad state
         # fails now and leaves this iterator as it was.
         # A worker's state is one of its slice: a stage that slices what it
