@@ -155,6 +155,13 @@ class ChunkedRecordsDatasetIterator(NextIndexState, DatasetIterator):
         self._next_index = 0  # Position of the first record not in a delivered batch.
         self._chunk = 1  # The first chunk learns the records' size.
         self._vectorised = False  # Whether the sampler locates many indices per call.
+        # A shuffled sampler builds one permutation per epoch a locate touches:
+        # over a small source, 4096 positions would span hundreds of epochs.
+        try:
+            per_epoch = len(records.data_source)
+        except TypeError:
+            per_epoch = _LOCATE_AHEAD
+        self._ahead = max(1, min(_LOCATE_AHEAD, per_epoch))
         self._restart_at(0)
 
     # -- reading and transforming a chunk ---------------------------------------
@@ -184,11 +191,11 @@ class ChunkedRecordsDatasetIterator(NextIndexState, DatasetIterator):
         """
         ahead = self._located
         if not ahead[0] <= start or not stop <= ahead[1]:
-            # Located ahead: [start, start + _LOCATE_AHEAD) in one call.
+            # Located ahead: [start, start + self._ahead) in one call.
             # A grain-protocol sampler (its own metadata) is called for each
             # record anyway: it is called for the chunk only.
             records = self._records
-            end = min(self._length, max(stop, start + _LOCATE_AHEAD)) if self._vectorised else stop
+            end = min(self._length, max(stop, start + self._ahead)) if self._vectorised else stop
             gidx = records._global_indices(range(start, end))
             located = records.locator.locate(gidx)
             self._vectorised = located.metadata is None

@@ -226,3 +226,27 @@ def test_transforms_run_only_on_the_records_each_batch_needs():
     chunked = calls_per_batch(False)
     assert chunked == calls_per_batch(True)
     assert chunked[0] < 20  # about 10 records for 5 odd ones, not a chunk of 256
+
+
+def test_a_small_source_is_located_at_most_a_chunk_ahead(monkeypatch):
+    # A shuffled sampler builds one permutation per epoch a locate spans: over
+    # 20 records, locating 4096 positions ahead built 205 (~1 s per next()).
+    from grainlike.core import samplers
+
+    spans = []
+    original = samplers.IndexSampler.locate
+
+    def locate(self, indices):
+        spans.append(len(indices))
+        return original(self, indices)
+
+    monkeypatch.setattr(samplers.IndexSampler, "locate", locate)
+    sampler = grainlike.IndexSampler(20, grainlike.NoSharding(), shuffle=True, num_epochs=None, seed=0)
+    loader = grainlike.DataLoader(data_source=list(range(20)), sampler=sampler, operations=[grainlike.Batch(4)])
+    it = iter(loader)
+    batches = [next(it) for _ in range(15)]
+    # Every epoch is a permutation of the 20 records, in grain's order.
+    assert sorted(np.concatenate(batches[:5]).tolist()) == list(range(20))
+    # Never more than a chunk of records (256) at once, however far 20 records
+    # of a never-ending sampler go.
+    assert spans and max(spans) <= 256
