@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, Optional, Union
 import numpy as np
 
 from grainlike.core import sharding
+from grainlike.core.read_ahead import Prefetcher, stop_holder, take
 from grainlike.core.samplers import IndexSampler
 from grainlike.core.transforms import (
     Batch,
@@ -381,42 +382,30 @@ class _ReadAheadIterator(_WrappedIterator):
     """Reads ``size`` outputs ahead in a background thread; states follow what was delivered."""
 
     def __init__(self, inner: Any, size: int):
-        from grainlike.device import _stop_holder
-
         self._inner = inner
         self._size = size
         self._holder: list = [None]
         self._state: Any = None  # the wrapped state after the last delivered output
-        self._finalizer = weakref.finalize(self, _stop_holder, self._holder)
+        self._finalizer = weakref.finalize(self, stop_holder, self._holder)
 
     def __next__(self) -> Any:
-        from grainlike.device import _BATCH, _END, _Prefetcher, _stop_holder
-
         if self._holder[0] is None:
             self._state = self._inner.get_state()
-            self._holder[0] = _Prefetcher(self._inner, self._inner.get_state, lambda b: b, self._size)
-        kind, value, state = self._holder[0].get()
-        if kind is _BATCH:
-            self._state = state
-            return value
-        _stop_holder(self._holder)
-        if kind is _END:
-            raise StopIteration
-        raise value
+            self._holder[0] = Prefetcher(
+                self._inner, self._inner.get_state, lambda b: b, self._size, owner="BuiltLoader iterator"
+            )
+        value, self._state = take(self._holder)
+        return value
 
     def get_state(self) -> Any:
         return self._inner.get_state() if self._holder[0] is None else self._state
 
     def set_state(self, state: Any) -> None:
-        from grainlike.device import _stop_holder
-
-        _stop_holder(self._holder)  # joins the thread: the wrapped iterator is idle
+        stop_holder(self._holder)  # joins the thread: the wrapped iterator is idle
         self._inner.set_state(state)
 
     def close(self) -> None:
-        from grainlike.device import _stop_holder
-
-        _stop_holder(self._holder)
+        stop_holder(self._holder)
         self._inner.close()
 
 

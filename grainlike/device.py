@@ -23,12 +23,13 @@ never by ``import grainlike``.
 
 from __future__ import annotations
 
-import collections
 import threading
 import weakref
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
+
+from grainlike.core.read_ahead import Prefetcher, stop_holder, take
 
 __all__ = ["DeviceIterator", "make_global_batch"]
 
@@ -123,80 +124,6 @@ def make_global_batch(local_batch: Any, sharding: Any, *, copy: Optional[bool] =
     return _to_device(local_batch, sharding, copy, global_batch=True)
 
 
-_BATCH, _END, _ERROR = "batch", "end", "error"
-
-
-class _Prefetcher:
-    """The background thread and its buffer; holds no reference to the DeviceIterator.
-
-    It pulls from the wrapped iterator, records the wrapped iterator's state after
-    each batch, and converts. ``stop()`` wakes and joins the thread.
-    """
-
-    def __init__(self, source: Iterator[Any], get_state: Optional[Callable[[], Any]],
-                 convert: Callable[[Any], Any], size: int):
-        self._source = source
-        self._get_state = get_state
-        self._convert = convert
-        self._size = size
-        self._items: collections.deque = collections.deque()
-        self._cv = threading.Condition()
-        self._stopped = False
-        self._thread = threading.Thread(
-            target=self._run, name="grainlike-device-prefetch", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                while len(self._items) >= self._size and not self._stopped:
-                    self._cv.wait()
-                if self._stopped:
-                    return
-            try:
-                batch = next(self._source)
-                state = self._get_state() if self._get_state is not None else None
-                item = (_BATCH, self._convert(batch), state)
-            except StopIteration:
-                item = (_END, None, None)
-            except BaseException as e:  # handed to the consumer, raised there
-                item = (_ERROR, e, None)
-            with self._cv:
-                if self._stopped:
-                    return
-                self._items.append(item)
-                self._cv.notify_all()
-            if item[0] is not _BATCH:
-                return
-
-    def get(self) -> tuple:
-        with self._cv:
-            while not self._items:
-                if self._stopped:
-                    raise RuntimeError("DeviceIterator is closed")
-                self._cv.wait()
-            item = self._items.popleft()
-            self._cv.notify_all()
-            return item
-
-    def stop(self) -> None:
-        with self._cv:
-            self._stopped = True
-            self._items.clear()
-            self._cv.notify_all()
-        # The thread may be inside next(source); that returns, then the thread sees
-        # the flag. Never join from the thread itself (a finalizer could run there).
-        if self._thread is not threading.current_thread():
-            self._thread.join()
-
-
-def _stop_holder(holder: list) -> None:
-    prefetcher, holder[0] = holder[0], None
-    if prefetcher is not None:
-        prefetcher.stop()
-
-
 class DeviceIterator(Iterator[Any]):
     """Puts each batch on JAX devices, keeping ``prefetch`` batches ready ahead.
 
@@ -248,12 +175,12 @@ class DeviceIterator(Iterator[Any]):
         # The finalizer owns the running prefetcher, so the thread stops when this
         # object is collected or at interpreter exit, without a reference cycle.
         self._holder: list = [None]
-        self._finalizer = weakref.finalize(self, _stop_holder, self._holder)
+        self._finalizer = weakref.finalize(self, stop_holder, self._holder)
 
     def __iter__(self) -> "DeviceIterator":
         return self
 
-    def _prefetcher(self) -> _Prefetcher:
+    def _prefetcher(self) -> Prefetcher:
         if self._closed:
             raise RuntimeError("DeviceIterator is closed")
         prefetcher = self._holder[0]
@@ -262,7 +189,7 @@ class DeviceIterator(Iterator[Any]):
             if get_state is not None and self._state is None:
                 # The thread runs ahead from here on; remember where the user is.
                 self._state = get_state()
-            prefetcher = _Prefetcher(self._iterator, get_state, self._convert, self._prefetch)
+            prefetcher = Prefetcher(self._iterator, get_state, self._convert, self._prefetch)
             self._holder[0] = prefetcher
         return prefetcher
 
@@ -272,16 +199,9 @@ class DeviceIterator(Iterator[Any]):
                 if self._closed:
                     raise RuntimeError("DeviceIterator is closed")
                 return self._convert(next(self._iterator))
-            kind, value, state = self._prefetcher().get()
-            if kind is _BATCH:
-                self._state = state
-                return value
-            # The thread has ended; a later next() starts a new one, which asks
-            # the wrapped iterator again (as a plain iterator would be asked).
-            _stop_holder(self._holder)
-            if kind is _END:
-                raise StopIteration
-            raise value
+            self._prefetcher()
+            value, self._state = take(self._holder)
+            return value
 
     def start_prefetch(self) -> None:
         """Starts filling the buffer now (e.g. while the model restores)."""
@@ -321,7 +241,7 @@ class DeviceIterator(Iterator[Any]):
         with self._lock:
             set_state = self._wrapped("set_state")
             previous = self.get_state()
-            _stop_holder(self._holder)
+            stop_holder(self._holder)
             self._state = None
             try:
                 set_state(state)
@@ -347,7 +267,7 @@ class DeviceIterator(Iterator[Any]):
         """Stops the prefetch thread and closes the wrapped iterator. Idempotent."""
         with self._lock:
             self._closed = True
-            _stop_holder(self._holder)
+            stop_holder(self._holder)
             close = getattr(self._iterator, "close", None)
             if close is not None:
                 close()

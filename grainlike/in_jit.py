@@ -38,12 +38,11 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from grainlike.core import tree
-from grainlike.device import _Prefetcher, _stop_holder
+from grainlike.core.read_ahead import Prefetcher, stop_holder, take
 from grainlike.jax_loops import reporting
 
 __all__ = ["InJitIterator"]
 
-_BATCH, _END = "batch", "end"
 # Batches per host visit of scan() when batches_per_call is not given.
 _DEFAULT_K = 8
 # Numeric kinds a device holds: bool, signed, unsigned, float, complex.
@@ -151,7 +150,7 @@ class InJitIterator:
         self._peeked: Optional[tuple] = None  # a stack read to learn the shapes
         self._closed = False
         self._holder: list = [None]
-        self._finalizer = weakref.finalize(self, _stop_holder, self._holder)
+        self._finalizer = weakref.finalize(self, stop_holder, self._holder)
 
     @property
     def batches_per_call(self) -> int:
@@ -183,15 +182,12 @@ class InJitIterator:
         prefetcher = self._holder[0]
         if prefetcher is None:
             self._remember_position()
-            prefetcher = _Prefetcher(self._stacks, get_state, lambda s: s, self._prefetch)
+            prefetcher = Prefetcher(self._stacks, get_state, lambda s: s, self._prefetch, owner="InJitIterator")
             self._holder[0] = prefetcher
-        kind, value, state = prefetcher.get()
-        if kind is _BATCH:
-            return value, state
-        _stop_holder(self._holder)  # the thread ended; a later read starts a new one
-        if kind is _END:
-            raise EOFError("InJitIterator: the wrapped iterator has ended")
-        raise value
+        try:
+            return take(self._holder)
+        except StopIteration:
+            raise EOFError("InJitIterator: the wrapped iterator has ended") from None
 
     def _use(self, mode: str) -> None:
         """Fixes the feed to ``draw`` (stacks of k) or ``next`` (one batch) on first use."""
@@ -332,7 +328,7 @@ class InJitIterator:
         with self._lock:
             set_state = self._wrapped("set_state")
             previous = self.get_state()
-            _stop_holder(self._holder)
+            stop_holder(self._holder)
             self._peeked = None
             self._state = None
             try:
@@ -346,7 +342,7 @@ class InJitIterator:
         with self._lock:
             self._closed = True
             self._peeked = None
-            _stop_holder(self._holder)
+            stop_holder(self._holder)
             close = getattr(self._iterator, "close", None)
             if close is not None:
                 close()

@@ -1,0 +1,122 @@
+"""A background thread that reads ahead of an iterator and remembers its state after each item.
+
+``DeviceIterator``, ``InJitIterator`` and the builder's ``prefetch(n)`` keep a
+few items ready while the caller works; each item comes with the wrapped
+iterator's state right after it, so the caller's ``get_state()`` is where the
+caller is, not where the thread is. Standard library only.
+
+The owner keeps the running ``Prefetcher`` in a one-element list (its
+"holder") and stops it through ``stop_holder``; a ``weakref.finalize`` of the
+owner on the holder stops the thread when the owner is collected, without a
+reference from the thread back to the owner.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Callable, Iterator, Optional
+
+BATCH, END, ERROR = "batch", "end", "error"
+
+
+class Prefetcher:
+    """The background thread and its buffer; holds no reference to its owner.
+
+    It pulls from the wrapped iterator, records the wrapped iterator's state after
+    each item, and converts. ``stop()`` wakes and joins the thread.
+
+    Args:
+      source: the iterator read ahead of.
+      get_state: called after each item for the state stored beside it; None
+        stores None.
+      convert: applied to each item in the thread (e.g. the copy to the device).
+      size: items kept ready.
+      owner: the name of the owner's type, for the error of a read after
+        ``stop()``.
+    """
+
+    def __init__(self, source: Iterator[Any], get_state: Optional[Callable[[], Any]],
+                 convert: Callable[[Any], Any], size: int, owner: str = "DeviceIterator"):
+        self._source = source
+        self._get_state = get_state
+        self._convert = convert
+        self._size = size
+        self._owner = owner
+        self._items: collections.deque = collections.deque()
+        self._cv = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(
+            target=self._run, name="grainlike-device-prefetch", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while len(self._items) >= self._size and not self._stopped:
+                    self._cv.wait()
+                if self._stopped:
+                    return
+            try:
+                batch = next(self._source)
+                state = self._get_state() if self._get_state is not None else None
+                item = (BATCH, self._convert(batch), state)
+            except StopIteration:
+                item = (END, None, None)
+            except BaseException as e:  # handed to the consumer, raised there
+                item = (ERROR, e, None)
+            with self._cv:
+                if self._stopped:
+                    return
+                self._items.append(item)
+                self._cv.notify_all()
+            if item[0] is not BATCH:
+                return
+
+    def get(self) -> tuple:
+        """The next ``(kind, value, state)``: kind is BATCH, END or ERROR (value is the exception)."""
+        with self._cv:
+            while not self._items:
+                if self._stopped:
+                    raise RuntimeError(f"{self._owner} is closed")
+                self._cv.wait()
+            item = self._items.popleft()
+            self._cv.notify_all()
+            return item
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopped = True
+            self._items.clear()
+            self._cv.notify_all()
+        # The thread may be inside next(source); that returns, then the thread sees
+        # the flag. Never join from the thread itself (a finalizer could run there).
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+
+def stop_holder(holder: list) -> None:
+    """Stops and forgets the prefetcher in ``holder[0]``, if any."""
+    prefetcher, holder[0] = holder[0], None
+    if prefetcher is not None:
+        prefetcher.stop()
+
+
+def take(holder: list) -> tuple[Any, Any]:
+    """The next item and the wrapped iterator's state after it, from the prefetcher in ``holder[0]``.
+
+    Raises:
+      StopIteration: the wrapped iterator has ended.
+      Exception: whatever the wrapped iterator or the conversion raised.
+      In both cases the thread has ended and is removed from ``holder``, so a
+      later read starts a new one, which asks the wrapped iterator again (as a
+      plain iterator would be asked).
+    """
+    kind, value, state = holder[0].get()
+    if kind is BATCH:
+        return value, state
+    stop_holder(holder)
+    if kind is END:
+        raise StopIteration
+    raise value
