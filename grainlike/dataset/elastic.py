@@ -16,6 +16,7 @@ consumed before it with ``SkipPositionsIterDataset``.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from typing import Any, Iterable, Optional, Sequence
 
 from grainlike.core import sharding
@@ -26,48 +27,47 @@ from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
 _GLOBAL_NEXT_INDEX = "global_next_index"
 
 
+@dataclasses.dataclass(frozen=True)
+class _ElasticSpec:
+    """What ``ElasticIterator`` was given; its iterators read from it."""
+
+    ds: MapDataset
+    global_batch_size: int
+    shard_options: sharding.ShardOptions
+    read_options: ReadOptions
+    multiprocessing_options: Optional[MultiprocessingOptions]
+
+
 class _ElasticMapDatasetIterator(DatasetIterator):
     """Iterates one shard's batches; its state is the global position of the next batch."""
 
-    def __init__(
-        self,
-        ds: MapDataset,
-        global_batch_size: int,
-        shard_options: sharding.ShardOptions,
-        *,
-        read_options: ReadOptions = ReadOptions(),
-        multiprocessing_options: Optional[MultiprocessingOptions] = None,
-    ):
+    def __init__(self, spec: _ElasticSpec):
         super().__init__()
-        self._ds = ds
-        self._global_batch_size = global_batch_size
-        self._shard_options = shard_options
+        self._spec = spec
         self._global_next_index = 0
-        self._read_options = read_options
-        self._multiprocessing_options = multiprocessing_options
         self._iterator: Optional[DatasetIterator] = None
 
     def _build(self) -> DatasetIterator:
         """The shard's pipeline, from the next global index on (built on first use)."""
-        shards = self._shard_options
-        host_batch_size, remainder = divmod(self._global_batch_size, shards.shard_count)
+        spec, shards = self._spec, self._spec.shard_options
+        host_batch_size, remainder = divmod(spec.global_batch_size, shards.shard_count)
         if remainder:
             raise ValueError(
-                f"Global batch size {self._global_batch_size} is not divisible by"
+                f"Global batch size {spec.global_batch_size} is not divisible by"
                 f" shard count {shards.shard_count}."
             )
-        ds = self._ds[self._global_next_index + shards.shard_index :: shards.shard_count]
+        ds = spec.ds[self._global_next_index + shards.shard_index :: shards.shard_count]
         ds = ds.batch(host_batch_size, drop_remainder=True)
-        ds = ds.to_iter_dataset(read_options=self._read_options)
-        if self._multiprocessing_options is not None:
-            ds = ds.mp_prefetch(self._multiprocessing_options)
+        ds = ds.to_iter_dataset(read_options=spec.read_options)
+        if spec.multiprocessing_options is not None:
+            ds = ds.mp_prefetch(spec.multiprocessing_options)
         return ds.__iter__()
 
     def __next__(self) -> Any:
         if self._iterator is None:
             self._iterator = self._build()
         result = next(self._iterator)
-        self._global_next_index += self._global_batch_size
+        self._global_next_index += self._spec.global_batch_size
         return result
 
     def get_state(self) -> dict[str, Any]:
@@ -92,8 +92,8 @@ class _ElasticMapDatasetIterator(DatasetIterator):
 
     def __str__(self) -> str:
         return (
-            f"ElasticIterator(global_batch_size={self._global_batch_size}, "
-            f"shard_options={self._shard_options!r}, "
+            f"ElasticIterator(global_batch_size={self._spec.global_batch_size}, "
+            f"shard_options={self._spec.shard_options!r}, "
             f"global_next_index={self._global_next_index})"
         )
 
@@ -144,23 +144,13 @@ class ElasticIterator(IterDataset):
             if isinstance(next_ds, FilterMapDataset):
                 raise ValueError("ElasticIterator does not support `filter` transformation.")
             to_check.extend(next_ds.parents)
-        self._shard_options = shard_options
-        self._global_batch_size = global_batch_size
-        self._read_options = read_options
-        self._multiprocessing_options = multiprocessing_options
-        self._ds = ds
+        self._spec = _ElasticSpec(ds, global_batch_size, shard_options, read_options, multiprocessing_options)
         self._default: Optional[_ElasticMapDatasetIterator] = None
 
     @property
     def _default_iterator(self) -> _ElasticMapDatasetIterator:
         if self._default is None:
-            self._default = _ElasticMapDatasetIterator(
-                self._ds,
-                self._global_batch_size,
-                self._shard_options,
-                read_options=self._read_options,
-                multiprocessing_options=self._multiprocessing_options,
-            )
+            self._default = _ElasticMapDatasetIterator(self._spec)
         return self._default
 
     def __iter__(self) -> DatasetIterator:
@@ -186,8 +176,8 @@ class ElasticIterator(IterDataset):
 
     def __str__(self) -> str:
         return (
-            f"ElasticIterator(global_batch_size={self._global_batch_size}, "
-            f"shard_options={self._shard_options!r})"
+            f"ElasticIterator(global_batch_size={self._spec.global_batch_size}, "
+            f"shard_options={self._spec.shard_options!r})"
         )
 
 

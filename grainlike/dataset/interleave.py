@@ -78,25 +78,22 @@ def _make_iterator(
 class InterleaveDatasetIterator(DatasetIterator):
     """Iterates over the interleaved datasets; see the module docstring."""
 
-    def __init__(
-        self,
-        datasets: Sequence[Union[IterDataset, MapDataset]],
-        cycle_length: int,
-        num_make_iter_threads: int = 1,
-        make_iter_buffer_size: int = 1,
-        iter_buffer_size: int = 1,
-    ):
+    def __init__(self, interleave: "InterleaveIterDataset"):
         # Not parents: ``datasets`` may be a MapDataset building datasets lazily.
         super().__init__()
+        datasets = interleave._datasets
         self._datasets = datasets
-        self._iter_buffer_size = iter_buffer_size
+        self._iter_buffer_size = interleave._iter_buffer_size
+        read_options = ReadOptions(
+            num_threads=interleave._num_make_iter_threads, prefetch_buffer_size=interleave._make_iter_buffer_size
+        )
         self._make_iters = (
             MapDataset.source(datasets)
             .map(functools.partial(_make_iterator, interleave=weakref.ref(self), start_prefetch=True))
-            .to_iter_dataset(ReadOptions(num_threads=num_make_iter_threads, prefetch_buffer_size=make_iter_buffer_size))
+            .to_iter_dataset(read_options)
             .__iter__()
         )
-        self._cycle_length = min(cycle_length, len(datasets))
+        self._cycle_length = min(interleave._cycle_length, len(datasets))
         self._next_index_in_cycle = 0
         self._next_index_in_datasets = 0
         self._in_use_indices: list = list(range(self._cycle_length))
@@ -304,13 +301,7 @@ class InterleaveIterDataset(IterDataset):
         self._iter_buffer_size = iter_buffer_size
 
     def __iter__(self) -> InterleaveDatasetIterator:
-        return InterleaveDatasetIterator(
-            self._datasets,
-            cycle_length=self._cycle_length,
-            num_make_iter_threads=self._num_make_iter_threads,
-            make_iter_buffer_size=self._make_iter_buffer_size,
-            iter_buffer_size=self._iter_buffer_size,
-        )
+        return InterleaveDatasetIterator(self)
 
     def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
         """Interleaves only the datasets of ``sl`` (a worker's share), in place."""
