@@ -883,7 +883,7 @@ class ArraysSource:
 
     Example:
       >>> s = ArraysSource({"x": np.arange(3), "y": np.zeros((3, 2))})
-      >>> len(s), s[1]["x"]
+      >>> len(s), int(s[1]["x"])
       (3, 1)
     """
 

@@ -86,12 +86,3 @@ def test_a_closed_iterator_refuses_next(stage):
     it.close()
     with pytest.raises(ValueError, match="closed"):
         next(it)
-
-
-@pytest.mark.parametrize("module", ["grainlike.dataset.packing", "grainlike.dataset.packing_concat_split", "grainlike.core.pack_and_batch"])
-def test_docstring_examples(module):
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0
