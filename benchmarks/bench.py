@@ -17,14 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from benchmarks.child import median_of, run_child  # noqa: E402
 
 # (workload, worker counts, batch size)
 PLAN = [
@@ -186,35 +186,6 @@ def floors() -> dict:
 # -- the parent: interleave, sample memory, report ---------------------------------------
 
 
-def _run_child(args: list[str], timeout: float) -> tuple[dict, float]:
-    import psutil
-
-    proc = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "--child", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}, start_new_session=True,
-    )
-    peak = 0
-    deadline = time.monotonic() + timeout
-    ps = psutil.Process(proc.pid)
-    while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            total = ps.memory_info().rss + sum(c.memory_info().rss for c in ps.children(recursive=True))
-            peak = max(peak, total)
-        except psutil.Error:
-            pass
-        time.sleep(0.05)
-    if proc.poll() is None:
-        os.killpg(proc.pid, 9)
-        proc.wait()
-        return {"error": "timeout"}, peak / 1e6
-    out, err = proc.communicate()
-    lines = [l for l in out.splitlines() if l.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"error": (err.strip().splitlines() or ["failed"])[-1][:200]}, peak / 1e6
-    return json.loads(lines[-1]), peak / 1e6
-
-
 def _have(module: str) -> bool:
     import importlib.util
 
@@ -267,11 +238,10 @@ def main(argv=None) -> int:
                 for lib in libs:
                     if workload in ("W5", "W6") and lib == "torch":
                         continue  # torch has no iterator state, nor grain's Dataset API
-                    r, peak = _run_child([lib, workload, str(w), str(batch), str(args.seconds)], timeout=180)
-                    r["peak_mb"] = peak
+                    r = run_child("benchmarks.bench", [lib, workload, w, batch, args.seconds], timeout=180, peak_rss=True)
                     results.setdefault((workload, w, lib), []).append(r)
                     print(f"[{rep + 1}/{args.reps}] {workload} W={w} {lib}: {r}", file=sys.stderr)
-    floor = _run_child(["floors", "-", "0", "0", "0"], timeout=300)[0] if any(p[0] in ("W2", "W3", "W6") for p in plan) else {}
+    floor = run_child("benchmarks.bench", ["floors", "-", 0, 0, 0]) if any(p[0] in ("W2", "W3", "W6") for p in plan) else {}
 
     report = _report(results, libs, plan, floor, args) if plan else ""
     for key, module in sections:
@@ -316,11 +286,11 @@ def ratios(results: dict, libs: list, plan: list) -> list:
         for name in [workload] + (["W4b"] if workload == "W4" else []):
             metric = _METRIC[name]
             for w in worker_counts:
-                ours = _median(results.get((workload, w, "grainlike"), []), metric)
+                ours = median_of(results.get((workload, w, "grainlike"), []), metric)
                 for peer in libs:
                     if peer == "grainlike":
                         continue
-                    theirs = _median(results.get((workload, w, peer), []), metric)
+                    theirs = median_of(results.get((workload, w, peer), []), metric)
                     if not ours or not theirs:
                         continue
                     out.append((f"{name} W={w}", peer, theirs / ours if name in _TIMES else ours / theirs))
@@ -360,11 +330,6 @@ def plot(results: dict, libs: list, plan: list, path: str) -> None:
     print(f"wrote {path}", file=sys.stderr)
 
 
-def _median(rs: list, key: str):
-    vals = [r[key] for r in rs if key in r]
-    return statistics.median(vals) if vals else None
-
-
 def _report(results: dict, libs: list, plan: list, floor: dict, args) -> str:
     import platform
 
@@ -384,7 +349,7 @@ def _report(results: dict, libs: list, plan: list, floor: dict, args) -> str:
     for workload, source, worker_counts in rows:
         m = metric[workload]
         for w in worker_counts:
-            vals = {l: _median(results.get((source, w, l), []), m) for l in libs}
+            vals = {l: median_of(results.get((source, w, l), []), m) for l in libs}
             cells = [("-" if vals[l] is None else (f"{vals[l]:.3f}" if workload in ("W4", "W4b", "W5") else f"{vals[l]:,.0f}")) for l in libs]
             ratios = []
             for l in libs[1:]:
@@ -396,12 +361,12 @@ def _report(results: dict, libs: list, plan: list, floor: dict, args) -> str:
                 else:
                     ratios.append(f"{a / b:.2f}x")
             firsts = " / ".join(
-                "-" if _median(results.get((source, w, l), []), "first_batch_s") is None
-                else f"{_median(results.get((source, w, l), []), 'first_batch_s'):.2f}" for l in libs
+                "-" if median_of(results.get((source, w, l), []), "first_batch_s") is None
+                else f"{median_of(results.get((source, w, l), []), 'first_batch_s'):.2f}" for l in libs
             )
             peaks = " / ".join(
-                "-" if _median(results.get((source, w, l), []), "peak_mb") is None
-                else f"{_median(results.get((source, w, l), []), 'peak_mb'):.0f}" for l in libs
+                "-" if median_of(results.get((source, w, l), []), "peak_mb") is None
+                else f"{median_of(results.get((source, w, l), []), 'peak_mb'):.0f}" for l in libs
             )
             lines.append(f"| {workload} | {w} | " + " | ".join(cells) + " | " + " | ".join(ratios) + f" | {firsts} | {peaks} |")
     lines.append("")

@@ -1,9 +1,9 @@
 """One measurement in a fresh Python process: ``python -m <module> --child ARGS...``.
 
-The bench modules with their own workload (``bench.SECTIONS``) measure each
-configuration in a new process, so that imports, caches and memory of one
-configuration do not reach the next; the child prints its result as one JSON
-line.
+The bench modules measure each configuration in a new process, so that
+imports, caches and memory of one configuration do not reach the next; the
+child prints its result as one JSON line. Their reports summarise the runs of
+each configuration by medians.
 """
 
 from __future__ import annotations
@@ -11,28 +11,46 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
+import threading
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_child(module: str, args: list[str], timeout: float = 300) -> dict:
+def run_child(
+    module: str, args: list, timeout: float = 300, env: dict | None = None, peak_rss: bool = False
+) -> dict:
     """Runs ``python -m module --child *args`` in its own session; returns its last JSON line.
 
     The child runs JAX on the CPU with the repository on its path. On a timeout
     its whole process group (workers included) is killed.
 
+    Args:
+      module: the module to run, e.g. ``"benchmarks.packing"``.
+      args: the arguments after ``--child`` (each passed through ``str``).
+      timeout: seconds before the child's process group is killed.
+      env: variables to set in the child besides the current environment.
+      peak_rss: also sample the resident memory of the child and all its
+        descendants every 50 ms; the peak, in MB, is added as ``"peak_mb"``.
+
     Returns:
       The parsed last stdout line starting with ``{``, or ``{"error": ...}`` with
       the last line of its stderr if it failed or printed none.
     """
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu", **(env or {})}
     proc = subprocess.Popen(
-        [sys.executable, "-m", module, "--child", *args],
+        [sys.executable, "-m", module, "--child", *map(str, args)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
         start_new_session=True,
     )
+    peak = [0]
+    done = threading.Event()
+    sampler = None
+    if peak_rss:
+        sampler = threading.Thread(target=_sample_rss, args=(proc.pid, peak, done), daemon=True)
+        sampler.start()
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -41,7 +59,58 @@ def run_child(module: str, args: list[str], timeout: float = 300) -> dict:
         if proc.poll() is None:  # only the group this function started
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
+        done.set()
+        if sampler is not None:
+            sampler.join()
     lines = [line for line in out.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
-        return {"error": (err.strip().splitlines() or ["failed"])[-1][:200]}
-    return json.loads(lines[-1])
+        result = {"error": (err.strip().splitlines() or ["failed"])[-1][:200]}
+    else:
+        result = json.loads(lines[-1])
+    if peak_rss:
+        result["peak_mb"] = peak[0] / 1e6
+    return result
+
+
+def _sample_rss(pid: int, peak: list, done: threading.Event) -> None:
+    import psutil
+
+    try:
+        ps = psutil.Process(pid)
+    except psutil.Error:
+        return
+    while not done.is_set():
+        try:
+            total = ps.memory_info().rss + sum(c.memory_info().rss for c in ps.children(recursive=True))
+            peak[0] = max(peak[0], total)
+        except psutil.Error:  # a worker ended between listing and reading it
+            pass
+        done.wait(0.05)
+
+
+def median_of(runs: list, key: str) -> float | None:
+    """The median of ``key`` over the runs that have it (failed runs have only ``"error"``)."""
+    values = [r[key] for r in runs if key in r]
+    return statistics.median(values) if values else None
+
+
+def library_table(results: dict, key: str, column: str) -> list:
+    """Markdown rows of each library's median ``key`` and first batch, and grainlike / grain.
+
+    Args:
+      results: ``{library: [run results]}`` in report order.
+      key: the throughput in each run's result, e.g. ``"records_per_s"``.
+      column: its column header, e.g. ``"records/s"``.
+    """
+    lines = [f"| library | {column} | first batch (s) |", "|---|---|---|"]
+    for lib, runs in results.items():
+        value, first = median_of(runs, key), median_of(runs, "first_batch_s")
+        errors = [r["error"] for r in runs if "error" in r]
+        if value is None:
+            lines.append(f"| {lib} | error: {errors[0] if errors else '?'} | - |")
+        else:
+            lines.append(f"| {lib} | {value:,.0f} | {first:.2f} |")
+    ours, theirs = median_of(results.get("grainlike", []), key), median_of(results.get("grain", []), key)
+    if ours and theirs:
+        lines += ["", f"grainlike / grain: **{ours / theirs:.2f}x**"]
+    return lines

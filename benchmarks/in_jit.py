@@ -24,13 +24,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from benchmarks.child import run_child  # noqa: E402
 
 N, BATCH, CACHE, STEPS = 10_000, 32, 100, 2000
 VARIANTS = ("grainlike", "grainlike W=2", "grainlike InJitIterator", "jax-sgmc")
@@ -112,25 +113,6 @@ def measure(variant: str, seconds: float) -> dict:
     return {"batches_per_s": batches / elapsed, "first_call_s": first}
 
 
-def _child(variant: str, seconds: float) -> dict:
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.in_jit", "--child", variant, str(seconds)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:  # only the group this function started
-            os.killpg(proc.pid, 9)
-            proc.communicate()
-    lines = [l for l in out.splitlines() if l.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"error": (err.strip().splitlines() or ["failed"])[-1][:200]}
-    return json.loads(lines[-1])
-
-
 def _have_jax_sgmc() -> bool:
     try:
         import jax_sgmc  # noqa: F401
@@ -146,7 +128,7 @@ def run(reps: int, seconds: float, libs: list[str]) -> str:
     errors: dict = {}
     for _ in range(reps):
         for v in variants:
-            r = _child(v, seconds)
+            r = run_child("benchmarks.in_jit", [v, seconds])
             if "error" in r:
                 errors[v] = r["error"]
             else:

@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import time
 
@@ -28,7 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.workloads import CACHE  # noqa: E402
+from benchmarks.child import library_table, run_child  # noqa: E402
+from benchmarks.workloads import cached_file  # noqa: E402
 
 NUM_SEQUENCES = 20_000
 MIN_LEN, MAX_LEN = 16, 1024
@@ -40,20 +39,17 @@ WORKERS = 2
 
 def tokens_path() -> str:
     """An ArrayRecord file of int32 token sequences (made once)."""
-    path = os.path.join(CACHE, f"tokens-{NUM_SEQUENCES}-{MIN_LEN}-{MAX_LEN}.array_record")
-    if os.path.exists(path):
-        return path
+    return cached_file(f"tokens-{NUM_SEQUENCES}-{MIN_LEN}-{MAX_LEN}.array_record", _write_tokens)
+
+
+def _write_tokens(path: str) -> None:
     from array_record.python.array_record_module import ArrayRecordWriter
 
-    os.makedirs(CACHE, exist_ok=True)
     rng = np.random.default_rng(0)
-    tmp = path + f".{os.getpid()}.tmp"
-    writer = ArrayRecordWriter(tmp, "group_size:1")
+    writer = ArrayRecordWriter(path, "group_size:1")
     for n in rng.integers(MIN_LEN, MAX_LEN + 1, NUM_SEQUENCES):
         writer.write(rng.integers(1, 32_000, n, dtype=np.int32).tobytes())
     writer.close()
-    os.replace(tmp, path)
-    return path
 
 
 def decode(record: bytes) -> dict:
@@ -95,25 +91,6 @@ def measure(lib_name: str, seconds: float, workers: int = WORKERS) -> dict:
     return {"tokens_per_s": tokens / elapsed, "batches": batches, "first_batch_s": first}
 
 
-def _child(lib_name: str, seconds: float, workers: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.packing", "--child", lib_name, str(seconds), str(workers)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:  # only the group this function started
-            os.killpg(proc.pid, 9)
-            proc.communicate()
-    lines = [l for l in out.splitlines() if l.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"error": (err.strip().splitlines() or ["failed"])[-1][:200]}
-    return json.loads(lines[-1])
-
-
 def run(reps: int, seconds: float, libs: list[str], workers: int = WORKERS) -> str:
     """Measures each library ``reps`` times, interleaved; returns a markdown section."""
     libs = [l for l in libs if l in ("grainlike", "grain")]
@@ -121,13 +98,9 @@ def run(reps: int, seconds: float, libs: list[str], workers: int = WORKERS) -> s
     results: dict = {l: [] for l in libs}
     for rep in range(reps):
         for lib in libs:
-            r = _child(lib, seconds, workers)
+            r = run_child("benchmarks.packing", [lib, seconds, workers])
             results[lib].append(r)
             print(f"[{rep + 1}/{reps}] W7 {lib}: {r}", file=sys.stderr)
-
-    def med(lib: str, key: str):
-        vals = [r[key] for r in results[lib] if key in r]
-        return statistics.median(vals) if vals else None
 
     lines = [
         f"### W7: packing token sequences ({NUM_SEQUENCES // 1000}k sequences of {MIN_LEN}..{MAX_LEN} "
@@ -136,18 +109,8 @@ def run(reps: int, seconds: float, libs: list[str], workers: int = WORKERS) -> s
         "",
         f"{reps} repetition(s), {seconds:g} s each, medians; real (non-padding) tokens per second.",
         "",
-        "| library | tokens/s | first batch (s) |",
-        "|---|---|---|",
     ]
-    for lib in libs:
-        tps, first = med(lib, "tokens_per_s"), med(lib, "first_batch_s")
-        errors = [r["error"] for r in results[lib] if "error" in r]
-        if tps is None:
-            lines.append(f"| {lib} | error: {errors[0] if errors else '?'} | - |")
-        else:
-            lines.append(f"| {lib} | {tps:,.0f} | {first:.2f} |")
-    if "grain" in libs and med("grain", "tokens_per_s") and med("grainlike", "tokens_per_s"):
-        lines += ["", f"grainlike / grain: **{med('grainlike', 'tokens_per_s') / med('grain', 'tokens_per_s'):.2f}x**"]
+    lines += library_table(results, "tokens_per_s", "tokens/s")
     return "\n".join(lines)
 
 

@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from benchmarks.child import run_child  # noqa: E402
 
 SHARDS = 4
 PER_SHARD = 5000
@@ -104,22 +105,10 @@ def measure(fmt: str, where: str, workers: int, endpoint: str, data_dir: str, ca
     return {"records_per_s": n / (end - built), "records": n, "build_s": built - start}
 
 
-def _child(args: list) -> dict:
-    from tests.helpers.processes import run_in_session
-
-    env = {**os.environ, "PYTHONPATH": ROOT, "AWS_CONFIG_FILE": os.devnull,
-           "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}
-    try:
-        proc, out, err = run_in_session(
-            [sys.executable, "-m", "benchmarks.remote", "--child", *map(str, args)],
-            timeout=300, cwd=ROOT, env=env,
-        )
-    except subprocess.TimeoutExpired:
-        return {"error": "timeout"}
-    lines = [l for l in out.splitlines() if l.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"error": (err.strip().splitlines() or ["failed"])[-1][:200]}
-    return json.loads(lines[-1])
+# The child talks to the local server only: no AWS configuration of this machine.
+_CHILD_ENV = {
+    "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true",
+}
 
 
 def run(reps: int, seconds: float, libs: list) -> str:
@@ -139,7 +128,7 @@ def run(reps: int, seconds: float, libs: list) -> str:
                 cache = os.path.join(work, "cache")
                 if where == "s3-cold":
                     shutil.rmtree(cache, ignore_errors=True)
-                r = _child([fmt, where, workers, server.endpoint_url, work, cache])
+                r = run_child("benchmarks.remote", [fmt, where, workers, server.endpoint_url, work, cache], env=_CHILD_ENV)
                 results.setdefault((fmt, where, workers), []).append(r)
                 print(f"[{rep + 1}/{reps}] W10 {fmt} {where} W={workers}: {r}", file=sys.stderr)
     finally:

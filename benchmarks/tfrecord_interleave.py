@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import time
 
@@ -28,7 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.workloads import CACHE  # noqa: E402
+from benchmarks.child import library_table, run_child  # noqa: E402
+from benchmarks.workloads import cached_file  # noqa: E402
 
 FILES = 8
 RECORDS = 5_000
@@ -42,15 +41,13 @@ def file_paths() -> list:
     """The TFRecord files (made once)."""
     from grainlike.dataset.tfrecord import write_tfrecords
 
-    paths = [os.path.join(CACHE, f"tokens-{RECORDS}x{RECORD_BYTES}-{i}.tfrecord") for i in range(FILES)]
     rng = np.random.default_rng(0)
-    os.makedirs(CACHE, exist_ok=True)
-    for path in paths:
-        records = rng.integers(1, 32_000, (RECORDS, RECORD_BYTES // 4), dtype=np.int32)
-        if not os.path.exists(path):
-            tmp = path + f".{os.getpid()}.tmp"
-            write_tfrecords(tmp, list(records))
-            os.replace(tmp, path)
+    paths = []
+    for i in range(FILES):
+        # Drawn for every file, written or not, so that each file's records stay the same.
+        records = list(rng.integers(1, 32_000, (RECORDS, RECORD_BYTES // 4), dtype=np.int32))
+        name = f"tokens-{RECORDS}x{RECORD_BYTES}-{i}.tfrecord"
+        paths.append(cached_file(name, lambda path, records=records: write_tfrecords(path, records)))
     return paths
 
 
@@ -91,25 +88,6 @@ def measure(lib_name: str, seconds: float, workers: int = WORKERS) -> dict:
     return {"records_per_s": records / elapsed, "first_batch_s": first}
 
 
-def _child(lib_name: str, seconds: float, workers: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.tfrecord_interleave", "--child", lib_name, str(seconds), str(workers)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:  # only the group this function started
-            os.killpg(proc.pid, 9)
-            proc.communicate()
-    lines = [l for l in out.splitlines() if l.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"error": (err.strip().splitlines() or ["failed"])[-1][:200]}
-    return json.loads(lines[-1])
-
-
 def run(reps: int, seconds: float, libs: list[str], workers: int = WORKERS) -> str:
     """Measures each library ``reps`` times, interleaved; returns a markdown section."""
     libs = [l for l in libs if l in ("grainlike", "grain")]
@@ -117,13 +95,9 @@ def run(reps: int, seconds: float, libs: list[str], workers: int = WORKERS) -> s
     results: dict = {l: [] for l in libs}
     for rep in range(reps):
         for lib in libs:
-            r = _child(lib, seconds, workers)
+            r = run_child("benchmarks.tfrecord_interleave", [lib, seconds, workers])
             results[lib].append(r)
             print(f"[{rep + 1}/{reps}] W11 {lib}: {r}", file=sys.stderr)
-
-    def med(lib: str, key: str):
-        vals = [r[key] for r in results[lib] if key in r]
-        return statistics.median(vals) if vals else None
 
     lines = [
         f"### W11: {FILES} TFRecord files of {RECORDS:,} records of {RECORD_BYTES} B, "
@@ -132,18 +106,8 @@ def run(reps: int, seconds: float, libs: list[str], workers: int = WORKERS) -> s
         f"{reps} repetition(s), {seconds:g} s each, medians; records per second. grainlike checks "
         "every record's CRC-32C; grain does not.",
         "",
-        "| library | records/s | first batch (s) |",
-        "|---|---|---|",
     ]
-    for lib in libs:
-        rps, first = med(lib, "records_per_s"), med(lib, "first_batch_s")
-        errors = [r["error"] for r in results[lib] if "error" in r]
-        if rps is None:
-            lines.append(f"| {lib} | error: {errors[0] if errors else '?'} | - |")
-        else:
-            lines.append(f"| {lib} | {rps:,.0f} | {first:.2f} |")
-    if "grain" in libs and med("grain", "records_per_s") and med("grainlike", "records_per_s"):
-        lines += ["", f"grainlike / grain: **{med('grainlike', 'records_per_s') / med('grain', 'records_per_s'):.2f}x**"]
+    lines += library_table(results, "records_per_s", "records/s")
     return "\n".join(lines)
 
 

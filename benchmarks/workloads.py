@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import struct
 import tempfile
+from typing import Callable
 
 import numpy as np
 
@@ -22,18 +23,33 @@ BIG_FLOATS = 65_536  # 256 KiB of float32
 # -- data ----------------------------------------------------------------------------
 
 
-def images_path() -> str:
-    """An ArrayRecord file of JPEG-encoded 96x96 RGB images with labels (made once)."""
-    path = os.path.join(CACHE, f"images-{N_IMAGES}.array_record")
+def cached_file(name: str, write: Callable[[str], None]) -> str:
+    """The path of ``CACHE/name``, written by ``write(path)`` if it does not exist yet.
+
+    ``write`` writes a temporary name in the same directory that is then renamed
+    into place, so no run reads a half-written file of another.
+    """
+    path = os.path.join(CACHE, name)
     if os.path.exists(path):
         return path
+    os.makedirs(CACHE, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    write(tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def images_path() -> str:
+    """An ArrayRecord file of JPEG-encoded 96x96 RGB images with labels (made once)."""
+    return cached_file(f"images-{N_IMAGES}.array_record", _write_images)
+
+
+def _write_images(path: str) -> None:
     import cv2
     from array_record.python.array_record_module import ArrayRecordWriter
 
-    os.makedirs(CACHE, exist_ok=True)
     rng = np.random.default_rng(0)
-    tmp = path + ".tmp"
-    writer = ArrayRecordWriter(tmp, "group_size:1")
+    writer = ArrayRecordWriter(path, "group_size:1")
     base = rng.integers(0, 256, (96, 96, 3), dtype=np.uint8)
     for i in range(N_IMAGES):
         # Smooth-ish images so the JPEGs have a realistic size (~5-8 KB).
@@ -42,8 +58,6 @@ def images_path() -> str:
         assert ok
         writer.write(struct.pack("<i", i % 10) + jpg.tobytes())
     writer.close()
-    os.replace(tmp, path)
-    return path
 
 
 class BigSource:
