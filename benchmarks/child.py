@@ -8,6 +8,7 @@ each configuration by medians.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import threading
+from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -114,3 +116,25 @@ def library_table(results: dict, key: str, column: str) -> list:
     if ours and theirs:
         lines += ["", f"grainlike / grain: **{ours / theirs:.2f}x**"]
     return lines
+
+
+def library_main(argv: list | None, doc: str, seconds: float, workers: int, measure: Callable, run: Callable) -> int:
+    """The command line of a module comparing libraries on one pipeline (``--reps --seconds --workers --libs``).
+
+    With ``--child LIB SECONDS WORKERS`` it prints ``measure(lib, seconds, workers)``
+    as JSON (the child's side of ``run_child``); otherwise the markdown of
+    ``run(reps, seconds, libs, workers)``.
+    """
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=seconds)
+    parser.add_argument("--workers", type=int, default=workers)
+    parser.add_argument("--libs", default="grainlike,grain")
+    parser.add_argument("--child", nargs=3, metavar=("LIB", "SECONDS", "WORKERS"))
+    args = parser.parse_args(argv)
+    if args.child:
+        lib, child_seconds, child_workers = args.child
+        print(json.dumps(measure(lib, float(child_seconds), int(child_workers))))
+        return 0
+    print(run(args.reps, args.seconds, args.libs.split(","), args.workers))
+    return 0

@@ -14,8 +14,6 @@ Throughput counts records of the batches after the first.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
@@ -26,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.child import library_table, run_child  # noqa: E402
+from benchmarks.child import library_main, library_table, run_child  # noqa: E402
 from benchmarks.workloads import cached_file  # noqa: E402
 
 FILES = 8
@@ -112,19 +110,7 @@ def run(reps: int, seconds: float, libs: list[str], workers: int = WORKERS) -> s
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--workers", type=int, default=WORKERS)
-    parser.add_argument("--libs", default="grainlike,grain")
-    parser.add_argument("--child", nargs=3, metavar=("LIB", "SECONDS", "WORKERS"))
-    args = parser.parse_args(argv)
-    if args.child:
-        lib, seconds, workers = args.child
-        print(json.dumps(measure(lib, float(seconds), int(workers))))
-        return 0
-    print(run(args.reps, args.seconds, args.libs.split(","), args.workers))
-    return 0
+    return library_main(argv, __doc__, 4.0, WORKERS, measure, run)
 
 
 if __name__ == "__main__":
