@@ -270,6 +270,44 @@ class _Progress:
         self._where, self._cpu = where, cpu
 
 
+# glibc's mallopt parameters, and the largest values its own adaptive thresholds
+# reach (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit, and twice that for trimming).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD = 32 << 20
+_TRIM_THRESHOLD = 64 << 20
+_USER_MALLOC_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_")
+
+
+def keep_freed_memory() -> bool:
+    """Lets glibc's malloc keep freed memory in this worker for the next batch.
+
+    A worker frees every batch's transform outputs once they are stacked into
+    shared memory. With glibc's starting thresholds the freed top of the heap
+    goes back to the system at once and the next batch faults it in again, a
+    page at a time: about 10 faults per 37 KiB image, 10% of a JPEG pipeline's
+    CPU. Here the thresholds start at the values glibc's adaptive ones reach at
+    most (arrays up to 32 MiB from the heap, up to 64 MiB of free heap kept), so
+    a worker's resident memory stays at its peak instead of following each
+    batch down and up. Settings of the user's own (``MALLOC_*_`` variables,
+    ``GLIBC_TUNABLES``, a preloaded allocator) are left as they are.
+
+    Returns:
+      Whether the thresholds were set.
+    """
+    env = os.environ
+    if any(k in env for k in _USER_MALLOC_SETTINGS) or "malloc" in env.get("GLIBC_TUNABLES", ""):
+        return False
+    if "malloc" in env.get("LD_PRELOAD", ""):  # jemalloc, tcmalloc, mimalloc: their own policy.
+        return False
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (ImportError, OSError, AttributeError):
+        return False  # Not glibc.
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+
+
 def _watch(watch) -> "_Progress | None":
     """Sets up the liveness report: the progress slot, and stacks on request."""
     if watch is None:
@@ -324,6 +362,7 @@ def run(
     # and stops the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     shm.raise_fd_limit()
+    keep_freed_memory()
     memfd.receive(shipped or {})
     progress = _watch(watch)
     pool = shm.SegmentPool() if shm.available() else None
