@@ -93,6 +93,23 @@ def _pickling_error(ds: Any, error: Exception) -> Exception:
     return error
 
 
+_SCALARS = (int, str, float, bool, type(None))
+
+
+def _snapshot(state: Any) -> Any:
+    """A copy of ``state`` that later steps of the iterator cannot change.
+
+    A flat dict of scalars (``{"next_index": p}``, the common case) is copied
+    as a dict; anything else is deep-copied.
+    """
+    if type(state) is dict:
+        for v in state.values():
+            if type(v) not in _SCALARS:
+                return copy.deepcopy(state)
+        return dict(state)
+    return copy.deepcopy(state)
+
+
 class _WorkerSliceTask:
     """A ``WorkerTask``: worker ``w`` iterates over its slice of the parent dataset.
 
@@ -168,7 +185,7 @@ class _WorkerSliceTask:
                     element = next(it)
                 except StopIteration:
                     return
-                yield copy.deepcopy(it.get_state()), element
+                yield _snapshot(it.get_state()), element
         finally:
             it.close()
 

@@ -10,6 +10,7 @@ import faulthandler
 import logging
 import mmap
 import os
+import pickle
 import signal
 import struct
 import sys
@@ -446,7 +447,9 @@ def run(
                     unsent = pool.take_unsent()
             try:
                 if inline and not unsent:
-                    message = bytes(ForkingPickler.dumps((state, output)))  # travels in a list
+                    # Travels in a list. Plain pickle costs less than ForkingPickler (whose
+                    # reducers are for handles, not outputs); loads reads either.
+                    message = pickle.dumps((state, output), protocol=5)
                 else:
                     message = ForkingPickler.dumps(("out", state, output, [u[:2] for u in unsent]))
             except Exception as e:

@@ -283,3 +283,16 @@ def test_warm_start_gives_the_workers_outputs_and_states(no_leaks):
         got.append((np.asarray(v).tolist(), warm.get_state()))
     warm.close()
     assert got == expected
+
+
+def test_worker_state_snapshots_do_not_change_with_the_iterator():
+    from grainlike.dataset.process_prefetch import _snapshot
+
+    flat = {"next_index": 3, "name": "a", "x": None}
+    nested = {"parent": {"next_index": 3}, "buffer": [1, 2]}
+    flat_copy, nested_copy = _snapshot(flat), _snapshot(nested)
+    flat["next_index"] = 4
+    nested["parent"]["next_index"] = 4
+    nested["buffer"].append(3)
+    assert flat_copy == {"next_index": 3, "name": "a", "x": None}
+    assert nested_copy == {"parent": {"next_index": 3}, "buffer": [1, 2]}
