@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Generic, Optional, TypeVar
 
 import numpy as np
@@ -27,24 +28,47 @@ _ZEROS4 = np.zeros(4, np.uint64)
 _MASK64 = (1 << 64) - 1
 
 
-def philox_generator(key: int) -> np.random.Generator:
-    """``np.random.Generator(np.random.Philox(key=key))``, built about twice as fast.
+def philox_state(key: np.ndarray, counter: np.ndarray = _ZEROS4) -> dict:
+    """The state of a Philox generator with ``key`` (two uint64 words) at ``counter``.
 
-    The state set here (key, zero counter, empty buffer) is exactly what
-    ``Philox(key=key)`` makes, so the draws are identical.
+    Its buffer is empty, so the next draw starts at ``counter`` exactly as a
+    generator built with that key and counter would.
     """
-    if not 0 <= key < 1 << 128:
-        return np.random.Generator(np.random.Philox(key=key))  # Its own error.
-    bit_generator = np.random.Philox(seed=_NO_ENTROPY)
-    bit_generator.state = {
+    return {
         "bit_generator": "Philox",
-        "state": {"counter": _ZEROS4, "key": np.array([key & _MASK64, key >> 64], np.uint64)},
+        "state": {"counter": counter, "key": key},
         "buffer": _ZEROS4,
         "buffer_pos": 4,
         "has_uint32": 0,
         "uinteger": 0,
     }
+
+
+def philox_generator(key: int, spare: Optional[list] = None) -> np.random.Generator:
+    """``np.random.Generator(np.random.Philox(key=key))``, built about twice as fast.
+
+    The state set here (key, zero counter, empty buffer) is exactly what
+    ``Philox(key=key)`` makes, so the draws are identical. With ``spare`` (a
+    list of generators nothing else refers to, see ``LazyRng.recycle``), one of
+    them is set to that state instead of building a new one.
+    """
+    if not 0 <= key < 1 << 128:
+        return np.random.Generator(np.random.Philox(key=key))  # Its own error.
+    state = philox_state(np.array([key & _MASK64, key >> 64], np.uint64))
+    if spare:
+        generator = spare.pop()
+        generator.bit_generator.state = state
+        return generator
+    bit_generator = np.random.Philox(seed=_NO_ENTROPY)
+    bit_generator.state = state
     return np.random.Generator(bit_generator)
+
+
+def _references(holder: "LazyRng") -> tuple[int, int]:
+    """``sys.getrefcount`` of the holder's generator and of its bit generator, seen from here."""
+    generator = holder._generator
+    bit_generator = generator.bit_generator
+    return sys.getrefcount(generator), sys.getrefcount(bit_generator)
 
 
 class LazyRng:
@@ -64,12 +88,25 @@ class LazyRng:
         # ``_generator`` stays unset until built: one slot write less per record.
         self.key = key
 
-    def build(self) -> np.random.Generator:
+    def build(self, spare: Optional[list] = None) -> np.random.Generator:
+        """The generator, built on the first call (from ``spare`` if it has one)."""
         try:
             return self._generator
         except AttributeError:
-            generator = self._generator = philox_generator(self.key)
+            generator = self._generator = philox_generator(self.key, spare)
             return generator
+
+    def recycle(self, spare: list) -> None:
+        """Moves the built generator to ``spare`` if nothing but this holder refers to it.
+
+        For a holder about to be dropped, whose record's transforms are done: a
+        transform that kept the generator (or its bit generator) keeps it to
+        itself, and only generators no one can draw from again are reused.
+        """
+        if not hasattr(self, "_generator") or _references(self) != _UNSHARED:
+            return
+        spare.append(self._generator)
+        del self._generator
 
     def __getstate__(self):
         # A generator built and already drawn from travels as it is.
@@ -79,6 +116,14 @@ class LazyRng:
         self.key, generator = state
         if generator is not None:
             self._generator = generator
+
+
+# What ``_references`` sees for a generator held by its holder alone: measured
+# once, so that it holds whatever this interpreter counts.
+_probe = LazyRng(0)
+_probe.build()
+_UNSHARED = _references(_probe)
+del _probe
 
 
 class RecordMetadata:

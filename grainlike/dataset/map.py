@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from grainlike.core.errors import add_note
-from grainlike.core.record import philox_generator
+from grainlike.core.record import philox_generator, philox_state
 from grainlike.core.transforms import (
     MapTransform,
     MapWithIndexTransform,
@@ -23,7 +23,6 @@ from grainlike.core.transforms import (
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
 from grainlike.dataset.state import non_negative_int, require_keys
 
-_ZEROS4 = np.zeros(4, np.uint64)
 
 
 def user_function(transform: Any, cls: type, method: str, stage: str) -> Callable:
@@ -70,14 +69,7 @@ def seed_key(seed: Any, stage: str) -> np.ndarray:
 
 def reset_rng(rng: np.random.Generator, key: np.ndarray, index: int) -> np.random.Generator:
     """Puts ``rng`` where grain's rng for element ``index`` starts: counter (0, 0, 0, index)."""
-    rng.bit_generator.state = {
-        "bit_generator": "Philox",
-        "state": {"counter": np.array((0, 0, 0, index), np.uint64), "key": key},
-        "buffer": _ZEROS4,
-        "buffer_pos": 4,
-        "has_uint32": 0,
-        "uinteger": 0,
-    }
+    rng.bit_generator.state = philox_state(key, np.array((0, 0, 0, index), np.uint64))
     return rng
 
 

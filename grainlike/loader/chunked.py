@@ -162,6 +162,9 @@ class ChunkedRecordsDatasetIterator(NextIndexState, DatasetIterator):
         except TypeError:
             per_epoch = _LOCATE_AHEAD
         self._ahead = max(1, min(_LOCATE_AHEAD, per_epoch))
+        # Generators of batched records that nothing else refers to, reused for
+        # later records (LazyRng.recycle): resetting one costs a third of a new one.
+        self._spare_rngs: list = []
         self._restart_at(0)
 
     # -- reading and transforming a chunk ---------------------------------------
@@ -294,13 +297,12 @@ class ChunkedRecordsDatasetIterator(NextIndexState, DatasetIterator):
             self._positions += positions[:n]
         self._error = error
 
-    @staticmethod
-    def _rng(rngs: Optional[list], i: int) -> Any:
+    def _rng(self, rngs: Optional[list], i: int) -> Any:
         if rngs is None:
             return None
         holder = rngs[i]
         if type(holder) is LazyRng:
-            return holder.build()
+            return holder.build(self._spare_rngs)
         return holder.rng  # A grain-protocol sampler's metadata.
 
     def _map(self, kind: int, op: Any, values: list, indices: list, keys: list, rngs: Optional[list]) -> tuple:
@@ -408,6 +410,14 @@ class ChunkedRecordsDatasetIterator(NextIndexState, DatasetIterator):
             metadata = rng.remove_record_key()  # A grain-protocol sampler's metadata.
         del self._values[:n], self._indices[:n], self._keys[:n]
         if rngs is not None:
+            if type(rng) is LazyRng:
+                # The batch's other records are done: their generators can serve
+                # later records unless a transform kept them.
+                spare = self._spare_rngs
+                for holder in rngs[: n - 1]:
+                    if len(spare) >= _MAX_CHUNK:
+                        break
+                    holder.recycle(spare)
             del rngs[:n]
         if self._positions is not None:
             # A short batch is the last: its records were pulled through every

@@ -250,3 +250,49 @@ def test_a_small_source_is_located_at_most_a_chunk_ahead(monkeypatch):
     # Never more than a chunk of records (256) at once, however far 20 records
     # of a never-ending sampler go.
     assert spans and max(spans) <= 256
+
+
+class _DrawAndMaybeKeep(grainlike.RandomMapTransform):
+    """Draws from the record's rng; keeps the generators of the records in ``keep``."""
+
+    def __init__(self, keep=()):
+        self.keep = set(keep)
+        self.kept = {}
+        self.seen = set()
+
+    def random_map(self, x, rng):
+        self.seen.add(id(rng))
+        draw = int(rng.integers(1 << 62))
+        if x in self.keep:
+            self.kept[x] = (rng, rng.bit_generator.state)
+        return {"x": np.int64(x), "draw": np.int64(draw)}
+
+
+def _draw_loader(transform, seed=5):
+    source = grainlike.InMemoryDataSource(list(range(N)))
+    sampler = grainlike.IndexSampler(N, grainlike.NoSharding(), shuffle=False, num_epochs=1, seed=seed)
+    return grainlike.DataLoader(
+        data_source=source, sampler=sampler, operations=[transform, grainlike.Batch(8)], worker_count=0
+    )
+
+
+def test_generators_of_batched_records_are_reused_with_fresh_draws():
+    transform = _DrawAndMaybeKeep()
+    draws = np.concatenate([b["draw"] for b in _draw_loader(transform)])
+    # Each record draws what a generator built for it alone draws: Philox(key=seed + index).
+    expected = [np.random.Generator(np.random.Philox(key=5 + i)).integers(1 << 62) for i in range(N)]
+    assert draws.tolist() == expected
+    # ... from far fewer generators than records.
+    assert len(transform.seen) < N // 4
+
+
+def test_a_generator_a_transform_keeps_is_never_reused():
+    keep = {3, 100, 301, 599}
+    transform = _DrawAndMaybeKeep(keep)
+    list(_draw_loader(transform))
+    for x in keep:
+        rng, state_then = transform.kept[x]
+        # Not reset for a later record: still the record's key, where its draw left it.
+        assert rng.bit_generator.state["state"]["key"].tolist() == [5 + x, 0]
+        assert rng.bit_generator.state["state"]["counter"].tolist() == state_then["state"]["counter"].tolist()
+        assert rng.bit_generator.state["buffer_pos"] == state_then["buffer_pos"]
