@@ -436,6 +436,120 @@ def _stack_leaf(leaves: Sequence[Any], alloc: Optional[Allocator]) -> np.ndarray
     return np.stack([np.asarray(x) for x in leaves])
 
 
+def _walk(x: Any, leaves: list) -> Any:
+    """Appends ``x``'s leaves to ``leaves`` (``flatten``'s order); returns its node layout.
+
+    Two trees with equal layouts have the same nodes (types, dict keys in order,
+    lengths) and leaves at the same places.
+    """
+    kind = _kind(x)
+    if kind == _LEAF:
+        leaves.append(x)
+        return None
+    if kind == _DICT:
+        return (type(x), tuple(x), tuple([_walk(v, leaves) for v in x.values()]))
+    if kind == _NONE:
+        return _NONE
+    if kind == _DATACLASS:
+        return (type(x), tuple([_walk(getattr(x, n), leaves) for n in _fields(x)]))
+    return (type(x), tuple([_walk(v, leaves) for v in x]))
+
+
+class Stacker:
+    """Stacks a batch element by element, each copied while it is still in the CPU cache.
+
+    ``stack`` copies the whole batch once every element exists; for large elements
+    the first ones have left the cache by then, and the copy runs at about half
+    the speed (32 elements of 256 KiB: 7.6 against 15.7 GB/s on a 2-core x86_64).
+    A Stacker takes its layout from the first element: a tree whose leaves are
+    numpy arrays or numpy scalars without objects. Each later element with the
+    same nodes, leaf shapes and dtypes is copied into its row of the batch when
+    added. Anything else (Python scalars, a differing structure, shape or dtype,
+    fewer elements than the batch size) turns it off: ``result()`` is then None
+    and the caller stacks with ``stack``, which gives the same result, or error.
+
+    Args:
+      size: the number of elements in a batch.
+      alloc: optional allocator for the batch's leaves (for shared memory).
+    """
+
+    def __init__(self, size: int, alloc: Optional[Allocator] = None):
+        self._size = size
+        self._alloc = alloc
+        self._count = 0
+        self._first: Any = None
+        self._layout: Any = None
+        self._specs: list = []  # (shape, dtype, type) per leaf.
+        self._outs: list = []
+        self.active = True
+        # Off because the first element has leaves of another kind (not a mismatch).
+        self.unsuitable = False
+
+    def _start(self, x: Any, leaves: list, layout: Any) -> None:
+        specs = []
+        for leaf in leaves:
+            if not (type(leaf) is np.ndarray or isinstance(leaf, np.generic)) or leaf.dtype.hasobject:
+                self.active, self.unsuitable = False, True
+                return
+            specs.append((leaf.shape, leaf.dtype, type(leaf)))
+        if not specs:
+            self.active, self.unsuitable = False, True
+            return
+        alloc = self._alloc
+        self._outs = [
+            np.empty((self._size,) + shape, dtype) if alloc is None else alloc((self._size,) + shape, dtype)
+            for shape, dtype, _ in specs
+        ]
+        self._first, self._layout, self._specs = x, layout, specs
+
+    def add(self, elements: Sequence[Any], start: int = 0, stop: Optional[int] = None) -> None:
+        """Copies ``elements[start:stop]`` into the next rows, or turns the Stacker off."""
+        for i in range(start, len(elements) if stop is None else stop):
+            x = elements[i]
+            if not self.active:
+                return
+            if self._count == self._size:
+                self.active = False
+                return
+            leaves: list = []
+            layout = _walk(x, leaves)
+            if self._count == 0:
+                self._start(x, leaves, layout)
+                if not self.active:
+                    return
+            elif layout != self._layout:
+                self.active = False
+                return
+            else:
+                for leaf, (shape, dtype, kind) in zip(leaves, self._specs):
+                    if type(leaf) is not kind or leaf.shape != shape or leaf.dtype != dtype:
+                        self.active = False
+                        return
+            row = self._count
+            for out, leaf in zip(self._outs, leaves):
+                out[row] = leaf
+            self._count = row + 1
+
+    @property
+    def count(self) -> int:
+        """How many elements have been copied in."""
+        return self._count
+
+    def element(self, i: int) -> Any:
+        """Element ``i`` as added, rebuilt on its row (for a caller that let go of it)."""
+        # ``[i, ...]`` keeps a 0-d array an array; ``[i]`` gives a scalar back its type.
+        leaves = [
+            out[i, ...] if kind is np.ndarray else out[i] for out, (_, _, kind) in zip(self._outs, self._specs)
+        ]
+        return unflatten_as(self._first, leaves)
+
+    def result(self) -> Any:
+        """The stacked batch if a full batch of elements fit the layout, else None."""
+        if not self.active or self._count != self._size:
+            return None
+        return unflatten_as(self._first, self._outs)
+
+
 def _mismatch(values: Sequence[Any], path: str, detail: str) -> ValueError:
     specs = "\n".join(f"  element {i}: {spec_of(v)!r}" for i, v in enumerate(values[:8]))
     more = f"\n  ... and {len(values) - 8} more" if len(values) > 8 else ""

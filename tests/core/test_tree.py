@@ -238,3 +238,102 @@ def test_stack_equals_grains_make_batch(grain_tree_lib, make):
     )
     np.testing.assert_equal(ours, theirs)
     assert tree.map_structure(type, ours) == tree.map_structure(type, theirs)
+
+
+import collections
+import dataclasses
+
+from grainlike.core.tree import Stacker, stack
+
+
+@dataclasses.dataclass
+class _Pair:
+    a: np.ndarray
+    b: np.generic
+
+
+_Point = collections.namedtuple("_Point", "x y")
+
+
+def _elements(i):
+    return {
+        "arr": np.arange(6, dtype=np.float32).reshape(2, 3) + i,
+        "scalar": np.int16(i),
+        "zero_d": np.array(i * 2.5),
+        "nested": (_Point(np.uint8(i), np.array([i, i])), [np.bool_(i % 2)]),
+        "none": None,
+        "pair": _Pair(np.full(4, i), np.float64(i)),
+    }
+
+
+def _same(x, y):
+    assert type(x) is type(y)
+    if isinstance(x, np.ndarray) or isinstance(x, np.generic):
+        assert x.dtype == y.dtype and np.shape(x) == np.shape(y)
+        np.testing.assert_array_equal(x, y)
+    elif isinstance(x, dict):
+        assert list(x) == list(y)
+        for k in x:
+            _same(x[k], y[k])
+    elif dataclasses.is_dataclass(x):
+        for f in dataclasses.fields(x):
+            _same(getattr(x, f.name), getattr(y, f.name))
+    elif isinstance(x, (list, tuple)):
+        assert len(x) == len(y)
+        for a, b in zip(x, y):
+            _same(a, b)
+    else:
+        assert x == y
+
+
+def test_stacker_builds_what_stack_builds_and_gives_back_each_element():
+    elements = [_elements(i) for i in range(5)]
+    stacker = Stacker(5)
+    stacker.add(elements, 0, 2)
+    stacker.add(elements, 2)
+    assert stacker.active and stacker.count == 5
+    _same(stacker.result(), stack(elements))
+    for i, e in enumerate(elements):
+        _same(stacker.element(i), e)
+
+
+def test_stacker_allocates_the_batch_leaves_with_alloc():
+    made = []
+
+    def alloc(shape, dtype):
+        made.append((shape, np.dtype(dtype)))
+        return np.empty(shape, dtype)
+
+    stacker = Stacker(3, alloc)
+    stacker.add([{"a": np.zeros((2, 2), np.int8), "b": np.float32(1)}] * 3)
+    assert made == [((3, 2, 2), np.dtype(np.int8)), ((3,), np.dtype(np.float32))]
+    assert stacker.result()["a"].shape == (3, 2, 2)
+
+
+@pytest.mark.parametrize(
+    "later, unsuitable",
+    [
+        ({"a": np.zeros(3, np.int64)}, False),  # another shape
+        ({"a": np.zeros(2, np.int32)}, False),  # another dtype
+        ({"b": np.zeros(2, np.int64)}, False),  # another key
+        ({"a": [0, 0]}, False),  # a node where a leaf was
+    ],
+)
+def test_stacker_turns_off_at_an_element_that_does_not_fit(later, unsuitable):
+    stacker = Stacker(3)
+    stacker.add([{"a": np.zeros(2, np.int64)}, later, {"a": np.zeros(2, np.int64)}])
+    assert not stacker.active and stacker.unsuitable is unsuitable
+    assert stacker.count == 1 and stacker.result() is None
+
+
+@pytest.mark.parametrize("first", [{"a": 1}, {"a": "text"}, {"a": np.array([object()])}, {}, None])
+def test_stacker_leaves_other_elements_to_stack(first):
+    stacker = Stacker(2)
+    stacker.add([first, first])
+    assert not stacker.active and stacker.unsuitable and stacker.result() is None
+
+
+def test_stacker_result_needs_a_full_batch():
+    stacker = Stacker(3)
+    stacker.add([np.zeros(2)] * 2)
+    assert stacker.active and stacker.result() is None

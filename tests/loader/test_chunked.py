@@ -296,3 +296,48 @@ def test_a_generator_a_transform_keeps_is_never_reused():
         assert rng.bit_generator.state["state"]["key"].tolist() == [5 + x, 0]
         assert rng.bit_generator.state["state"]["counter"].tolist() == state_then["state"]["counter"].tolist()
         assert rng.bit_generator.state["buffer_pos"] == state_then["buffer_pos"]
+
+
+class _OddAt(grainlike.MapTransform):
+    """Records as dicts of numpy values; record 50 differs from the others in one way."""
+
+    def __init__(self, how):
+        self.how = how
+
+    def map(self, x):
+        out = {"img": np.full((2, 3), x, np.float32), "label": np.int32(x), "zero_d": np.array(x)}
+        if x != 50:
+            return out
+        if self.how == "shape":
+            out["img"] = np.zeros((3, 3), np.float32)
+        elif self.how == "dtype":
+            out["img"] = out["img"].astype(np.float64)
+        elif self.how == "scalar_for_0d":
+            out["zero_d"] = np.int64(x)
+        elif self.how == "python_int":
+            out["label"] = int(x)
+        elif self.how == "key_order":
+            out = {"label": out["label"], "img": out["img"], "zero_d": out["zero_d"]}
+        elif self.how == "extra_key":
+            out["extra"] = np.int8(1)
+        elif self.how == "list_leaf":
+            out["img"] = [1, 2]
+        return out
+
+
+@pytest.mark.parametrize(
+    "how", ["none", "shape", "dtype", "scalar_for_0d", "python_int", "key_order", "extra_key", "list_leaf"]
+)
+@pytest.mark.parametrize("batch_size", [7, 64])
+def test_batches_copied_record_by_record_equal_stacking_at_the_end(how, batch_size):
+    # Batches are built row by row as records come (tree.Stacker); a record that
+    # does not fit the first one's layout, and a short last batch, go back to
+    # stacking the whole batch, with the same result or the same error.
+    ops = lambda: [_OddAt(how), grainlike.Batch(batch_size)]  # noqa: E731
+    chunked = _run(_loader(ops(), threads=False, shuffle=False), steps=120)
+    per_record = _run(_loader(ops(), threads=True, shuffle=False), steps=120)
+    assert chunked == per_record
+    errors = [x for x in chunked if isinstance(x, tuple) and x[0] == "error"]
+    # Stacking raises where the structure or a shape differs; it promotes dtypes.
+    assert bool(errors) == (how in ("shape", "extra_key", "list_leaf"))
+    assert all(e[1] == "ValueError" and "cannot stack" in e[2] for e in errors)

@@ -296,10 +296,10 @@ def _read_threads_while_iterating(loader):
 
 @pytest.mark.parametrize("record_bytes", [8, 1 << 20, 4 << 20])
 def test_reads_are_batched_by_count_for_small_records_and_by_bytes_for_big_ones(record_bytes):
-    from grainlike.dataset import prefetch
+    from grainlike.loader import chunked
 
-    # The reading stage's caps: so many records, and about so many bytes.
-    largest_read = min(prefetch._MAX_CHUNK, prefetch._CHUNK_BYTES // record_bytes)
+    # The reading stage's caps: so many records, and about so many bytes (at least one).
+    largest_read = max(1, min(chunked._MAX_CHUNK, chunked._CHUNK_BYTES // record_bytes))
     source = _CountingSource(600, record_bytes)
     sampler = grain.IndexSampler(600, grain.NoSharding(), shuffle=True, num_epochs=1, seed=0)
     loader = grain.DataLoader(data_source=source, sampler=sampler, operations=[grain.Batch(8)],
