@@ -11,10 +11,9 @@ transform called in a loop over the records the next batch needs, a record's
 rng built only when a random transform asks for it, and each record copied
 into its row of the batch right after its transforms (``tree.Stacker``). It
 yields what the per-record stages yield (the batch as a ``Record`` carrying the
-last record's metadata
-without its record key), in the same order, with the same random draws, and its
-state is the reading stage's: ``{"next_index": p}``, the position of the first
-record not in a delivered batch.
+last record's metadata without its record key), in the same order, with the
+same random draws, and its state is the reading stage's: ``{"next_index": p}``,
+the position of the first record not in a delivered batch.
 
 Transforms run on the records a batch needs, when it needs them (as in the
 per-record stages: a slow transform delays a batch by its own records only), so
