@@ -471,11 +471,15 @@ class Stacker:
     Args:
       size: the number of elements in a batch.
       alloc: optional allocator for the batch's leaves (for shared memory).
+      min_bytes: elements smaller than this (the first one's leaves together) are
+        left to ``stack``: a batch of them stays in the cache anyway, and
+        ``stack`` spends less per element.
     """
 
-    def __init__(self, size: int, alloc: Optional[Allocator] = None):
+    def __init__(self, size: int, alloc: Optional[Allocator] = None, min_bytes: int = 0):
         self._size = size
         self._alloc = alloc
+        self._min_bytes = min_bytes
         self._count = 0
         self._first: Any = None
         self._layout: Any = None
@@ -492,7 +496,7 @@ class Stacker:
                 self.active, self.unsuitable = False, True
                 return
             specs.append((leaf.shape, leaf.dtype, type(leaf)))
-        if not specs:
+        if not specs or sum(leaf.nbytes for leaf in leaves) < self._min_bytes:
             self.active, self.unsuitable = False, True
             return
         alloc = self._alloc

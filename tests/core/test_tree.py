@@ -337,3 +337,12 @@ def test_stacker_result_needs_a_full_batch():
     stacker = Stacker(3)
     stacker.add([np.zeros(2)] * 2)
     assert stacker.active and stacker.result() is None
+
+
+def test_stacker_leaves_elements_below_min_bytes_to_stack():
+    small = Stacker(2, min_bytes=1024)
+    small.add([np.zeros(127)] * 2)  # 1016 bytes
+    assert not small.active and small.unsuitable
+    big = Stacker(2, min_bytes=1024)
+    big.add([np.zeros(128)] * 2)
+    assert big.result().shape == (2, 128)

@@ -329,10 +329,13 @@ class _OddAt(grainlike.MapTransform):
     "how", ["none", "shape", "dtype", "scalar_for_0d", "python_int", "key_order", "extra_key", "list_leaf"]
 )
 @pytest.mark.parametrize("batch_size", [7, 64])
-def test_batches_copied_record_by_record_equal_stacking_at_the_end(how, batch_size):
-    # Batches are built row by row as records come (tree.Stacker); a record that
-    # does not fit the first one's layout, and a short last batch, go back to
-    # stacking the whole batch, with the same result or the same error.
+def test_batches_copied_record_by_record_equal_stacking_at_the_end(how, batch_size, monkeypatch):
+    # Batches of big records are built row by row as records come (tree.Stacker);
+    # a record that does not fit the first one's layout, and a short last batch,
+    # go back to stacking the whole batch, with the same result or the same error.
+    from grainlike.loader import chunked
+
+    monkeypatch.setattr(chunked, "_ROW_BYTES", 0)  # These small records count as big.
     ops = lambda: [_OddAt(how), grainlike.Batch(batch_size)]  # noqa: E731
     chunked = _run(_loader(ops(), threads=False, shuffle=False), steps=120)
     per_record = _run(_loader(ops(), threads=True, shuffle=False), steps=120)
@@ -341,3 +344,25 @@ def test_batches_copied_record_by_record_equal_stacking_at_the_end(how, batch_si
     # Stacking raises where the structure or a shape differs; it promotes dtypes.
     assert bool(errors) == (how in ("shape", "extra_key", "list_leaf"))
     assert all(e[1] == "ValueError" and "cannot stack" in e[2] for e in errors)
+
+
+def test_big_records_are_copied_into_their_batch_as_they_come(monkeypatch):
+    from grainlike.core import tree as tree_lib
+    from grainlike.loader import chunked
+
+    copied = []
+    real_add = tree_lib.Stacker.add
+
+    def add(self, elements, start=0, stop=None):
+        real_add(self, elements, start, stop)
+        copied.append(self.count)
+
+    monkeypatch.setattr(tree_lib.Stacker, "add", add)
+
+    class Big(grainlike.MapTransform):
+        def map(self, x):
+            return np.full(chunked._ROW_BYTES // 8, x, np.int64)
+
+    batches = list(_loader([Big(), grainlike.Batch(4)], threads=False, shuffle=False))
+    assert [int(b[0, 0]) for b in batches[:3]] == [0, 4, 8]
+    assert copied and max(copied) == 4  # rows copied in, batch after batch
