@@ -1,4 +1,8 @@
-"""Checks that a test left no worker process, thread, fd or shared-memory segment."""
+"""Checks that a test left no worker process, thread, fd or shared-memory segment.
+
+Shared memory is both named (``/dev/shm`` entries) and anonymous (``memfd``
+segments, which only this process's descriptors and mappings show).
+"""
 
 from __future__ import annotations
 
@@ -104,6 +108,30 @@ def new_fds(before: dict) -> dict:
     }
 
 
+# grainlike names every anonymous segment it makes ``grainlike-...``; the kernel
+# shows them as ``/memfd:grainlike-... (deleted)``.
+_MEMFD_MARK = "/memfd:grainlike"
+
+
+def memfd_fds() -> int:
+    """How many descriptors of anonymous (memfd) segments this process holds."""
+    return sum(target.startswith(_MEMFD_MARK) for target in open_fds().values())
+
+
+def memfd_mappings() -> int:
+    """How many mappings of anonymous (memfd) segments this process has."""
+    try:
+        with open("/proc/self/maps") as f:
+            return sum(_MEMFD_MARK in line for line in f)
+    except OSError:
+        return 0
+
+
+def memfd_usage() -> tuple:
+    """``(descriptors, mappings)`` of anonymous segments in this process."""
+    return memfd_fds(), memfd_mappings()
+
+
 def wait_until(predicate, timeout: float = 5.0, interval: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -121,6 +149,18 @@ class LeakCheck:
         self.children = worker_children()
         self.threads = grainlike_threads()
         self.fds = open_fds()
+        # Counts, not identities: a source the test module keeps alive holds its
+        # mapping from before the test, and only growth is a leak.
+        self.memfd = memfd_usage()
+
+    def _memfd_within_baseline(self) -> bool:
+        import gc
+
+        if all(now <= then for now, then in zip(memfd_usage(), self.memfd)):
+            return True
+        # A segment is unmapped when its last array is collected.
+        gc.collect()
+        return all(now <= then for now, then in zip(memfd_usage(), self.memfd))
 
     def assert_clean(self, timeout: float = 5.0) -> None:
         import gc
@@ -138,11 +178,15 @@ class LeakCheck:
         assert wait_until(lambda: not new_fds(self.fds), timeout), (
             f"file descriptors left: {new_fds(self.fds)}"
         )
+        assert wait_until(self._memfd_within_baseline, timeout), (
+            "anonymous shared memory left (memfd descriptors, mappings): "
+            f"{memfd_usage()}, before the test {self.memfd}"
+        )
 
 
 @pytest.fixture
 def no_leaks():
-    """Fails the test if it left worker processes, threads, fds or segments behind."""
+    """Fails the test if it left worker processes, threads, fds or segments (named or anonymous) behind."""
     check = LeakCheck()
     yield check
     check.assert_clean()
