@@ -209,9 +209,10 @@ class TFRecordIterDataset(IterDataset):
 
     Example:
       >>> import os, tempfile
-      >>> path = os.path.join(tempfile.mkdtemp(), "data.tfrecord")
-      >>> write_tfrecords(path, [b"a", b"bc"])
-      >>> list(TFRecordIterDataset(path))
+      >>> with tempfile.TemporaryDirectory() as folder:
+      ...     path = os.path.join(folder, "data.tfrecord")
+      ...     write_tfrecords(path, [b"a", b"bc"])
+      ...     list(TFRecordIterDataset(path))
       [b'a', b'bc']
 
     Raises (on iteration):

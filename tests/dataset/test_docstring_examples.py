@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import tempfile
 
 import pytest
 
@@ -24,7 +25,12 @@ MODULES = [
 
 
 @pytest.mark.parametrize("name", MODULES)
-def test_docstring_examples(name):
+def test_docstring_examples(name, tmp_path, monkeypatch):
+    # Examples are copied by readers: one that writes files must clean them up.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+    assert not list(scratch.iterdir()), f"{name}'s examples left temporary files"
