@@ -174,12 +174,6 @@ def test_stack_walks_dataclasses_subclasses_and_keeps_none():
     assert tree.stack([{"a": object()}, {"a": object()}])["a"].dtype == object
 
 
-def test_docstring_examples_run():
-    import doctest
-
-    assert doctest.testmod(tree).failed == 0
-
-
 # -- against grain's tree functions -----------------------------------------------------
 
 

@@ -1,31 +1,45 @@
-"""The examples in the docstrings of the Dataset API and its neighbours run and print what they show."""
+"""The examples in grainlike's docstrings run and print what they show.
+
+Every module whose source holds a ``>>>`` example is run here, so a new example
+is tested without being listed.
+"""
 
 from __future__ import annotations
 
 import doctest
 import importlib
+import pathlib
 import tempfile
 
 import pytest
 
-# Modules with ``>>>`` examples; each runs at least one.
-MODULES = [
-    *(
-        f"grainlike.dataset.{name}"
-        for name in [
-            "base", "batch", "cache", "elastic", "element_spec", "interleave", "limit", "multithread",
-            "options", "packing", "packing_concat_split", "performance", "rebatch", "rng_pool", "source",
-            "tfrecord", "thread_prefetch",
-        ]
-    ),
-    "grainlike.core.pack_and_batch",
-    "grainlike.io",
-    "grainlike.jax_loops",
-]
+import grainlike
+
+PACKAGE = pathlib.Path(grainlike.__file__).parent
 
 
+def modules_with_examples() -> list[str]:
+    names = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if ">>>" not in path.read_text(encoding="utf-8"):
+            continue
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names.append(".".join(parts))
+    return names
+
+
+MODULES = modules_with_examples()
+
+
+def test_examples_are_found():
+    assert {"grainlike.core.tree", "grainlike.dataset.tfrecord", "grainlike.sources.keys"} <= set(MODULES)
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", MODULES)
-def test_docstring_examples(name, tmp_path, monkeypatch):
+def test_docstring_examples(name, tmp_path, monkeypatch, no_leaks):
     # Examples are copied by readers: one that writes files must clean them up.
     scratch = tmp_path / "tmp"
     scratch.mkdir()

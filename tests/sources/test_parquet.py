@@ -262,11 +262,6 @@ def test_source_reads_from_threads_in_parallel_with_one_handle_each(files):
 
 
 def test_batched_reads_take_any_integer_keys(files):
-    import doctest
-
-    from grainlike.sources import keys
-
-    assert doctest.testmod(keys).failed == 0
     source = ParquetDataSource(files, columns=["id"])
     as_list = [r["id"] for r in source.__getitems__([np.int32(2), 7])]
     assert as_list == [r["id"] for r in source.__getitems__(range(2, 8, 5))] == [2, 12]
