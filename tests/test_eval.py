@@ -8,6 +8,7 @@ import pytest
 
 import grainlike as grain
 from grainlike.evaluation import evaluate
+from tests.helpers.jaxprs import held_array_sizes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -96,23 +97,6 @@ def test_bad_arguments_are_rejected():
         evaluate(lambda b: b.sum(), list(range(N)), batch_size=4)
 
 
-def _constant_sizes(jaxpr) -> list:
-    """The sizes of the arrays the program holds (consts and literals, nested)."""
-    sizes = [np.size(c) for c in jaxpr.consts]
-
-    def walk(j):
-        for eqn in j.eqns:
-            sizes.extend(np.size(v.val) for v in eqn.invars if hasattr(v, "val"))
-            for p in eqn.params.values():
-                for sub in (p if isinstance(p, (list, tuple)) else [p]):
-                    if hasattr(sub, "jaxpr"):
-                        walk(sub.jaxpr if hasattr(sub.jaxpr, "eqns") else sub.jaxpr.jaxpr)
-                        sizes.extend(np.size(c) for c in getattr(sub, "consts", []))
-
-    walk(jaxpr.jaxpr)
-    return [size for size in sizes if size > 1]  # scalars are the program's own literals
-
-
 @pytest.mark.parametrize("worker_count", [0, 2])
 def test_inside_a_scan_every_reduction_works_without_data_in_the_program(worker_count, no_leaks):
     import jax
@@ -134,6 +118,7 @@ def test_inside_a_scan_every_reduction_works_without_data_in_the_program(worker_
     assert total.tolist() == pytest.approx([0, xs.sum(), 2 * xs.sum()])
     assert concat.tolist() == [(xs * w).tolist() for w in range(3)]
     assert biggest.tolist() == [0, N - 1, 2 * (N - 1)]
-    sizes = _constant_sizes(jax.make_jaxpr(lambda: jax.lax.scan(body, 0, jnp.arange(3.0)))())
+    program = jax.make_jaxpr(lambda: jax.lax.scan(body, 0, jnp.arange(3.0)))()
+    sizes = [size for size in held_array_sizes(program) if size > 1]  # scalars are the program's own literals
     # No array beyond one batch (5), and not every record's batch baked in either.
     assert max(sizes, default=0) <= 5 and sum(sizes) < N

@@ -11,6 +11,7 @@ import pytest
 
 import grainlike as grain
 from grainlike.jax_loops import full_data_mapper, full_reference_data
+from tests.helpers.jaxprs import held_array_sizes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -61,22 +62,7 @@ def test_the_program_holds_no_data():
 
     jaxpr = jax.make_jaxpr(lambda p, s: jax.lax.scan(lambda c, _: (c, mean(p, c)[0]), s, None, length=2))(
         jnp.float32(1), full.init())
-    sizes = [np.size(c) for c in jaxpr.consts]
-    literals = []
-
-    def walk(j):
-        for eqn in j.eqns:
-            for v in eqn.invars:
-                if hasattr(v, "val"):
-                    literals.append(np.size(v.val))
-            for p in eqn.params.values():
-                for sub in (p if isinstance(p, (list, tuple)) else [p]):
-                    if hasattr(sub, "jaxpr"):
-                        walk(sub.jaxpr if hasattr(sub.jaxpr, "eqns") else sub.jaxpr.jaxpr)
-                        sizes.extend(np.size(c) for c in getattr(sub, "consts", []))
-
-    walk(jaxpr.jaxpr)
-    assert max(sizes + literals + [0]) <= batch_size
+    assert max(held_array_sizes(jaxpr) + [0]) <= batch_size
     value, _ = jax.jit(mean)(jnp.float32(2), full.init())
     assert float(value) == pytest.approx(2 * (n - 1) / 2)
 

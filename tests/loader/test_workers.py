@@ -16,6 +16,7 @@ import pytest
 import grainlike as grain
 from grainlike.dataset.workers import WorkerDiedError
 from tests.helpers import leaks
+from tests.reliability.transforms import Slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -52,15 +53,6 @@ class FailAt(grain.MapTransform):
     def map(self, x):
         if x == self.bad:
             raise KeyError(f"record {x} is bad")
-        return x
-
-
-class Slow(grain.MapTransform):
-    def __init__(self, seconds):
-        self.seconds = seconds
-
-    def map(self, x):
-        time.sleep(self.seconds)
         return x
 
 
