@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from grainlike.core.read_ahead import Prefetcher, stop_holder, take
+from grainlike.core.read_ahead import Prefetcher, restore, stop_holder, take, wrapped_method
 
 __all__ = ["DeviceIterator", "make_global_batch"]
 
@@ -213,20 +213,10 @@ class DeviceIterator(Iterator[Any]):
                 if start is not None:
                     start()
 
-    def _wrapped(self, method: str) -> Callable:
-        fn = getattr(self._iterator, method, None)
-        if fn is None:
-            raise TypeError(
-                f"the wrapped {type(self._iterator).__name__} has no {method}(); "
-                "DeviceIterator saves and restores the state of iterators that do "
-                "(iter(DataLoader))"
-            )
-        return fn
-
     def get_state(self) -> Any:
         """The wrapped iterator's state right after the last batch you received."""
         with self._lock:
-            get_state = self._wrapped("get_state")
+            get_state = wrapped_method(self._iterator, "get_state", "DeviceIterator")
             if self._holder[0] is None:
                 self._state = None
                 return get_state()
@@ -239,17 +229,10 @@ class DeviceIterator(Iterator[Any]):
         for a state of another pipeline), leaving the position unchanged.
         """
         with self._lock:
-            set_state = self._wrapped("set_state")
+            set_state = wrapped_method(self._iterator, "set_state", "DeviceIterator")
             previous = self.get_state()
-            stop_holder(self._holder)
             self._state = None
-            try:
-                set_state(state)
-            except BaseException:
-                # The thread ran ahead of the user; put the wrapped iterator back
-                # where the user is, so an invalid state changes nothing.
-                set_state(previous)
-                raise
+            restore(self._holder, set_state, state, previous)
 
     async def save(self, directory: Any) -> Any:
         """Orbax v1 ``StatefulCheckpointable``: the state is read now."""

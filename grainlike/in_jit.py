@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from grainlike.core import tree
-from grainlike.core.read_ahead import Prefetcher, stop_holder, take
+from grainlike.core.read_ahead import Prefetcher, restore, stop_holder, take, wrapped_method
 from grainlike.jax_loops import reporting
 
 __all__ = ["InJitIterator"]
@@ -304,19 +304,10 @@ class InJitIterator:
 
     # -- state -------------------------------------------------------------------
 
-    def _wrapped(self, method: str) -> Callable:
-        fn = getattr(self._iterator, method, None)
-        if fn is None:
-            raise TypeError(
-                f"the wrapped {type(self._iterator).__name__} has no {method}(); "
-                "InJitIterator saves and restores iterators that do (iter(DataLoader))"
-            )
-        return fn
-
     def get_state(self) -> Any:
         """The wrapped iterator's state after the last batch delivered to jitted code."""
         with self._lock:
-            get_state = self._wrapped("get_state")
+            get_state = wrapped_method(self._iterator, "get_state", "InJitIterator")
             return get_state() if self._state is None else self._state
 
     def set_state(self, state: Any) -> None:
@@ -326,16 +317,11 @@ class InJitIterator:
         the position unchanged.
         """
         with self._lock:
-            set_state = self._wrapped("set_state")
+            set_state = wrapped_method(self._iterator, "set_state", "InJitIterator")
             previous = self.get_state()
-            stop_holder(self._holder)
             self._peeked = None
             self._state = None
-            try:
-                set_state(state)
-            except BaseException:
-                set_state(previous)
-                raise
+            restore(self._holder, set_state, state, previous)
 
     def close(self) -> None:
         """Stops the prefetch thread and closes the wrapped iterator. Idempotent."""

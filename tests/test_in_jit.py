@@ -178,3 +178,17 @@ def test_a_short_final_batch_is_named_within_host_errors():
         with pytest.raises(ValueError, match=r"shape \(2, 2\) where the compiled program expects \(3, 2\)"):
             with grain.host_errors():
                 jax.block_until_ready(take())
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_invalid_state_changes_nothing(prefetch):
+    expected, states = plain_run(0, 6)
+    wrong = states[1].replace(b"seed=2", b"seed=99")
+    assert wrong != states[1]
+    with InJitIterator(iter(make_loader()), prefetch=prefetch) as feed:
+        single = jax.jit(lambda: feed.next()["x"])
+        assert single().tolist() == expected[0]
+        with pytest.raises(grain.InvalidStateError, match="Sampler in checkpoint"):
+            feed.set_state(wrong)
+        assert feed.get_state() == states[0]
+        assert [single().tolist() for _ in range(5)] == expected[1:6]

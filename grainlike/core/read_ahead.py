@@ -120,3 +120,34 @@ def take(holder: list) -> tuple[Any, Any]:
     if kind is END:
         raise StopIteration
     raise value
+
+
+def wrapped_method(iterator: Any, method: str, owner: str) -> Callable:
+    """``iterator``'s ``method`` (``get_state``/``set_state``), which ``owner`` needs to save and restore.
+
+    Raises:
+      TypeError: ``iterator`` has no such method.
+    """
+    fn = getattr(iterator, method, None)
+    if fn is None:
+        raise TypeError(
+            f"the wrapped {type(iterator).__name__} has no {method}(); "
+            f"{owner} saves and restores the state of iterators that do (iter(DataLoader))"
+        )
+    return fn
+
+
+def restore(holder: list, set_state: Callable[[Any], None], state: Any, previous: Any) -> None:
+    """Stops the read-ahead in ``holder``, then ``set_state(state)`` on the wrapped iterator.
+
+    Raises:
+      Exception: whatever ``set_state(state)`` raises, after putting the wrapped
+        iterator back at ``previous`` (the caller's position, which the thread had
+        read past), so that an invalid state changes nothing.
+    """
+    stop_holder(holder)
+    try:
+        set_state(state)
+    except BaseException:
+        set_state(previous)
+        raise
