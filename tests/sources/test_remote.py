@@ -448,12 +448,19 @@ def test_any_fsspec_protocol_reads_here_memory(local_files, tmp_path):
         memory.rm("/grainlike-test", recursive=True)
 
 
-def test_gs_without_gcsfs_says_what_to_install():
-    try:
-        import gcsfs  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("gcsfs is installed: the message under test is for its absence")
+def test_gs_without_gcsfs_says_what_to_install(monkeypatch):
+    import importlib
+    import sys
+
+    from grainlike.sources import remote
+
+    registry = importlib.import_module("fsspec.registry")  # fsspec.registry is a mapping
+
+    # As in an environment without gcsfs: importing it fails, and neither fsspec
+    # nor grainlike has a gs:// filesystem from before.
+    monkeypatch.setitem(sys.modules, "gcsfs", None)
+    for protocol in ("gs", "gcs"):
+        monkeypatch.delitem(registry._registry, protocol, raising=False)
+    monkeypatch.setattr(remote, "_FILESYSTEMS", {})
     with pytest.raises(ImportError, match="gs://bucket/x.parquet.*gcsfs"):
         ParquetDataSource("gs://bucket/x.parquet")
