@@ -85,16 +85,15 @@ class LazyRng:
     __slots__ = ("key", "_generator")
 
     def __init__(self, key: int):
-        # ``_generator`` stays unset until built: one slot write less per record.
         self.key = key
+        self._generator: Optional[np.random.Generator] = None
 
     def build(self, spare: Optional[list] = None) -> np.random.Generator:
         """The generator, built on the first call (from ``spare`` if it has one)."""
-        try:
-            return self._generator
-        except AttributeError:
+        generator = self._generator
+        if generator is None:
             generator = self._generator = philox_generator(self.key, spare)
-            return generator
+        return generator
 
     def recycle(self, spare: list) -> None:
         """Moves the built generator to ``spare`` if nothing but this holder refers to it.
@@ -103,19 +102,17 @@ class LazyRng:
         transform that kept the generator (or its bit generator) keeps it to
         itself, and only generators no one can draw from again are reused.
         """
-        if not hasattr(self, "_generator") or _references(self) != _UNSHARED:
+        if self._generator is None or _references(self) != _UNSHARED:
             return
         spare.append(self._generator)
-        del self._generator
+        self._generator = None
 
     def __getstate__(self):
         # A generator built and already drawn from travels as it is.
-        return (self.key, getattr(self, "_generator", None))
+        return (self.key, self._generator)
 
     def __setstate__(self, state):
-        self.key, generator = state
-        if generator is not None:
-            self._generator = generator
+        self.key, self._generator = state
 
 
 # What ``_references`` sees for a generator held by its holder alone: measured
