@@ -326,9 +326,14 @@ class ChunkedRecordsDatasetIterator(NextIndexState, DatasetIterator):
                     append(fn(v))
             elif kind == _RANDOM_MAP:
                 fn = op.random_map
-                rng = self._rng
-                for i, v in enumerate(values):
-                    append(fn(v, rng(rngs, i)))
+                if rngs and type(rngs[0]) is LazyRng:
+                    spare = self._spare_rngs
+                    for v, holder in zip(values, rngs):
+                        append(fn(v, holder.build(spare)))
+                else:
+                    rng = self._rng
+                    for i, v in enumerate(values):
+                        append(fn(v, rng(rngs, i)))
             else:
                 fn = op.map_with_index
                 for g, v in zip(indices, values):
