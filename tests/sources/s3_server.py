@@ -8,33 +8,26 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
-import time
-import urllib.request
+
+from tests.helpers.server_process import ServerProcess
 
 ACCESS_KEY = "testing-key"
 SECRET_KEY = "testing-secret"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _moto_command(port: int) -> list:
+    exe = shutil.which("moto_server", path=os.path.dirname(sys.executable)) or shutil.which("moto_server")
+    args = [exe] if exe else [sys.executable, "-m", "moto.server"]
+    return [*args, "-H", "127.0.0.1", "-p", str(port)]
 
 
-class LocalS3Server:
-    """``moto_server`` on ``127.0.0.1:port``; ``start()``, ``stop()``, ``restart()``."""
+class LocalS3Server(ServerProcess):
+    """``moto_server`` on ``127.0.0.1:port``; it keeps objects in memory: a restart loses them."""
 
     def __init__(self, port: int | None = None):
-        self.port = port or free_port()
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__("moto_server", _moto_command, "/moto-api/", port)
 
     def storage_options(self, **extra) -> dict:
         """s3fs options for this server: its endpoint, dummy keys, few retries."""
@@ -47,38 +40,6 @@ class LocalS3Server:
             "config_kwargs": {"connect_timeout": 1, "read_timeout": 5, "retries": {"max_attempts": 1}},
             **extra,
         }
-
-    def start(self, timeout: float = 30) -> None:
-        exe = shutil.which("moto_server", path=os.path.dirname(sys.executable)) or shutil.which("moto_server")
-        args = [exe] if exe else [sys.executable, "-m", "moto.server"]
-        self.proc = subprocess.Popen(
-            [*args, "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"moto_server exited with {self.proc.returncode}")
-            try:
-                urllib.request.urlopen(self.endpoint_url + "/moto-api/", timeout=1).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise TimeoutError(f"moto_server did not answer on {self.endpoint_url} in {timeout} s")
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
-        self.proc = None
-
-    def restart(self) -> None:
-        """A fresh server on the same port (moto keeps objects in memory: they are gone)."""
-        self.stop()
-        self.start()
 
     def client(self):
         import boto3
