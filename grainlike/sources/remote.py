@@ -193,7 +193,11 @@ def _names(e: BaseException) -> str:
 
 
 def _is_credentials_error(e: BaseException) -> bool:
-    return isinstance(e, PermissionError) or bool(_CREDENTIALS_NAME.search(_names(e)))
+    if isinstance(e, PermissionError) or _CREDENTIALS_NAME.search(_names(e)):
+        return True
+    # gcsfs raises a refusal as a plain OSError("Forbidden: ...") (403) or an
+    # HttpError carrying the status (401), with no telling class name.
+    return getattr(e, "code", None) in (401, 403) or str(e).startswith("Forbidden:")
 
 
 def _is_transient(e: BaseException) -> bool:

@@ -276,3 +276,32 @@ def test_stopping_the_server_leaves_no_process():
     server.stop()  # a paused server too
     assert leaks.wait_until(lambda: not leaks.session_processes(sid))
 
+
+
+@pytest.mark.parametrize(
+    "status, message, expected",
+    [
+        (403, "anonymous caller does not have storage.objects.get access", remote.RemoteAccessError),
+        (401, "Invalid Credentials", remote.RemoteAccessError),
+        (404, "No such object", FileNotFoundError),
+        (429, "rate limit exceeded", remote.RemoteReadError),
+        (503, "Service Unavailable", remote.RemoteReadError),
+    ],
+)
+def test_gcs_http_failures_are_classified_naming_the_object(status, message, expected):
+    import json
+
+    from gcsfs.retry import validate_response
+
+    calls = []
+
+    def request():
+        calls.append(1)
+        # What gcsfs raises for this response of the JSON API.
+        validate_response(status, json.dumps({"error": {"code": status, "message": message}}), "b/bkt/o/x.parquet")
+
+    options = remote.RemoteOptions(attempts=3, backoff_s=0.01)
+    with pytest.raises(expected, match="gs://bkt/x.parquet"):
+        remote.with_retries(request, "gs://bkt/x.parquet", "read", options)
+    # Refusals and missing objects fail at once; only throttling and outages are retried.
+    assert len(calls) == (3 if expected is remote.RemoteReadError else 1)
