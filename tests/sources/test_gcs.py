@@ -19,14 +19,14 @@ from grainlike.sources import remote
 from grainlike.sources.array_record import ArrayRecordDataSource
 from grainlike.sources.parquet import ParquetDataSource
 
+from tests.helpers import leaks
+from tests.sources.gcs_server import LocalGcsServer  # before gcsfs is imported: it sets gcsfs up
+
 pytest.importorskip("gcsfs")
 pytest.importorskip("gcp_storage_emulator")
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 array_record_module = pytest.importorskip("array_record.python.array_record_module")
-
-from tests.helpers import leaks  # noqa: E402
-from tests.sources.gcs_server import LocalGcsServer  # noqa: E402
 
 BUCKET = "grainlike-gcs"
 SHARDS = 2
