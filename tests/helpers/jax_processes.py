@@ -10,19 +10,14 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import time
 from typing import Sequence
 
+from tests.helpers.server_process import free_port
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_job(script: pathlib.Path, num_processes: int, args: Sequence[str], workdir: pathlib.Path, timeout_s: float) -> list:
