@@ -18,6 +18,7 @@ next is fetched in the background. See ``grainlike.sources.remote``.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import logging
 import operator
@@ -27,7 +28,7 @@ import tempfile
 import threading
 from collections.abc import Sequence
 from concurrent import futures
-from typing import Any, Optional, SupportsIndex
+from typing import Any, Iterator, Optional, SupportsIndex
 
 import numpy as np
 
@@ -86,16 +87,24 @@ def _missing(path: str) -> SourceFileNotFoundError:
     return SourceFileNotFoundError(f"ArrayRecordDataSource: file not found: {path!r}")
 
 
+@contextlib.contextmanager
 def _local_copy(
     path: str, remote_options: Optional[remote.RemoteOptions], info: Optional[dict] = None
-) -> str:
-    """A local path with the contents of ``path``: itself, or its cached copy if remote."""
+) -> Iterator[str]:
+    """A local path with the contents of ``path``: itself, or its cached copy if remote.
+
+    A cached copy is kept from eviction until the block ends: open it inside.
+    """
     if _is_local(path):
-        return remote.local_path(path)
-    try:
-        return remote.cache_for(remote_options or remote.RemoteOptions()).fetch(path, info)
-    except FileNotFoundError as e:
-        raise SourceFileNotFoundError(f"ArrayRecordDataSource: file not found: {path!r} ({e})") from e
+        yield remote.local_path(path)
+        return
+    cache = remote.cache_for(remote_options or remote.RemoteOptions())
+    with contextlib.ExitStack() as stack:
+        try:
+            local = stack.enter_context(cache.pinned(path, info))
+        except FileNotFoundError as e:
+            raise SourceFileNotFoundError(f"ArrayRecordDataSource: file not found: {path!r} ({e})") from e
+        yield local
 
 
 def _open_reader(
@@ -106,31 +115,32 @@ def _open_reader(
 ):
     from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
 
-    url, path = path, _local_copy(path, remote_options, info)
-    reader = array_record_module.ArrayRecordReader(
-        path, options=options, file_reader_buffer_size=_FILE_READER_BUFFER_SIZE
-    )
-    # A missing or unreadable file still constructs a reader; it reports not-ok
-    # and 0 records, which would silently make an empty source.
-    if not reader.ok():
-        try:
-            reader.close()  # Raises the reader's status, the only account of why.
-            detail = ""
-        except Exception as e:  # pylint: disable=broad-except
-            detail = f" ({e})"
-        if not os.path.exists(path):
-            raise _missing(url)
-        if detail in ("", " ()"):
-            # The reader gives no reason for a file cut at a block boundary or empty.
+    url = path
+    with _local_copy(url, remote_options, info) as path:
+        reader = array_record_module.ArrayRecordReader(
+            path, options=options, file_reader_buffer_size=_FILE_READER_BUFFER_SIZE
+        )
+        # A missing or unreadable file still constructs a reader; it reports not-ok
+        # and 0 records, which would silently make an empty source.
+        if not reader.ok():
             try:
-                detail = (
-                    f" (its footer could not be read; the file is {os.path.getsize(path)} "
-                    "bytes: truncated, empty, or not an ArrayRecord file)"
-                )
-            except OSError as e:
+                reader.close()  # Raises the reader's status, the only account of why.
+                detail = ""
+            except Exception as e:  # pylint: disable=broad-except
                 detail = f" ({e})"
-        raise ValueError(f"ArrayRecordDataSource: {url!r} is not a readable ArrayRecord file{detail}.")
-    return reader
+            if not os.path.exists(path):
+                raise _missing(url)
+            if detail in ("", " ()"):
+                # The reader gives no reason for a file cut at a block boundary or empty.
+                try:
+                    detail = (
+                        f" (its footer could not be read; the file is {os.path.getsize(path)} "
+                        "bytes: truncated, empty, or not an ArrayRecord file)"
+                    )
+                except OSError as e:
+                    detail = f" ({e})"
+            raise ValueError(f"ArrayRecordDataSource: {url!r} is not a readable ArrayRecord file{detail}.")
+        return reader
 
 
 def _warn_group_size(path: str, reader: Any) -> None:

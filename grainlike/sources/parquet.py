@@ -55,15 +55,15 @@ def columns_to_numpy(table: Any) -> dict:
 def _open_parquet(path: Any, options: remote.RemoteOptions, read_kwargs: dict) -> Any:
     pq = _pyarrow_parquet()
     url = remote.to_url(path)
-    source = remote.open_input(url, options)
-    if isinstance(source, str) and not os.path.exists(source):
-        raise FileNotFoundError(f"ParquetDataSource: file not found: {url!r}")
-    try:
-        return pq.ParquetFile(source, **read_kwargs)
-    except (FileNotFoundError, PermissionError, remote.RemoteReadError):
-        raise
-    except Exception as e:
-        raise ValueError(f"{url!r} is not a readable Parquet file: {type(e).__name__}: {e}") from e
+    with remote.pinned_input(url, options) as source:
+        if isinstance(source, str) and not os.path.exists(source):
+            raise FileNotFoundError(f"ParquetDataSource: file not found: {url!r}")
+        try:
+            return pq.ParquetFile(source, **read_kwargs)
+        except (FileNotFoundError, PermissionError, remote.RemoteReadError):
+            raise
+        except Exception as e:
+            raise ValueError(f"{url!r} is not a readable Parquet file: {type(e).__name__}: {e}") from e
 
 
 class ParquetDataSource:

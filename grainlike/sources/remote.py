@@ -23,6 +23,7 @@ is read: ``pip install "grainlike[remote]"``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
@@ -34,7 +35,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent import futures
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 __all__ = [
     "LocalCache",
@@ -44,6 +45,7 @@ __all__ = [
     "RemoteReadError",
     "is_remote",
     "open_input",
+    "pinned_input",
     "to_url",
     "with_retries",
 ]
@@ -450,7 +452,8 @@ class LocalCache:
     when complete, so processes sharing the directory never read a partial copy;
     the copy is named by a hash of the URL, size and modification time, so a
     changed object is fetched again. Beyond ``max_bytes`` the least recently used
-    copies are removed (a reader that has one open keeps reading it).
+    copies are removed, except those ``pinned`` now by any process sharing the
+    directory (a reader that has one open keeps reading it after its removal).
 
     Args:
       directory: where the copies live; created if missing.
@@ -495,13 +498,44 @@ class LocalCache:
         os.makedirs(self._dir, exist_ok=True)
         # One copy at a time per file, across the processes and threads sharing the
         # directory: the others wait here, then find it done.
-        with open(os.path.join(self._dir, f".lock-{name}"), "a") as lock:
+        with open(self._lock_path(name), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if _touch(path):
                 return path
             self._copy(url, size, path)
         self._evict(keep=path)
         return path
+
+    @contextlib.contextmanager
+    def pinned(self, url: str, info: Optional[dict] = None) -> Iterator[str]:
+        """``fetch``, and the copy stays until the block ends: open it inside.
+
+        Another thread or process sharing the directory may evict the copy
+        between ``fetch`` returning and the caller opening it; a pinned copy is
+        skipped by every eviction (a shared lock on its lock file).
+        """
+        for _ in range(_PIN_ATTEMPTS):
+            path = self.fetch(url, info)
+            with open(self._lock_path(os.path.basename(path)), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_SH)
+                if _touch(path):
+                    try:
+                        yield path
+                    finally:
+                        lock.close()
+                        # Copies kept over the bound while pinned go now (least
+                        # recently used first; this one was just used).
+                        self._evict(keep=path)
+                    return
+            # Evicted before the pin: fetched again.
+        raise RemoteReadError(
+            f"{url!r}: its local copy in {self._dir!r} was evicted {_PIN_ATTEMPTS} times before "
+            "it could be opened; raise RemoteOptions.cache_max_bytes (it must hold the files "
+            "read at the same time)"
+        )
+
+    def _lock_path(self, name: str) -> str:
+        return os.path.join(self._dir, f".lock-{name}")
 
     def _copy(self, url: str, size: int, path: str) -> None:
         fd, tmp = tempfile.mkstemp(dir=self._dir, prefix=".partial-")
@@ -543,13 +577,28 @@ class LocalCache:
             for _, size, full in sorted(entries):
                 if total <= self._max_bytes:
                     break
-                if full == keep:
-                    continue
-                try:
-                    os.unlink(full)
+                if full != keep and self._remove_unpinned(full):
                     total -= size
-                except OSError:
-                    pass
+
+    def _remove_unpinned(self, path: str) -> bool:
+        """Removes a cached copy unless it is pinned or being fetched (never waits)."""
+        try:
+            fd = os.open(self._lock_path(os.path.basename(path)), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(path)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)  # Releases the lock.
+
+
+# Fetches of one file before its copy could be pinned, when other readers keep
+# evicting it (a cache bound smaller than the files read at the same time).
+_PIN_ATTEMPTS = 20
 
 
 def _touch(path: str) -> bool:
@@ -570,6 +619,21 @@ def default_cache_dir() -> str:
 def cache_for(options: RemoteOptions) -> LocalCache:
     """The cache ``options`` describe (the default directory when it names none)."""
     return LocalCache(options.cache_dir or default_cache_dir(), options, options.cache_max_bytes)
+
+
+@contextlib.contextmanager
+def pinned_input(path: Any, options: Optional[RemoteOptions] = None) -> Iterator[Any]:
+    """``open_input``, with a cached copy kept from eviction until the block ends.
+
+    Open the file inside the block; the open file stays readable after it.
+    """
+    options = options or RemoteOptions()
+    url = to_url(path)
+    if is_remote(url) and options.cache_dir is not None:
+        with cache_for(options).pinned(url) as local:
+            yield local
+    else:
+        yield open_input(url, options)
 
 
 def open_input(path: Any, options: Optional[RemoteOptions] = None) -> Any:

@@ -253,6 +253,20 @@ def test_parquet_through_local_cache_is_bounded(up, local_files, tmp_path):
     assert len(cached) == 1 and cached[0].endswith("part-1.parquet")
 
 
+def test_a_pinned_copy_is_not_evicted_until_released(up, local_files, tmp_path):
+    # Readers open a cached copy after fetching it; another reader's fetch in
+    # between must not remove it (ParquetDataSource opens its files in threads).
+    size = os.path.getsize(_local(local_files, "pq")[0])
+    directory = tmp_path / "cache"
+    cache = remote.LocalCache(str(directory), _options(up), max_bytes=size + size // 2)
+    first, second = _urls("pq")[:2]
+    with cache.pinned(first) as pinned_path:
+        other = cache.fetch(second)  # Over the bound: the unpinned would go.
+        assert os.path.exists(pinned_path) and os.path.exists(other)
+    left = [n for n in os.listdir(directory) if not n.startswith(".")]
+    assert len(left) == 1  # Released: the bound holds again.
+
+
 def test_missing_object_and_bucket_are_named(up):
     with pytest.raises(FileNotFoundError, match="nope.parquet"):
         ParquetDataSource(f"s3://{BUCKET}/pq/nope.parquet", remote_options=_options(up))
