@@ -94,7 +94,8 @@ class RemoteOptions:
         files always go through a cache (a temporary directory when this is None);
         Parquet files do only when this is set.
       cache_max_bytes: bound of the cache; least recently used files are removed
-        beyond it. None: unbounded.
+        beyond it, except while a reader is opening them (it may be exceeded by
+        the files opened at the same time). None: unbounded.
 
     Example:
         options = RemoteOptions(storage_options={"anon": True}, cache_dir="/tmp/shards",
