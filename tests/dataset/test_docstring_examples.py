@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import multiprocessing.util
 import pathlib
 import tempfile
 
@@ -41,6 +42,9 @@ def test_examples_are_found():
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name, tmp_path, monkeypatch, no_leaks):
     # Examples are copied by readers: one that writes files must clean them up.
+    # multiprocessing's own folder for this process (its forkserver's socket,
+    # removed at exit) is made before, wherever the first worker starts.
+    multiprocessing.util.get_temp_dir()
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
