@@ -20,13 +20,14 @@ from grainlike.sources.array_record import ArrayRecordDataSource
 from grainlike.sources.parquet import ParquetDataSource
 
 from tests.helpers import leaks
+from tests.sources.corpus import write_corpus
 from tests.sources.gcs_server import LocalGcsServer  # before gcsfs is imported: it sets gcsfs up
 
 pytest.importorskip("gcsfs")
 pytest.importorskip("gcp_storage_emulator")
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
-array_record_module = pytest.importorskip("array_record.python.array_record_module")
+pytest.importorskip("pyarrow")
+pytest.importorskip("pyarrow.parquet")
+pytest.importorskip("array_record.python.array_record_module")
 
 BUCKET = "grainlike-gcs"
 SHARDS = 2
@@ -41,21 +42,9 @@ def _records(shard: int) -> list:
 @pytest.fixture(scope="module")
 def local_files(tmp_path_factory) -> dict:
     """``{object key: local path}``: two ArrayRecord shards, two Parquet files, a bigger Parquet file."""
-    d = tmp_path_factory.mktemp("gcs-src")
-    files = {}
-    for shard in range(SHARDS):
-        files[f"ar/train-{shard}.array_record"] = path = str(d / f"train-{shard}.array_record")
-        writer = array_record_module.ArrayRecordWriter(path, "group_size:1")
-        for r in _records(shard):
-            writer.write(r)
-        writer.close()
-        files[f"pq/part-{shard}.parquet"] = path = str(d / f"part-{shard}.parquet")
-        ids = np.arange(PER_SHARD, dtype=np.int64) + 100 * shard
-        pq.write_table(pa.table({"id": ids, "text": [r.decode() for r in _records(shard)]}), path, row_group_size=4)
-    # Many small row groups: the loader is still reading when the server stops.
-    files["big/big.parquet"] = path = str(d / "big.parquet")
-    pq.write_table(pa.table({"id": np.arange(BIG, dtype=np.int64)}), path, row_group_size=50)
-    return files
+    return write_corpus(
+        tmp_path_factory.mktemp("gcs-src"), _records, SHARDS, BIG, lambda shard: f"train-{shard}.array_record"
+    )
 
 
 @pytest.fixture(scope="module")

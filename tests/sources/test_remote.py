@@ -24,11 +24,12 @@ from grainlike.sources.parquet import ParquetDataSource
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
-array_record_module = pytest.importorskip("array_record.python.array_record_module")
+pytest.importorskip("pyarrow")
+pytest.importorskip("pyarrow.parquet")
+pytest.importorskip("array_record.python.array_record_module")
 
 from tests.helpers import leaks  # noqa: E402
+from tests.sources.corpus import write_corpus  # noqa: E402
 from tests.sources.s3_server import LocalS3Server, TcpProxy  # noqa: E402
 
 BUCKET = "grainlike-data"
@@ -44,27 +45,10 @@ def _records(shard: int) -> list:
 @pytest.fixture(scope="module")
 def local_files(tmp_path_factory):
     """Two ArrayRecord shards and two Parquet files (row groups of 4 rows)."""
-    d = tmp_path_factory.mktemp("remote-src")
-    files = {}
-    for shard in range(SHARDS):
-        path = str(d / f"train-{shard:05d}-of-{SHARDS:05d}.array_record")
-        writer = array_record_module.ArrayRecordWriter(path, "group_size:1")
-        for r in _records(shard):
-            writer.write(r)
-        writer.close()
-        files[f"ar/{os.path.basename(path)}"] = path
-        table = pa.table({
-            "id": np.arange(PER_SHARD, dtype=np.int64) + 100 * shard,
-            "text": [r.decode() for r in _records(shard)],
-        })
-        path = str(d / f"part-{shard}.parquet")
-        pq.write_table(table, path, row_group_size=4)
-        files[f"pq/part-{shard}.parquet"] = path
-    # Large enough that the loader is still reading when the server goes away.
-    path = str(d / "big.parquet")
-    pq.write_table(pa.table({"id": np.arange(BIG, dtype=np.int64)}), path, row_group_size=50)
-    files["big/big.parquet"] = path
-    return files
+    return write_corpus(
+        tmp_path_factory.mktemp("remote-src"), _records, SHARDS, BIG,
+        lambda shard: f"train-{shard:05d}-of-{SHARDS:05d}.array_record",
+    )
 
 
 @pytest.fixture(scope="module")
