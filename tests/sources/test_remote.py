@@ -251,6 +251,14 @@ def test_a_pinned_copy_is_not_evicted_until_released(up, local_files, tmp_path):
     assert len(left) == 1  # Released: the bound holds again.
 
 
+def test_a_copy_evicted_before_every_pin_is_a_clear_error(up, tmp_path, monkeypatch):
+    cache = remote.LocalCache(str(tmp_path / "cache"), _options(up))
+    monkeypatch.setattr(remote, "_touch", lambda path: False)  # Always gone before the pin.
+    with pytest.raises(remote.RemoteReadError, match=r"part-0\.parquet.*evicted.*cache_max_bytes"):
+        with cache.pinned(_urls("pq")[0]):
+            pass
+
+
 def test_missing_object_and_bucket_are_named(up):
     with pytest.raises(FileNotFoundError, match="nope.parquet"):
         ParquetDataSource(f"s3://{BUCKET}/pq/nope.parquet", remote_options=_options(up))
