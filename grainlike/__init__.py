@@ -166,3 +166,10 @@ __all__ = [
     "load",
     "tfds_source",
 ]
+
+# Workers start from a server when they cannot fork from this process (JAX
+# initialised, reader or OpenCV threads running): boot it now, beside the
+# program's own set-up, rather than at the first iterator.
+from grainlike.dataset import workers as _workers  # noqa: E402
+
+_workers.start_server_early()

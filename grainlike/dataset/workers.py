@@ -7,8 +7,11 @@ strictly round-robin and keeps every worker's state after its last delivered
 output, which is all a checkpoint needs. ``mp_prefetch`` is the task (states are
 dataset iterator states), for the Dataset API and the DataLoader alike.
 
-Workers are forked from a forkserver that has preloaded ``worker_main``, so a
-worker starts in milliseconds. The preparation data a worker receives names no
+Workers fork from the calling process while that is safe (``fork_is_safe``: no
+other thread, no JAX backend), as torch's do; otherwise from a worker server (a
+``multiprocessing`` forkserver of grainlike's own, not the process-wide one)
+that has preloaded ``worker_main`` and is booted when grainlike is imported
+(``start_server_early``), so a worker starts in milliseconds either way. The preparation data a worker receives names no
 main module, so it never re-runs the user's ``__main__``, and nothing in the
 user's process is edited to achieve that. The task travels as cloudpickle bytes,
 so lambdas and classes defined in a notebook or an unguarded script work. Batch
@@ -66,7 +69,6 @@ _WORKER_MODULE = "grainlike.dataset.worker_main"
 # worker, and importing tensorflow_datasets or datasets costs each worker 1-2 s.
 _PRELOAD_IF_LOADED = ("tensorflow_datasets", "datasets", "pyarrow.parquet", "s3fs", "gcsfs")
 _context_lock = threading.Lock()
-_context = None
 
 
 class WorkerError(RuntimeError):
@@ -237,19 +239,25 @@ class _SpawnWithoutMain(types.ModuleType):
 
 
 @functools.lru_cache(maxsize=None)
-def _worker_popen() -> type:
-    """The forkserver ``Popen``, launching with preparation data that names no main module.
+def _worker_popen(server: Any) -> type:
+    """The forkserver ``Popen`` that launches through ``server``, with preparation data naming no main module.
 
     Its ``_launch`` is the standard library's own code, bound to a ``spawn``
-    module whose ``get_preparation_data`` drops the main-module entries; nothing
-    global changes, so other processes the program starts are unaffected.
+    module whose ``get_preparation_data`` drops the main-module entries and to
+    ``server`` (a ``multiprocessing.forkserver.ForkServer`` of grainlike's own)
+    in place of the process-wide forkserver; nothing global changes, so other
+    processes the program starts, and its own use of the forkserver (its
+    preloads, Python 3.14's default start method), are unaffected.
     """
-    from multiprocessing import popen_forkserver
+    from multiprocessing import forkserver, popen_forkserver
 
     base = popen_forkserver.Popen
     launch = base._launch
     namespace = dict(vars(popen_forkserver))
     namespace["spawn"] = _SpawnWithoutMain()
+    namespace["forkserver"] = types.SimpleNamespace(
+        connect_to_new_process=server.connect_to_new_process, read_signed=forkserver.read_signed
+    )
     stripped = types.FunctionType(
         launch.__code__, namespace, launch.__name__, launch.__defaults__, launch.__closure__
     )
@@ -257,27 +265,56 @@ def _worker_popen() -> type:
 
 
 class _WorkerProcess(multiprocessing.context.ForkServerProcess):
-    """A forkserver process that starts without importing the main module."""
+    """A process one of grainlike's worker servers forks, without importing the main module."""
 
     @staticmethod
     def _Popen(process_obj):
-        return _worker_popen()(process_obj)
+        # The process object itself is pickled for the server: the server it
+        # goes to is kept beside it, not in it.
+        return _worker_popen(_server_of.pop(process_obj))(process_obj)
 
 
-def _forkserver_context():
-    global _context
+_server_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+# grainlike's worker servers, by the modules each preloaded. Its own instances of
+# multiprocessing's ForkServer, not the process-wide one: one started when
+# grainlike is imported (``start_server_early``) cannot take modules the program
+# imports later, so a pool whose sources need those (TFDS, datasets) gets a
+# server that preloads them, started then.
+_servers: dict = {}
+
+
+def _server_preload() -> tuple:
+    """The modules a worker server should preload now: the worker loop, the heavy
+    modules this process has loaded that sources need, and the user's own
+    forkserver preloads."""
+    from multiprocessing import forkserver
+
+    user = [m for m in getattr(forkserver._forkserver, "_preload_modules", []) if m != "__main__"]
+    wanted = [_WORKER_MODULE] + [m for m in _PRELOAD_IF_LOADED if m in sys.modules]
+    return tuple(wanted + [m for m in user if m not in wanted])
+
+
+def _server(start: bool = True) -> Any:
+    """A running worker server preloading at least ``_server_preload()``."""
+    from multiprocessing import forkserver
+
+    preload = _server_preload()
     with _context_lock:
-        if _context is None:
-            ctx = multiprocessing.get_context("forkserver")
-            from multiprocessing import forkserver
+        server = next((s for key, s in _servers.items() if set(preload) <= set(key)), None)
+        if server is None:
+            server = forkserver.ForkServer()
+            server.set_forkserver_preload(list(preload))
+            _servers[preload] = server
+    if start:
+        server.ensure_running()
+    return server
 
-            preload = list(getattr(forkserver._forkserver, "_preload_modules", []))
-            wanted = [_WORKER_MODULE] + [m for m in _PRELOAD_IF_LOADED if m in sys.modules]
-            if any(m not in preload for m in wanted):
-                # Keep whatever the user preloads; add ours so forks are ready at once.
-                ctx.set_forkserver_preload(preload + [m for m in wanted if m not in preload])
-            _context = ctx
-        return _context
+
+def server_fds() -> set:
+    """The descriptors grainlike's worker servers keep open for the life of the process."""
+    return {fd for s in list(_servers.values()) if (fd := getattr(s, "_forkserver_alive_fd", None)) is not None}
 
 
 def _jax_backend_initialised() -> bool:
@@ -351,11 +388,38 @@ def prestart() -> None:
     """
     if fork_is_safe():
         return
-    _forkserver_context()
-    from multiprocessing import forkserver
-
     try:
-        forkserver.ensure_running()
+        _server()
+    except Exception:
+        pass  # Starting workers later reports the problem with its context.
+
+
+def _started_by_multiprocessing() -> bool:
+    """Whether this interpreter is one multiprocessing started (its forkserver, a spawned child)."""
+    if multiprocessing.parent_process() is not None:
+        return True
+    argv = getattr(sys, "orig_argv", sys.argv)
+    # The forkserver and spawned children run ``python -c "from multiprocessing.X import ..."``.
+    return len(argv) >= 2 and argv[-2] == "-c" and argv[-1].startswith("from multiprocessing.")
+
+
+def start_server_early() -> None:
+    """Starts the worker server when grainlike is imported, so that it is ready by the first ``iter()``.
+
+    A training script imports grainlike, then initialises JAX, opens files,
+    imports OpenCV; each of those starts threads, after which workers can no
+    longer fork from the script itself (``fork_is_safe``) and start from the
+    server instead. Booting the server (a fresh interpreter importing numpy and
+    grainlike, ~0.3 s of one core) then overlaps that set-up instead of
+    delaying the first batch. Starting it costs the importing process one
+    ``fork_exec`` (a few ms); the server exits with the process. Not in the
+    server itself nor in processes multiprocessing starts (they would each
+    start another), and nowhere the platform has no forkserver.
+    """
+    if "forkserver" not in multiprocessing.get_all_start_methods() or _started_by_multiprocessing():
+        return
+    try:
+        _server()
     except Exception:
         pass  # Starting workers later reports the problem with its context.
 
@@ -513,17 +577,20 @@ def _after_fork_in_child() -> None:
         for proc in sd.procs:
             process._children.discard(proc)
     _live.clear()
-    server = forkserver._forkserver
-    alive_fd = getattr(server, "_forkserver_alive_fd", None)
-    if alive_fd is not None:
-        try:
-            os.close(alive_fd)  # The parent keeps its own copy.
-        except OSError:
-            pass
-    for name in ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_forkserver_authkey"):
-        if hasattr(server, name):
-            setattr(server, name, None)
-    server._lock = threading.Lock()
+    # The process-wide forkserver record too: the child's own multiprocessing
+    # use then starts a server of its own rather than sharing the parent's.
+    for server in [forkserver._forkserver, *_servers.values()]:
+        alive_fd = getattr(server, "_forkserver_alive_fd", None)
+        if alive_fd is not None:
+            try:
+                os.close(alive_fd)  # The parent keeps its own copy.
+            except OSError:
+                pass
+        for name in ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_forkserver_authkey"):
+            if hasattr(server, name):
+                setattr(server, name, None)
+        server._lock = threading.Lock()
+    _servers.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -973,7 +1040,8 @@ def _launch(
 
         ctx = multiprocessing.get_context("fork")
     else:
-        ctx = _forkserver_context()
+        ctx = multiprocessing.get_context("forkserver")
+        server = _server()
     try:
         for w in range(worker_count):
             if sd.done:
@@ -999,6 +1067,7 @@ def _launch(
                 )
             else:
                 proc = _WorkerProcess(target=_worker_entry, args=args, name=f"grainlike-worker-{w}", daemon=True)
+                _server_of[proc] = server
             try:
                 proc.start()
             except BaseException:

@@ -85,13 +85,16 @@ def open_fds() -> dict:
 def _long_lived_fds() -> set:
     # multiprocessing's forkserver and resource tracker keep one pipe each open for
     # the life of the process once started (by whichever test came first).
+    # So do grainlike's worker servers.
     from multiprocessing import forkserver, resource_tracker
+
+    from grainlike.dataset import workers
 
     fds = {
         getattr(forkserver._forkserver, "_forkserver_alive_fd", None),
         getattr(resource_tracker._resource_tracker, "_fd", None),
     }
-    return {fd for fd in fds if fd is not None}
+    return {fd for fd in fds if fd is not None} | workers.server_fds()
 
 
 # What the worker machinery opens: pipes and sockets to workers, shared memory.
