@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import weakref
 from typing import Any, Optional
 
 import numpy as np
@@ -30,8 +31,12 @@ from grainlike.dataset.state import non_negative_int, require_keys
 # Chunks never exceed this many elements, nor about this many bytes.
 _MAX_CHUNK = 256
 _CHUNK_BYTES = 8 << 20
-# With threads, one read task holds at most this many elements.
-_MAX_THREAD_CHUNK = 64
+# With threads, one read task holds at most this many elements, and about this
+# many bytes: when the iterator is dropped, closed or restarted, the tasks not yet
+# started are cancelled and those running (at most num_threads of them) finish,
+# so these bound the work done after that (grain's: one element per thread).
+_MAX_THREAD_CHUNK = 8
+_THREAD_CHUNK_BYTES = 1 << 20
 
 
 def in_memory(ds: Any) -> bool:
@@ -141,6 +146,57 @@ class NextIndexState:
         self.set_state({"next_index": index})
 
 
+def _read(parent: MapDataset, start: int, stop: int) -> tuple[list, Optional[BaseException]]:
+    """Elements ``[start, stop)`` of ``parent``; on an error, those before it and the error.
+
+    A function of the dataset, not a method of the iterator: a read task in a
+    thread must not keep the iterator alive.
+    """
+    try:
+        return list(parent._getitems(range(start, stop))), None
+    except Exception:
+        pass  # Read one at a time: deliver the elements before the failing one.
+    values = []
+    for i in range(start, stop):
+        try:
+            values.append(parent[i])
+        except Exception as e:
+            return values, e
+    return values, None
+
+
+class _ReadTasks:
+    """The read threads of one iterator and its reads in flight, in order.
+
+    Holds no reference to the iterator, so the iterator's finalizer can own it:
+    dropping the iterator cancels the reads not started and ends the threads
+    once their current read returns.
+    """
+
+    def __init__(self, threads: int):
+        self._threads = threads
+        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self.pending: collections.deque = collections.deque()  # (size, future) in order.
+
+    def submit(self, parent: MapDataset, start: int, stop: int) -> None:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(self._threads, thread_name_prefix="grainlike-read")
+        self.pending.append((stop - start, self._pool.submit(_read, parent, start, stop)))
+
+    def cancel(self) -> None:
+        """Drops the reads in flight (those running finish, unread)."""
+        pending = self.pending
+        while pending:
+            pending.popleft()[1].cancel()
+
+    def close(self) -> None:
+        """Cancels the reads and ends the threads without waiting for a read in progress."""
+        self.cancel()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
 class PrefetchDatasetIterator(NextIndexState, DatasetIterator):
     """Reads its MapDataset in chunks; see the module docstring."""
 
@@ -163,33 +219,23 @@ class PrefetchDatasetIterator(NextIndexState, DatasetIterator):
         self._read_until = 0  # Indices below it are read or in flight.
         self._chunk = 1
         self._chunk_cap = _MAX_CHUNK
-        self._pending: collections.deque = collections.deque()  # (size, future) in order.
         self._in_flight = 0
-        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._tasks: Optional[_ReadTasks] = None
         # Warns when filters upstream leave too many Nones: windows of WINDOW
         # returned-or-dropped elements, counted by _next_index (shifted on restore).
         self._checker: Any = False  # Built at the first window's end.
         self._window_end = WINDOW
         self._dropped = 0
+        self._chunk_bytes = _CHUNK_BYTES
         if threads:
             self._chunk_cap = max(1, min(_MAX_THREAD_CHUNK, read_options.prefetch_buffer_size // threads))
+            self._chunk_bytes = _THREAD_CHUNK_BYTES
+            self._tasks = _ReadTasks(threads)
+            # Closes the threads when the iterator is collected (the reads in
+            # them refer to the dataset only), or at exit.
+            self._finalizer = weakref.finalize(self, self._tasks.close)
 
     # -- reading -------------------------------------------------------------
-
-    def _read(self, start: int, stop: int) -> tuple[list, Optional[BaseException]]:
-        """Elements ``[start, stop)``; on an error, those before it and the error."""
-        parent = self._map_parent
-        try:
-            return list(parent._getitems(range(start, stop))), None
-        except Exception:
-            pass  # Read one at a time: deliver the elements before the failing one.
-        values = []
-        for i in range(start, stop):
-            try:
-                values.append(parent[i])
-            except Exception as e:
-                return values, e
-        return values, None
 
     def _next_chunk(self) -> tuple[int, int]:
         start = self._read_until
@@ -203,10 +249,10 @@ class PrefetchDatasetIterator(NextIndexState, DatasetIterator):
         return tree.estimate_nbytes(element)
 
     def _fit_chunk(self, values: list) -> None:
-        """Caps chunks at about ``_CHUNK_BYTES`` once the element size is known."""
+        """Caps chunks at about ``_CHUNK_BYTES`` (``_THREAD_CHUNK_BYTES``) once the element size is known."""
         for v in values:
             if v is not None:
-                cap = max(1, _CHUNK_BYTES // max(self._element_nbytes(v), 1))
+                cap = max(1, self._chunk_bytes // max(self._element_nbytes(v), 1))
                 if cap < self._chunk_cap:
                     self._chunk_cap = cap
                     self._chunk = min(self._chunk, cap)
@@ -214,27 +260,24 @@ class PrefetchDatasetIterator(NextIndexState, DatasetIterator):
 
     def _submit(self) -> None:
         """Keeps about ``prefetch_buffer_size`` elements in flight."""
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                self._threads, thread_name_prefix="grainlike-read"
-            )
         target = max(self._read_options.prefetch_buffer_size, 1)
         while self._in_flight < target and self._read_until < self._length:
             start, stop = self._next_chunk()
-            self._pending.append((stop - start, self._pool.submit(self._read, start, stop)))
+            self._tasks.submit(self._map_parent, start, stop)
             self._in_flight += stop - start
 
     def _fill(self) -> None:
         """Moves the next chunk into ``_ready`` (and its error, if any, to ``_error``)."""
         if self._threads:
-            if not self._pending:
+            pending = self._tasks.pending
+            if not pending:
                 self._submit()
-            size, future = self._pending.popleft()
+            size, future = pending.popleft()
             self._in_flight -= size
             values, error = future.result()
             self._submit()
         else:
-            values, error = self._read(*self._next_chunk())
+            values, error = _read(self._map_parent, *self._next_chunk())
         self._fit_chunk(values)
         self._ready.extend(values)
         self._error = error
@@ -274,9 +317,8 @@ class PrefetchDatasetIterator(NextIndexState, DatasetIterator):
 
     def _restart_at(self, index: int) -> None:
         """Drops everything read ahead; the next read starts at ``index``."""
-        for _, future in self._pending:
-            future.cancel()
-        self._pending.clear()
+        if self._tasks is not None:
+            self._tasks.cancel()
         self._in_flight = 0
         self._ready.clear()
         self._error = None
@@ -285,7 +327,7 @@ class PrefetchDatasetIterator(NextIndexState, DatasetIterator):
         self._chunk = 1
 
     def start_prefetch(self) -> None:
-        if self._threads and not self._closed and not self._pending and not self._ready:
+        if self._threads and not self._closed and not self._tasks.pending and not self._ready:
             self._submit()
 
     def close(self) -> None:
@@ -293,13 +335,9 @@ class PrefetchDatasetIterator(NextIndexState, DatasetIterator):
         if getattr(self, "_closed", True):
             return
         self._closed = True
-        for _, future in self._pending:
-            future.cancel()
-        self._pending.clear()
         self._ready.clear()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        if self._tasks is not None:
+            self._finalizer()
 
     def __str__(self) -> str:
         return f"PrefetchDatasetIterator(read_options={self._read_options}, allow_nones={self._allow_nones})"

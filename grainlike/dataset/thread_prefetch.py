@@ -15,15 +15,35 @@ from typing import Any, Optional
 
 from grainlike.dataset.base import DatasetIterator, IterDataset
 
+# How often a thread waiting for room in a full buffer looks at its stop flag
+# (stopping also empties the buffer, which wakes it at once).
+_POLL_S = 0.1
+
+
+def _put(buffer: queue.Queue, item: tuple, stop: threading.Event) -> bool:
+    """Puts ``item`` once there is room; False (and drops it) if stopped first."""
+    while not stop.is_set():
+        try:
+            buffer.put(item, timeout=_POLL_S)
+            return True
+        except queue.Full:
+            pass
+    return False
+
 
 def _produce(parent: DatasetIterator, buffer: queue.Queue, stop: threading.Event) -> None:
-    """Puts ``(element, state, None)`` per element, then ``(None, None, error)``."""
+    """Puts ``(element, state, None)`` per element, then ``(None, None, error)``.
+
+    A function, not a method: the thread refers to the parent, the buffer and the
+    flag only, so dropping the iterator closes it (``DatasetIterator.__del__``).
+    """
     try:
         while not stop.is_set():
             element = next(parent)
-            buffer.put((element, copy.deepcopy(parent.get_state()), None))
+            if not _put(buffer, (element, copy.deepcopy(parent.get_state()), None), stop):
+                return
     except Exception as e:  # StopIteration included: the consumer raises it in turn.
-        buffer.put((None, None, e))
+        _put(buffer, (None, None, e), stop)
 
 
 class ThreadPrefetchDatasetIterator(DatasetIterator):
