@@ -32,6 +32,9 @@ PLAN = [
     ("W2", [0, 1, 2], 64),
     ("W3", [0, 2], 32),
     ("W4", [0, 2], 128),
+    ("W4j", [2], 128),
+    ("W4c", [2], 128),
+    ("W4k", [2], 128),
     ("W5", [0, 2], 128),
     ("W6", [2], 64),
 ]
@@ -45,6 +48,7 @@ SECTIONS: dict[str, str] = {
     "W9": "benchmarks.in_jit",
     "W10": "benchmarks.remote",
     "W11": "benchmarks.tfrecord_interleave",
+    "W12": "benchmarks.device_feed",
 }
 DESCRIPTIONS = {
     "W1": "1e6 small int records, identity map, Batch(128): records/s",
@@ -52,6 +56,11 @@ DESCRIPTIONS = {
     "W3": "256 KiB float32 records, Batch(32): MB/s",
     "W4": "iter() to first batch in a fresh process (W1 pipeline): seconds",
     "W4b": "the same for a second iterator in that process (new epoch / restart): seconds",
+    "W4j": "W4 in a training script: the library imported at the top, then jax.devices() and one jitted"
+    " call, then the loader: seconds",
+    "W4c": "W4 after an ArrayRecord reader was opened and read and OpenCV imported and used: seconds",
+    "W4k": "W4 in a Jupyter kernel: one cell imports the library, the next (run right after) builds the"
+    " loader and takes the first batch: seconds",
     "W5": "get_state + set_state + first batch after restore (W1 pipeline): seconds",
     "W6": "Dataset API, MaxText-style: source(W2 images).shuffle.repeat[0::1].to_iter_dataset"
     ".map(decode).random_map(crop_flip).batch(64).mp_prefetch(W workers): images/s",
@@ -77,7 +86,7 @@ def _loader(lib_name: str, workload: str, workers: int, batch: int):
         import torch.utils.data
         from benchmarks import torch_ops
 
-        if workload in ("W1", "W4"):
+        if workload in ("W1",) + _FIRST_BATCH:
             ds = torch_ops.Small(workloads.N_SMALL)
         elif workload == "W2":
             ds = torch_ops.Images(workloads.images_path())
@@ -99,7 +108,7 @@ def _loader(lib_name: str, workload: str, workers: int, batch: int):
         lib = ops.lib
     if workload == "W6":
         return workloads.maxtext_style(lib, ops, workers, batch)
-    if workload in ("W1", "W4", "W5"):
+    if workload in ("W1", "W5") + _FIRST_BATCH:
         source = lib.RangeDataSource(0, workloads.N_SMALL, 1)
         operations = [ops.Identity(), lib.Batch(batch)]
     elif workload == "W2":
@@ -122,14 +131,73 @@ def _count(batch) -> tuple[int, int]:
     return n, nbytes
 
 
+def _import_library(lib_name: str) -> None:
+    """Imports the library as a script does at its top, before its own set-up."""
+    import importlib
+
+    importlib.import_module({"torch": "torch.utils.data", "grain": "grain.python"}.get(lib_name, lib_name))
+
+
+def _host_setup(workload: str) -> list:
+    """What a training script has done before its first batch; returns what must stay alive."""
+    import numpy as np
+
+    if workload == "W4j":
+        import jax
+        import jax.numpy as jnp
+
+        jax.devices()
+        jax.jit(lambda x: x * 2 + 1)(jnp.ones(8)).block_until_ready()
+        return []
+    if workload == "W4c":
+        import cv2
+        from array_record.python.array_record_data_source import ArrayRecordDataSource
+
+        from benchmarks import workloads
+
+        reader = ArrayRecordDataSource(workloads.images_path())
+        reader[0]
+        cv2.resize(np.zeros((512, 512, 3), np.uint8), (128, 128))
+        return [reader]
+    return []
+
+
+def measure_in_kernel(lib_name: str, workers: int, batch: int) -> dict:
+    """W4k: the first batch in a Jupyter kernel, the import one cell before the loader."""
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3", extra_env={"JAX_PLATFORMS": "cpu"})
+    try:
+        out: list = []
+
+        def run(code: str) -> None:
+            reply = kc.execute_interactive(
+                code, timeout=120, output_hook=lambda m: out.append(m["content"].get("text", ""))
+            )
+            if reply["content"]["status"] != "ok":
+                raise RuntimeError(f"kernel cell failed: {reply['content'].get('evalue')}")
+
+        run(f"import sys; sys.path.insert(0, {ROOT!r}); from benchmarks import bench; bench._import_library({lib_name!r})")
+        run(f"import json; print(json.dumps(bench.measure({lib_name!r}, 'W4', {workers}, {batch}, 0)))")
+        return json.loads("".join(out).strip().splitlines()[-1])
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
 def measure(lib_name: str, workload: str, workers: int, batch: int, seconds: float) -> dict:
+    if workload == "W4k":
+        return measure_in_kernel(lib_name, workers, batch)
+    if workload in ("W4j", "W4c"):
+        _import_library(lib_name)
+        keep = _host_setup(workload)  # noqa: F841  (alive while the loader starts)
     loader = _loader(lib_name, workload, workers, batch)
     t0 = time.perf_counter()
     it = iter(loader)
     first = next(it)
     t_first = time.perf_counter() - t0
     result = {"first_batch_s": t_first}
-    if workload == "W4":
+    if workload in _FIRST_BATCH:
         # A second iterator in the same process (a new epoch, a restart): what
         # each library keeps warm between iterators shows here.
         del it
@@ -209,6 +277,10 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default="", help="comma-separated workloads, e.g. W1,W4")
     parser.add_argument("--libs", default="grainlike,grain,torch")
+    parser.add_argument(
+        "--workers", default="",
+        help="worker counts for every workload instead of the plan's, e.g. 0,8,15 on a 16-core host",
+    )
     parser.add_argument("--json", default="", help="also write all results here")
     parser.add_argument("--plot", default="", help="also draw the ratios to peers as a bar chart (PNG) here")
     parser.add_argument("--from-json", default="", help="report (and plot) the results saved by --json; runs nothing")
@@ -228,6 +300,10 @@ def main(argv=None) -> int:
     libs = [l for l in args.libs.split(",") if l == "grainlike" or _have(l)]
     only = {w.strip() for w in args.only.split(",") if w.strip()}
     plan = [p for p in PLAN if not only or p[0] in only]
+    if args.workers:
+        counts = [int(w) for w in args.workers.split(",")]
+        # A first batch with no workers is the same in every set-up: W4 measures it.
+        plan = [(k, [w for w in counts if w or k in ("W1", "W2", "W3", "W4", "W5")], b) for k, _, b in plan]
     sections = [(k, m) for k, m in SECTIONS.items() if not only or k in only]
 
     from benchmarks import workloads
@@ -258,7 +334,12 @@ def main(argv=None) -> int:
         import importlib
 
         print(f"running {key} ({module}) ...", file=sys.stderr)
-        report += "\n\n" + importlib.import_module(module).run(args.reps, args.seconds, libs)
+        section = importlib.import_module(module)
+        if key == "W12":  # by worker count: the loader against the device's own rate
+            counts = [int(w) for w in args.workers.split(",") if int(w) > 0] if args.workers else [2]
+            report += "\n\n" + section.run(args.reps, args.seconds, libs, counts)
+        else:
+            report += "\n\n" + section.run(args.reps, args.seconds, libs)
     print(report)
     if args.json:
         with open(args.json, "w") as f:
@@ -281,8 +362,11 @@ def _load_results(path: str) -> tuple[dict, dict]:
 
 
 _METRIC = {"W1": "records_per_s", "W2": "records_per_s", "W3": "mb_per_s", "W4": "first_batch_s",
-           "W4b": "second_first_batch_s", "W5": "restore_s", "W6": "records_per_s"}
-_TIMES = ("W4", "W4b", "W5")
+           "W4b": "second_first_batch_s", "W4j": "first_batch_s", "W4c": "first_batch_s",
+           "W4k": "first_batch_s", "W5": "restore_s", "W6": "records_per_s"}
+_TIMES = ("W4", "W4b", "W4j", "W4c", "W4k", "W5")
+# First-batch workloads on the W1 pipeline, each after its own set-up (``_host_setup``).
+_FIRST_BATCH = ("W4", "W4j", "W4c", "W4k")
 
 
 def ratios(results: dict, libs: list, plan: list) -> list:
@@ -360,13 +444,13 @@ def _report(results: dict, libs: list, plan: list, floor: dict, args) -> str:
         m = metric[workload]
         for w in worker_counts:
             vals = {l: median_of(results.get((source, w, l), []), m) for l in libs}
-            cells = [("-" if vals[l] is None else (f"{vals[l]:.3f}" if workload in ("W4", "W4b", "W5") else f"{vals[l]:,.0f}")) for l in libs]
+            cells = [("-" if vals[l] is None else (f"{vals[l]:.3f}" if workload in _TIMES else f"{vals[l]:,.0f}")) for l in libs]
             ratios = []
             for l in libs[1:]:
                 a, b = vals["grainlike"], vals[l]
                 if a is None or b is None or a == 0 or b == 0:
                     ratios.append("-")
-                elif workload in ("W4", "W4b", "W5"):
+                elif workload in _TIMES:
                     ratios.append(f"{a / b:.2f}x time")
                 else:
                     ratios.append(f"{a / b:.2f}x")

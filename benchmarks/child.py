@@ -26,7 +26,8 @@ def run_child(
 ) -> dict:
     """Runs ``python -m module --child *args`` in its own session; returns its last JSON line.
 
-    The child runs JAX on the CPU with the repository on its path. On a timeout
+    The child runs JAX on the CPU (or on ``GRAINLIKE_BENCH_JAX_PLATFORMS``) with the
+    repository on its path. On a timeout
     its whole process group (workers included) is killed.
 
     Args:
@@ -41,7 +42,10 @@ def run_child(
       The parsed last stdout line starting with ``{``, or ``{"error": ...}`` with
       the last line of its stderr if it failed or printed none.
     """
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu", **(env or {})}
+    # JAX on the CPU unless the run asks for an accelerator (tools/gpu-check sets
+    # GRAINLIKE_BENCH_JAX_PLATFORMS=cuda,cpu on a GPU host).
+    platforms = os.environ.get("GRAINLIKE_BENCH_JAX_PLATFORMS", "cpu")
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": platforms, **(env or {})}
     proc = subprocess.Popen(
         [sys.executable, "-m", module, "--child", *map(str, args)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
