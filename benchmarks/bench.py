@@ -166,7 +166,7 @@ def measure_in_kernel(lib_name: str, workers: int, batch: int) -> dict:
     """W4k: the first batch in a Jupyter kernel, the import one cell before the loader."""
     from jupyter_client.manager import start_new_kernel
 
-    km, kc = start_new_kernel(kernel_name="python3", extra_env={"JAX_PLATFORMS": "cpu"})
+    km, kc = start_new_kernel(kernel_name="python3", env={**os.environ, "PYTHONPATH": ROOT})
     try:
         out: list = []
 

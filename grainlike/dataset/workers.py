@@ -54,8 +54,10 @@ from grainlike.core.tree import Allocator
 from grainlike.dataset import shm
 from grainlike.dataset.options import MultiprocessingOptions
 
-# How long close() waits for a worker to exit by itself before terminating it.
+# How long close() waits for the workers to exit by themselves before terminating
+# them; and when the pool's owner was dropped (nothing will read what they compute).
 _JOIN_TIMEOUT_S = 2.0
+_DROPPED_JOIN_TIMEOUT_S = 0.1
 # How often a consumer waiting for an output looks at liveness and close().
 _POLL_S = 0.5
 # How long a stalled worker gets to write its stack.
@@ -327,23 +329,45 @@ def _jax_backend_initialised() -> bool:
     return not isinstance(backends, dict) or bool(backends)
 
 
+# The modules whose threads a fork may leave behind: a Jupyter (IPython) kernel's
+# own threads (its sockets' pollers, heartbeat, history writer, output
+# watchers) wait on sockets and pipes and hold no lock a worker takes; ipykernel
+# itself supports forked children, routing their output back over a pipe of its
+# own. Without them no notebook could fork its workers.
+_FORK_TOLERANT = ("ipykernel.", "IPython.")
+
+
+def _fork_tolerant(thread: threading.Thread) -> bool:
+    """Whether ``thread`` belongs to a Jupyter kernel (by its class, or its target's owner)."""
+    owner = type(thread).__module__
+    target = getattr(thread, "_target", None)  # a plain Thread running a kernel's method
+    if target is not None:
+        bound = getattr(target, "__self__", None)
+        owner = type(bound).__module__ if bound is not None else getattr(target, "__module__", owner) or owner
+    return owner.startswith(_FORK_TOLERANT)
+
+
 def fork_is_safe() -> bool:
     """Whether workers may be forked from this process directly, as torch does.
 
     Forking copies only the calling thread: a lock another thread holds (in
     logging, in an allocator, in JAX's runtime) stays locked forever in the
     child. So this process must run no other thread (Python or native) than
-    those it ran when grainlike was imported (numpy's BLAS pool), and no JAX
-    backend (importing jax starts none; its first computation does). Then a fork is what
-    the preloaded server would do, minus the server's boot and the round trip
-    (W4: the first batch with 2 workers in a fresh process). Otherwise workers
-    fork from the preloaded server, which never has either.
+    those it ran when grainlike was imported (numpy's BLAS pool, a Jupyter
+    kernel's own threads: ``_FORK_TOLERANT``), and no JAX backend (importing
+    jax starts none; its first computation does). Then a fork is what the
+    worker server would do, minus the round trip (W4: the first batch with 2
+    workers in a fresh process; W4k in a notebook). Otherwise workers fork from
+    the worker server, which never has either.
     """
     from grainlike.dataset.base import THREADS_AT_IMPORT, native_thread_count
 
     if sys.platform != "linux" or not hasattr(os, "fork"):
         return False
-    if threading.active_count() != 1 or _jax_backend_initialised():
+    if _jax_backend_initialised():
+        return False
+    current = threading.current_thread()
+    if any(t is not current and not _fork_tolerant(t) for t in threading.enumerate()):
         return False
     # Native threads too (an ArrayRecord reader's pool, OpenCV's): a forked
     # child reading ArrayRecord with its parent's pool copied crashes.
@@ -504,7 +528,7 @@ class _Shutdown:
         self.launched = 0
         self.launch_error: Optional[BaseException] = None
 
-    def __call__(self) -> None:
+    def __call__(self, join_timeout_s: float = _JOIN_TIMEOUT_S) -> None:
         memfd.close_all(self.shipped)  # A forked child closes its own copies too.
         if os.getpid() != self.owner_pid:
             return
@@ -515,11 +539,12 @@ class _Shutdown:
         launcher = self.launcher
         if launcher is not None and launcher is not threading.current_thread():
             launcher.join()  # At most one more worker start; then it sees done.
-        # All are asked first, so that they exit together.
+        # All are asked first, so that they exit together, within one timeout.
         for conn in self.controls:
             _ask_to_stop(conn)
+        deadline = time.monotonic() + join_timeout_s
         for p in self.procs:
-            p.join(_JOIN_TIMEOUT_S)
+            p.join(max(deadline - time.monotonic(), 0.0))
         for p in self.procs:
             _force_exit(p)
         self.close_ends()
@@ -1001,10 +1026,16 @@ class WorkerPool:
         self._advance(w)
         return True, output
 
-    def close(self) -> None:
+    def close(self, dropped: bool = False) -> None:
         """Stops the workers and releases their resources. Idempotent.
 
         Arrays already returned stay valid for as long as they are referenced.
+
+        Args:
+          dropped: the pool's owner is being collected, so nothing will read what
+            the workers compute: a worker in the middle of an output is
+            terminated after 0.1 s rather than 2 s, and the caller (a finalizer)
+            does not block for longer.
         """
         self._closed = True
         _live.discard(self)
@@ -1014,7 +1045,8 @@ class WorkerPool:
             except Exception:  # Never let cleanup hide what is being raised.
                 pass
         self._local.clear()
-        self._finalizer()
+        if self._finalizer.detach() is not None:
+            self._shutdown(_DROPPED_JOIN_TIMEOUT_S if dropped else _JOIN_TIMEOUT_S)
 
 
 def _launch(
