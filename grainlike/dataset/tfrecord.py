@@ -7,8 +7,10 @@ A TFRecord file is a sequence of records, each framed as::
     byte   data[length]
     uint32 masked CRC-32C of the data
 
-The iterator yields each record's ``data`` as ``bytes`` and checks both CRCs. Its
-state is grain's: ``{"reader_offset": byte offset of the next record}``.
+The iterator yields each record's ``data`` as ``bytes`` and checks both CRCs
+(with ``google-crc32c``, see ``grainlike.dataset.crc32c``), before the record is
+returned. Its state is grain's: ``{"reader_offset": byte offset of the next
+record}``.
 """
 
 from __future__ import annotations
@@ -26,16 +28,29 @@ from grainlike.dataset.state import non_negative_int, require_keys
 
 _HEADER = struct.Struct("<QI")
 _FOOTER = struct.Struct("<I")
+_FRAME = _HEADER.size + _FOOTER.size
 # Bytes read at once: the first block is small, so the first record comes soon;
-# each next one twice as large, up to _BLOCK_BYTES and _BLOCK_RECORDS records.
+# each next one twice as large, up to _MAX_CHUNK (small enough for the block to
+# stay in the CPU's cache while its records are cut out and checked).
 _FIRST_CHUNK = 64 << 10
-_BLOCK_BYTES = 4 << 20
-_BLOCK_RECORDS = 1024
-# Records at least this long get their checksum alone (in numpy lanes); shorter
-# ones of similar lengths together, when at least _MIN_GROUP of them are (a
-# crc32c_many step costs about as much as 25 bytes of the byte loop).
-_ALONE_BYTES = 16384
-_MIN_GROUP = 16
+_MAX_CHUNK = 512 << 10
+# Records at least this long are read alone, straight into their own bytes
+# (one copy instead of two: into the block, then out of it).
+_ALONE_BYTES = 16 << 10
+# Long records read one after another make one block of up to this many bytes.
+_MAX_ALONE = 512 << 10
+# Length fields whose checksums were verified, remembered per iterator: most
+# files repeat a few lengths, and a look-up costs a fraction of a checksum.
+_KNOWN_LENGTHS = 4096
+# Blocks of fewer records are checked one record at a time: numpy's fixed
+# cost is then larger than the loop's.
+_FEW_RECORDS = 8
+# After two records of the same length, the records that follow with that
+# length are found in numpy (_extend_run), in files of fixed-size records most
+# of a block at once. A try that finds fewer than _RUN_MIN records is a miss;
+# after _RUN_TRIES misses a block stops trying.
+_RUN_MIN = 8
+_RUN_TRIES = 4
 
 
 class CorruptRecordError(ValueError):
@@ -45,159 +60,259 @@ class CorruptRecordError(ValueError):
 class _TFRecordDatasetIterator(DatasetIterator):
     """Reads one TFRecord file from start to end; see the module docstring.
 
-    Records are read in blocks (64 KiB at first, doubling to ``_BLOCK_BYTES``)
-    whose checksums are verified together (``crc32c_many``); an error found in
-    a block is raised when the iteration reaches the record that has it.
+    Short records are read in blocks (64 KiB at first, doubling to
+    ``_MAX_CHUNK``) with ``os.pread`` and cut out of them; long ones
+    (``_ALONE_BYTES`` or more) are read alone, straight into their bytes. A
+    block is verified whole before its first record is returned; an error found
+    in it is raised when the iteration reaches the record that has it.
     """
 
     def __init__(self, path: Union[str, os.PathLike]):
         super().__init__()
         self._path = os.fspath(path)
-        self._file: Optional[BinaryIO] = open(self._path, "rb")
-        self._offset = 0  # Of the next record returned.
-        # (data, offset after it), or (CorruptRecordError, offset of its record).
-        self._ready: collections.deque = collections.deque()
-        self._read_at = 0  # Where the next block starts.
-        self._chunk = _FIRST_CHUNK
+        self._file: Optional[BinaryIO] = open(self._path, "rb", buffering=0)
+        self._fd = self._file.fileno()
+        self._known: dict = {}  # Length field -> its masked CRC, verified.
+        self._size = os.fstat(self._fd).st_size  # Measured again when a record seems cut.
+        self._start_block(0)
+
+    def _start_block(self, offset: int) -> None:
+        """Empties the block: the next ``next()`` reads from ``offset``."""
+        self._set_block(offset, [], [], offset, None, _FIRST_CHUNK, None)
+
+    def _set_block(
+        self,
+        base: int,
+        starts: list,
+        records: list,
+        end: int,
+        error: Optional[CorruptRecordError],
+        chunk: int,
+        long_next: Optional[int],
+    ) -> None:
+        self._base = base  # Where the block was read from.
+        self._starts = starts  # Each record's offset from base.
+        # Records not returned yet: a record returned is no longer held here.
+        self._records = collections.deque(records)
+        self._take = self._records.popleft
+        self._end = end  # Just after the block's last record: where the next block starts.
+        self._error = error  # Raised after the records.
+        self._chunk = chunk  # Bytes the next block reads.
+        self._long_next = long_next  # The verified length of a long record at end, to read alone.
 
     def _corrupt(self, offset: int, what: str) -> CorruptRecordError:
         return CorruptRecordError(f"Not a valid TFRecord: {self._path} at byte {offset}: {what}")
 
-    def _read_block(self) -> None:
-        """Reads the next block of records into ``_ready``, checked; nothing at the end.
-
-        The block's bytes are read at once and parsed in memory; the lengths'
-        checksums are then verified together, before any length is used beyond
-        the block (a record longer than the block is read alone, after its
-        length's checksum).
-        """
-        f = self._file
-        base = self._read_at
-        f.seek(base)
-        want = self._chunk
-        self._chunk = min(self._chunk * 2, _BLOCK_BYTES)
-        buf = f.read(want)
-        at_end = len(buf) < want
-        pos = 0
-        records: list = []  # (offset, length, bytes holding the data, where it starts)
-        headers: list = []
-        length_crcs: list = []
-        error = None
-        while len(records) < _BLOCK_RECORDS:
-            left = len(buf) - pos
-            if left < _HEADER.size:
-                if at_end and left:
-                    what = f"fewer than {_HEADER.size} bytes of header: {buf[pos:].hex()}"
-                    error = (self._corrupt(base + pos, what), base + pos)
-                break  # At the end, or the header goes on in the next block.
-            length, length_crc = _HEADER.unpack_from(buf, pos)
-            end = pos + _HEADER.size + length + _FOOTER.size
-            if end > len(buf):
-                if records:
-                    break  # The next block starts with it.
-                # The block's first record does not fit in it: its length is
-                # checked before it is read whole.
-                if masked_crc32c(buf[pos : pos + 8]) != length_crc:
-                    error = (self._length_error(base + pos, length), base + pos)
-                    break
-                body = buf[pos + _HEADER.size :] + f.read(end - len(buf))
-                if len(body) != length + _FOOTER.size:
-                    what = f"the record of {length} bytes is truncated ({len(body)} of {length + 4} bytes left)"
-                    error = (self._corrupt(base + pos, what), base + pos)
-                    break
-                records.append((base + pos, length, body, 0))
-                pos = end
-                break
-            headers.append(buf[pos : pos + 8])
-            length_crcs.append(length_crc)
-            records.append((base + pos, length, buf, pos + _HEADER.size))
-            pos = end
-        if headers:
-            bad = np.flatnonzero(masked(crc32c_many(headers)) != np.array(length_crcs, np.uint64))
-            if len(bad):
-                k = int(bad[0])
-                offset, length = records[k][0], records[k][1]
-                error = (self._length_error(offset, length), offset)
-                records = records[:k]
-        self._read_at = base + pos
-        datas = [memoryview(source)[start : start + length] for _, length, source, start in records]
-        crcs = _data_crcs(datas)
-        for (offset, length, source, start), data, crc in zip(records, datas, crcs):
-            (expected,) = _FOOTER.unpack_from(source, start + length)
-            if crc != expected:
-                error = (self._corrupt(offset, f"the checksum of the {length}-byte record does not match"), offset)
-                break
-            self._ready.append((bytes(data), offset + _HEADER.size + length + _FOOTER.size))
-        if error is not None:
-            self._ready.append(error)
-
     def _length_error(self, offset: int, length: int) -> CorruptRecordError:
         return self._corrupt(offset, f"the length's checksum does not match (length field {length})")
 
+    def _checksum_error(self, offset: int, length: int) -> CorruptRecordError:
+        return self._corrupt(offset, f"the checksum of the {length}-byte record does not match")
+
     def __next__(self) -> bytes:
+        try:
+            return self._take()
+        except IndexError:  # The block is done.
+            return self._next_block()
+
+    def _next_block(self) -> bytes:
         self._assert_not_closed()
-        if not self._ready:
+        if self._error is None:
             self._read_block()
-            if not self._ready:
-                raise StopIteration
-        value, offset = self._ready[0]
-        if isinstance(value, CorruptRecordError):
-            # Stays at the bad record: a later next() raises again.
-            self._offset = offset
-            raise value
-        self._ready.popleft()
-        self._offset = offset
-        return value
+            try:
+                return self._take()
+            except IndexError:
+                pass
+        if self._error is not None:
+            raise self._error  # The state stays at the bad record: it raises again.
+        raise StopIteration
+
+    def _read_block(self) -> None:
+        """Reads the records after the current block into a new block, verified.
+
+        The block's bytes are read at once and its records cut out of them; a
+        length field is verified before it is used, the records' data together
+        at the end. A long record (and any that does not fit the block first)
+        is read alone after them. The first error ends the block.
+        """
+        base = self._end
+        if self._long_next is not None:
+            self._set_block(base, *self._read_alone(base, 0, self._long_next, [], []))
+            return
+        chunk = self._chunk
+        buf = os.pread(self._fd, chunk, base)
+        size = len(buf)
+        known = self._known
+        unpack = _HEADER.unpack_from
+        starts: list = []
+        records: list = []
+        pos = 0
+        length = previous = -1
+        tries = _RUN_TRIES
+        error = None
+        alone = False  # Whether the record at pos is read on its own.
+        while pos + _HEADER.size <= size:
+            length, length_crc = unpack(buf, pos)
+            if known.get(length) != length_crc:
+                # Long lengths are never remembered, so they all come here.
+                if masked_crc32c(buf[pos : pos + 8]) != length_crc:
+                    error = self._length_error(base + pos, length)
+                    break
+                if length >= _ALONE_BYTES:
+                    alone = True
+                    break
+                if len(known) >= _KNOWN_LENGTHS:
+                    known.clear()
+                known[length] = length_crc
+            end = pos + length + _FRAME
+            if end > size:
+                # A record that does not fit starts the next block, unless it is the first.
+                alone = not records
+                break
+            starts.append(pos)
+            records.append(buf[pos + _HEADER.size : end - _FOOTER.size])
+            pos = end
+            if length == previous and tries:
+                after = _extend_run(buf, pos, length, length_crc, starts, records)
+                if after - pos < _RUN_MIN * (length + _FRAME):
+                    tries -= 1
+                pos = after
+            previous = length
+        else:
+            if not records and pos < size:
+                what = f"fewer than {_HEADER.size} bytes of header: {buf[pos:].hex()}"
+                error = self._corrupt(base + pos, what)
+        if records:
+            bad = _first_bad_checksum(records, starts, pos, buf)
+            if bad is not None:
+                pos = starts[bad]
+                error = self._checksum_error(base + pos, len(records[bad]))
+                del starts[bad:], records[bad:]
+                alone = False
+        if alone:
+            self._set_block(base, *self._read_alone(base, pos, length, starts, records))
+        else:
+            self._set_block(base, starts, records, base + pos, error, min(chunk * 2, _MAX_CHUNK), None)
+
+    def _read_alone(self, base: int, pos: int, length: int, starts: list, records: list) -> tuple:
+        """Reads the record at ``base + pos`` (its length field verified) and the long ones after it.
+
+        Each is read into its own bytes, with its footer and the next header;
+        they are appended to ``starts`` (offsets from ``base``) and ``records``
+        up to ``_MAX_ALONE`` bytes, or until a short record.
+
+        Returns:
+          The rest of ``_set_block``'s arguments after ``base``: ``starts``,
+          ``records``, the end, the error that stopped them (or None), the
+          bytes the next block reads (the next record and the header after it
+          if it is short, so that little is read twice) and the length of the
+          next record if it is long and its length is verified.
+        """
+        fd = self._fd
+        total = 0
+        header = b""  # The last header verified here.
+        while True:
+            offset = base + pos
+            data_at = offset + _HEADER.size
+            if data_at + length + _FOOTER.size > self._size:
+                self._size = os.fstat(fd).st_size  # The file may have grown.
+                left = self._size - data_at
+                if left < length + _FOOTER.size:
+                    # Checked before reading: a length field may ask for more memory than there is.
+                    what = f"the record of {length} bytes is truncated ({max(left, 0)} of {length + 4} bytes left)"
+                    return starts, records, offset, self._corrupt(offset, what), _FIRST_CHUNK, None
+            data = os.pread(fd, length, data_at)
+            tail = os.pread(fd, _FOOTER.size + _HEADER.size, data_at + length)  # Footer, next header.
+            if len(data) < length or len(tail) < _FOOTER.size:  # Cut since it was measured.
+                got = len(data) + len(tail)
+                what = f"the record of {length} bytes is truncated ({got} of {length + 4} bytes left)"
+                return starts, records, offset, self._corrupt(offset, what), _FIRST_CHUNK, None
+            if masked_crc32c(data) != _FOOTER.unpack_from(tail)[0]:
+                return starts, records, offset, self._checksum_error(offset, length), _FIRST_CHUNK, None
+            starts.append(pos)
+            records.append(data)
+            pos += length + _FRAME
+            total += length
+            end = base + pos
+            if len(tail) < _FOOTER.size + _HEADER.size:
+                return starts, records, end, None, _FIRST_CHUNK, None
+            length, length_crc = _HEADER.unpack_from(tail, _FOOTER.size)
+            if tail[_FOOTER.size :] != header:
+                if masked_crc32c(tail[_FOOTER.size : _FOOTER.size + 8]) != length_crc:
+                    return starts, records, end, None, _FIRST_CHUNK, None  # The next block reports it.
+                header = tail[_FOOTER.size :]
+            if length < _ALONE_BYTES:
+                return starts, records, end, None, length + _FRAME + _HEADER.size, None
+            if total >= _MAX_ALONE:
+                return starts, records, end, None, _FIRST_CHUNK, length
 
     def get_state(self) -> dict:
         self._assert_not_closed()
-        return {"reader_offset": self._offset}
+        done = len(self._starts) - len(self._records)
+        offset = self._base + self._starts[done] if done < len(self._starts) else self._end
+        return {"reader_offset": offset}
 
     def set_state(self, state: dict) -> None:
         self._assert_not_closed()
         require_keys(state, self, ("reader_offset",))
-        offset = non_negative_int(state, "reader_offset", self)
-        self._file.seek(offset)
-        self._offset = self._read_at = offset
-        self._ready.clear()
-        self._chunk = _FIRST_CHUNK
+        self._start_block(non_negative_int(state, "reader_offset", self))
 
     def close(self) -> None:
         """Closes the file."""
         if getattr(self, "_closed", True):
             return
         self._closed = True
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        self._ready.clear()
+        file, self._file = getattr(self, "_file", None), None  # None if open() failed.
+        if file is not None:
+            file.close()
+        self._start_block(0)
 
     def __str__(self) -> str:
         return f"TFRecordDatasetIterator(path={self._path!r})"
 
 
-def _data_crcs(datas: list) -> list:
-    """The masked CRC-32C of each record's data.
+def _extend_run(buf: bytes, pos: int, length: int, length_crc: int, starts: list, records: list) -> int:
+    """Appends the records from ``pos`` on that repeat the header ``(length, length_crc)``; returns where they end.
 
-    Short records of similar lengths are checked together (``crc32c_many`` costs
-    as much as its longest record), long ones one by one (chunked in numpy).
+    A record whose header equals one verified before has the same length, so
+    the next record starts ``length + 16`` bytes later: the headers at that
+    stride are compared in numpy, up to the first that differs or does not fit.
     """
-    out: list = [None] * len(datas)
-    groups: dict = {}
-    for i, d in enumerate(datas):
-        if len(d) >= _ALONE_BYTES:
-            out[i] = masked_crc32c(d)
-        else:
-            groups.setdefault(len(d).bit_length(), []).append(i)
-    for members in groups.values():
-        if len(members) < _MIN_GROUP:
-            for i in members:
-                out[i] = masked_crc32c(datas[i])
-            continue
-        crcs = masked(crc32c_many([datas[i] for i in members])).tolist()
-        for i, crc in zip(members, crcs):
-            out[i] = crc
-    return out
+    stride = length + _FRAME
+    count = (len(buf) - pos) // stride
+    if count == 0:
+        return pos
+    lengths = np.ndarray((count,), dtype="<u8", buffer=buf, offset=pos, strides=(stride,))
+    crcs = np.ndarray((count,), dtype="<u4", buffer=buf, offset=pos + 8, strides=(stride,))
+    same = (lengths == length) & (crcs == length_crc)
+    count = count if same.all() else int(same.argmin())
+    stop = pos + count * stride
+    starts.extend(range(pos, stop, stride))
+    data = pos + _HEADER.size
+    records.extend(map(buf.__getitem__, map(slice, range(data, stop, stride), range(data + length, stop, stride))))
+    return stop
+
+
+def _first_bad_checksum(records: list, starts: list, end: int, buf: bytes) -> Optional[int]:
+    """The index of the first of ``records`` whose masked CRC differs from its footer in ``buf``, or None.
+
+    ``starts`` are the records' offsets in ``buf`` and ``end`` is just after the
+    last; each footer is the 4 bytes before the next record.
+    """
+    if len(records) < _FEW_RECORDS:
+        for i, (start, record) in enumerate(zip(starts, records)):
+            if masked_crc32c(record) != _FOOTER.unpack_from(buf, start + _HEADER.size + len(record))[0]:
+                return i
+        return None
+    crcs = masked(crc32c_many(records))
+    at = np.array(starts[1:] + [end], dtype=np.int64) - _FOOTER.size
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    footers = raw[at].astype(np.uint64)
+    for shift in (8, 16, 24):
+        at += 1
+        footers |= raw[at].astype(np.uint64) << np.uint64(shift)
+    bad = np.flatnonzero(crcs != footers)
+    return int(bad[0]) if len(bad) else None
 
 
 class TFRecordIterDataset(IterDataset):

@@ -1,4 +1,4 @@
-"""``TFRecordIterDataset`` against grain 0.2.18 on files written by grainlike's writer.
+"""``TFRecordIterDataset`` against grain 0.2.18, on files written by TensorFlow and by grainlike's writer.
 
 The framing is checked against the format (length, masked CRC-32C of the length,
 data, masked CRC-32C of the data); grain reads the same file to the same records
@@ -39,6 +39,22 @@ def test_writer_frames_records_as_the_format_says(path):
         assert data_crc == masked_crc32c(record)
         offset += 16 + length
     assert offset == len(raw)
+
+
+def test_a_file_written_by_tensorflow_reads_with_both_checksums_verified(grain_ref, tmp_path):
+    # grain's own test file, written by TensorFlow's TFRecord writer: the first
+    # five terms of the look-and-say (Morris) sequence.
+    import pathlib
+
+    import grain
+
+    written = pathlib.Path(grain.__file__).parent / "_src/python/testdata/morris_sequence_first_5.tfrecord"
+    expected = [b"1", b"1 1", b"2 1", b"1 2 1 1", b"1 1 1 2 2 1"]
+    assert list(TFRecordIterDataset(written)) == expected
+    # grainlike's writer makes the same bytes.
+    ours = tmp_path / "ours.tfrecord"
+    write_tfrecords(ours, expected)
+    assert ours.read_bytes() == written.read_bytes()
 
 
 def test_records_and_states_match_reference(grain_ref, path):
