@@ -51,6 +51,7 @@ SECTIONS: dict[str, str] = {
     "W10": "benchmarks.remote",
     "W11": "benchmarks.tfrecord_interleave",
     "W12": "benchmarks.device_feed",
+    "W14": "benchmarks.tfrecord_read",
 }
 DESCRIPTIONS = {
     "W1": "1e6 small int records, identity map, Batch(128): records/s",
