@@ -39,7 +39,7 @@ def _first(loader: Any, operations: list) -> Any:
     ds = pipeline.records_dataset(
         loader._records,
         operations,
-        pipeline.reading_options(loader.data_source, options),
+        options,
         worker=(0, loader.worker_count),
     )
     it = ds.__iter__()

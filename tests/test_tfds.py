@@ -173,6 +173,20 @@ def test_from_tfds_and_detection(tfds_dir):
     assert from_tfds(other) is other
 
 
+@pytest.mark.parametrize("wrap", [False, True])
+def test_local_tfds_splits_are_read_in_the_calling_thread_by_default(tfds_dir, wrap):
+    import threading
+
+    from grainlike.sources.waiting import source_waits
+
+    raw = tfds.data_source(NAME, split="train", data_dir=tfds_dir)
+    source = from_tfds(raw) if wrap else raw
+    assert source_waits(source) is False
+    assert grainlike.MapDataset.source(source).to_iter_dataset().read_threads() == 0
+    for _ in loader(source):
+        assert not [t for t in threading.enumerate() if t.name.startswith("grainlike-read")]
+
+
 def test_rejects_what_is_not_one_tfds_array_record_split(tfds_dir):
     with pytest.raises(TypeError, match="one split; got a dict of splits"):
         TfdsDataSource(tfds.data_source(NAME, split=None, data_dir=tfds_dir))

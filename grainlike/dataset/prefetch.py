@@ -7,8 +7,9 @@ double up to a cap that also keeps a chunk near ``_CHUNK_BYTES``.
 
 With read threads (``num_threads > 0`` and ``prefetch_buffer_size > 0``), chunks are
 read ahead in a thread pool, up to about ``prefetch_buffer_size`` elements in
-flight; the output order is the same as without threads. Whether threads are used
-is decided from the options and the kinds of sources, never from timings.
+flight; the output order is the same as without threads. Without ``ReadOptions``,
+threads are used when some work under the iterator waits (``read_threads.py``):
+decided from the options and the stages' and sources' types, never from timings.
 
 The state is grain's: ``{"next_index": n}``, the index of the next element read.
 """
@@ -20,12 +21,11 @@ import concurrent.futures
 import weakref
 from typing import Any, Optional
 
-import numpy as np
-
 from grainlike.core import tree
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
 from grainlike.dataset.filter import WINDOW, FilterThresholdChecker
 from grainlike.dataset.options import ReadOptions
+from grainlike.dataset.read_threads import pipeline_waits
 from grainlike.dataset.state import non_negative_int, require_keys
 
 # Chunks never exceed this many elements, nor about this many bytes.
@@ -39,39 +39,15 @@ _MAX_THREAD_CHUNK = 8
 _THREAD_CHUNK_BYTES = 1 << 20
 
 
-def in_memory(ds: Any) -> bool:
-    """Whether every source under ``ds`` is already in memory (reads never wait)."""
-    from grainlike.dataset.source import RangeMapDataset, SourceMapDataset
-    from grainlike.sources import InMemoryDataSource, RangeDataSource
-
-    memory_types = (list, tuple, range, np.ndarray, RangeDataSource, InMemoryDataSource)
-    to_visit = [ds]
-    while to_visit:
-        node = to_visit.pop()
-        if isinstance(node, RangeMapDataset):
-            continue
-        if isinstance(node, SourceMapDataset):
-            source = node._source
-            if isinstance(source, MapDataset):
-                to_visit.append(source)
-            elif not isinstance(source, memory_types):
-                return False
-            continue
-        parents = getattr(node, "_parents", ())
-        if not parents:
-            return False  # A leaf grainlike does not know.
-        to_visit.extend(parents)
-    return True
-
-
 class PrefetchIterDataset(IterDataset):
     """Iterates over a MapDataset in index order, skipping ``None`` unless allowed.
 
     Args:
       parent: the MapDataset.
       read_options: explicit ``ReadOptions`` are honoured as given. None means
-        grain's defaults, except that pipelines whose sources are all in memory
-        are read without threads (threads would only contend for the GIL).
+        grain's defaults where some work under it waits (a remote or user
+        source, a user map), and no threads where all of it is known to be
+        local and CPU-bound (``read_threads.pipeline_waits``).
       allow_nones: also yield the ``None`` of filtered-out elements.
     """
 
@@ -108,7 +84,7 @@ class PrefetchIterDataset(IterDataset):
         options = self._read_options
         if options.num_threads == 0 or options.prefetch_buffer_size == 0:
             return 0
-        if not self._explicit and in_memory(self._parent):
+        if not self._explicit and not pipeline_waits(self._parent):
             return 0
         return options.num_threads
 

@@ -48,12 +48,13 @@ class DataLoader:
       worker_buffer_size: finished outputs each worker keeps ready.
       shard_options: which shard of the data this process loads; defaults to the
         sampler's shard options.
-      read_options: read-ahead threads and buffer per process. Left as None,
-        every source is read in the calling thread (batched reads of memory and
-        local files are faster without threads, see docs/performance.md; grain
-        starts 16). A given ReadOptions is used as it is, except that sources in
-        memory never get threads: pass ``ReadOptions()`` for sources that wait on
-        I/O, such as network storage.
+      read_options: read-ahead threads and buffer per process; a given
+        ReadOptions is used as it is, as in grain. Left as None, sources whose
+        reads wait (remote files, sources of your own types) are read in grain's
+        16 threads, and sources known to be local and CPU-bound (in memory,
+        local ArrayRecord / Parquet / TFDS / Hugging Face files, or declaring
+        ``waits = False``) in the calling thread, where batched reads are
+        fastest. See "What runs in threads by default" in docs/performance.md.
       enable_profiling: log per-stage timings of the workers.
       warm_start: with workers, compute the first outputs in the calling process
         while the workers start (same outputs, order and states), so the first
@@ -135,7 +136,7 @@ class DataLoader:
         self._dataset = pipeline.loader_dataset(
             self._records,
             self._operations,
-            pipeline.reading_options(data_source, read_options),
+            read_options,
             self._multiprocessing_options,
             self._codec,
         )
@@ -223,7 +224,7 @@ class DataLoader:
         return pipeline.records_dataset(
             self._records,
             self._operations,
-            pipeline.reading_options(self._data_source, read_options),
+            read_options,
             worker=(worker_index, self.worker_count),
         )
 

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-import numpy as np
-
 from grainlike.core.operations import loader_operation
 from grainlike.core.transforms import (
     Batch,
@@ -98,27 +96,6 @@ def check_padding_sampler(sampler: Any, operations: Sequence[Any], worker_count:
         )
 
 
-def reading_options(data_source: Any, read_options: Optional[ReadOptions]) -> ReadOptions:
-    """The ``ReadOptions`` the loader reads ``data_source`` with.
-
-    Without ``read_options`` every source is read in the calling thread, in
-    chunks of batched reads: sources in memory and local files gain nothing from
-    threads, which only contend with the transforms for the GIL (grain's default
-    of 16 threads cost ~10% on W2 and half the throughput on W3, whose source
-    builds each array). Sources that wait on I/O (remote storage) get threads
-    from an explicit ``ReadOptions``, e.g. grain's ``ReadOptions()``. Sources in
-    memory never get threads. Decided from the options and the kind of source,
-    never from timings.
-    """
-    from grainlike.sources import InMemoryDataSource, RangeDataSource
-
-    if read_options is None:
-        return ReadOptions(num_threads=0)
-    if isinstance(data_source, (list, tuple, np.ndarray, range, RangeDataSource, InMemoryDataSource)):
-        return ReadOptions(num_threads=0, prefetch_buffer_size=read_options.prefetch_buffer_size)
-    return read_options
-
-
 def _producer(operations: Sequence[Any], at: int, data_source: Any) -> str:
     """What made the elements ``operations[at]`` receives: the operation before, or the source."""
     for prev in reversed(operations[:at]):
@@ -139,7 +116,9 @@ def records_dataset(
     Args:
       records: the sampler's records.
       operations: as ``check_operations`` returns them.
-      read_options: as ``reading_options`` returns them.
+      read_options: the loader's ``read_options``: used as given; None reads
+        in grain's 16 threads where the source's reads wait and in this thread
+        where they are known to be local (``grainlike.sources.waiting``).
       worker: ``(w, W)``: only worker ``w`` of ``W``'s positions ``w, w + W, ...``
         (``mp_prefetch`` slices a copy for each worker itself).
       per_record: only the per-record stages, which can skip records (an

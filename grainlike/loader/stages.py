@@ -80,9 +80,13 @@ class SamplerMapDataset(MapDataset):
       shard_options: which shard this process reads.
     """
 
+    # Locating records does not wait; whether reading them does is its parent's
+    # (the source's) to say: grainlike.dataset.read_threads.
+    waits = False
+
     def __init__(self, data_source: Any, sampler: Any, shard_options: ShardOptions):
         # The source is the parent, as in grain: stages that look for sources
-        # (what is in memory) find it.
+        # (whether reads wait) find it.
         super().__init__(MapDataset.source(data_source))
         self._data_source = data_source
         self._sampler = sampler

@@ -6,7 +6,9 @@ optional batched ``__getitems__``); ``RangeDataSource``, ``InMemoryDataSource``
 Grain-compatible reprs, so checkpoints move between grain and grainlike.
 ``ParquetDataSource`` and ``HuggingFaceDataSource`` (grainlike only) read Parquet
 files and Hugging Face ``datasets``; file sources read ``s3://`` / ``gs://`` URLs
-too (``RemoteOptions``).
+too (``RemoteOptions``). A source or transform declares whether its work per
+record waits with a ``waits`` attribute (``DeclaresWaiting``): what waits is read in
+threads when no ``ReadOptions`` is given, see ``grainlike.sources.waiting``.
 
 Example:
     from grainlike.sources import ArrayRecordDataSource
@@ -19,12 +21,13 @@ from grainlike.sources.array_record import ArrayRecordDataSource
 from grainlike.sources.hf import HuggingFaceDataSource
 from grainlike.sources.in_memory import InMemoryDataSource, SharedMemoryDataSource
 from grainlike.sources.parquet import ParquetDataSource
-from grainlike.sources.protocol import RandomAccessDataSource, RangeDataSource, SupportsBatchedRead
+from grainlike.sources.protocol import DeclaresWaiting, RandomAccessDataSource, RangeDataSource, SupportsBatchedRead
 from grainlike.sources.remote import RemoteOptions
 from grainlike.sources.tfds import TfdsDataSource, tfds_source
 
 __all__ = [
     "ArrayRecordDataSource",
+    "DeclaresWaiting",
     "HuggingFaceDataSource",
     "InMemoryDataSource",
     "ParquetDataSource",

@@ -140,6 +140,10 @@ class HuggingFaceDataSource:
 
     # -- reading -------------------------------------------------------------------
 
+    # A datasets.Dataset is local Arrow (memory-mapped files, or memory): read in
+    # the calling thread by default (grainlike.sources.waiting).
+    waits = False
+
     def __len__(self) -> int:
         return len(self._dataset)
 

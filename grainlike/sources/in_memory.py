@@ -523,6 +523,9 @@ class InMemoryDataSource:
 
     # -- reading ------------------------------------------------------------
 
+    # In memory: read in the calling thread by default (grainlike.sources.waiting).
+    waits = False
+
     def __len__(self) -> int:
         return self._meta["len"]
 

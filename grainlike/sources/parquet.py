@@ -205,6 +205,15 @@ class ParquetDataSource:
 
     # -- reading -----------------------------------------------------------------
 
+    @property
+    def waits(self) -> bool:
+        """Whether reads wait (a file is remote), so that they run in threads by default.
+
+        Local row groups are decoded in the calling thread. See
+        ``grainlike.sources.waiting``.
+        """
+        return any(remote.is_remote(p) for p in self._paths)
+
     def __len__(self) -> int:
         return self._len
 

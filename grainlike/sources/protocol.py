@@ -1,9 +1,13 @@
-"""The random-access source protocol and ``RangeDataSource``.
+"""The random-access source protocol, the ``waits`` declaration and ``RangeDataSource``.
 
 A source is anything with ``len(source)`` and ``source[record_key]``. The loader
 asks for records by key, in whatever order the sampler chooses, possibly from
 several threads and several processes at once, so reads must be thread-safe,
 deterministic, and the source must pickle (cheaply: it is sent to every worker).
+
+A source or a transform may declare whether its work per record waits
+(``DeclaresWaiting``); that, and the kind of source, decides whether it runs in
+read threads when no ``ReadOptions`` is given (``grainlike.sources.waiting``).
 """
 
 from __future__ import annotations
@@ -81,6 +85,35 @@ class SupportsBatchedRead(Protocol[T]):
     def __getitems__(self, record_keys: Sequence[int]) -> list: ...
 
 
+@typing.runtime_checkable
+class DeclaresWaiting(Protocol):
+    """A source or transform that declares whether its work per record waits.
+
+    ``waits = True``: reading or mapping a record mostly waits on something other
+    than this process's CPU (network or remote storage, a service, a sleep, a
+    call that releases the GIL for long); such work runs in grain's 16 read
+    threads by default. ``waits = False``: the work is local and CPU-bound
+    (memory, local files, Python computation); it runs in the calling thread by
+    default, where it is fastest. An explicit ``ReadOptions`` overrides both.
+    A class attribute, a property (e.g. "any of my files is remote") or an
+    attribute set on a function all declare it; the value must be a bool.
+
+    Example:
+        class Fetch(grainlike.MapTransform):
+            waits = True  # an HTTP request per record
+
+            def map(self, url):
+                return requests.get(url).content
+
+        def parse(line):
+            return line.split(",")
+
+        parse.waits = False  # pure Python: no threads
+    """
+
+    waits: bool
+
+
 class RangeDataSource:
     """Records ``start, start + step, ...`` below ``stop``, like ``range()``.
 
@@ -98,6 +131,8 @@ class RangeDataSource:
         assert len(source) == 5 and source[1] == 2
         repr(source)  # 'RangeDataSource(start=0, stop=10, step=2)'
     """
+
+    waits = False  # Computed, never read: read in the calling thread.
 
     def __init__(self, start: int, stop: int, step: int):
         # Grain raises AssertionError here; raised explicitly so `python -O` agrees.

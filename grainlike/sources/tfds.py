@@ -164,6 +164,11 @@ class TfdsDataSource:
     # -- resources and identity -------------------------------------------------
 
     @property
+    def waits(self) -> bool:
+        """Whether reads wait (a file is remote), so that they run in threads by default."""
+        return self._records.waits
+
+    @property
     def features(self) -> Any:
         """The dataset's ``tfds.features.FeaturesDict``."""
         return self.dataset_info.features

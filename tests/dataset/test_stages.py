@@ -163,22 +163,6 @@ def test_close_closes_the_parents():
         next(it)
 
 
-def test_default_read_options_use_no_threads_for_sources_in_memory():
-    assert MapDataset.source([1, 2]).map(str).to_iter_dataset().read_threads() == 0
-    assert MapDataset.range(4).to_iter_dataset().read_threads() == 0
-
-    class Remote(MapDataset):
-        def __len__(self):
-            return 3
-
-        def __getitem__(self, i):
-            return i
-
-    assert Remote().to_iter_dataset().read_threads() == 16
-    explicit = ReadOptions(num_threads=2, prefetch_buffer_size=8)
-    assert MapDataset.source([1]).to_iter_dataset(explicit).read_threads() == 2
-
-
 def test_str_names_each_stage():
     ds = MapDataset.range(3).map(str)[1:].batch(2)
     assert str(ds) == "BatchMapDataset(batch_size=2, drop_remainder=False)"

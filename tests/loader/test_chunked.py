@@ -18,7 +18,13 @@ N = 600  # Several chunks of 256 records.
 
 
 class PlainSource:
-    """A source grainlike knows nothing about: with ReadOptions it is read in threads."""
+    """A source of the user's own type that declares its reads local (``waits = False``).
+
+    Without ReadOptions it is read in the calling thread (the chunked path); with
+    ReadOptions(num_threads=2) in threads (the per-record stages).
+    """
+
+    waits = False
 
     def __init__(self, n: int = N, bad_key: int = -1):
         self.n = n

@@ -229,42 +229,107 @@ def test_grainlike_python_exports_the_same_names():
         assert getattr(gp, name) is getattr(grain, name)
 
 
-def test_read_threads_only_where_they_help(tmp_path):
+def _local_source(kind, tmp_path, n=600):
+    if kind == "RangeDataSource":
+        return grain.RangeDataSource(0, n, 1)
+    if kind == "list":
+        return list(range(n))
+    if kind == "numpy":
+        return np.arange(n)
+    if kind == "InMemoryDataSource":
+        return grain.sources.InMemoryDataSource(list(range(n)))
+    if kind == "ArrayRecord":
+        from array_record.python.array_record_module import ArrayRecordWriter
+
+        path = str(tmp_path / "d.array_record")
+        w = ArrayRecordWriter(path, "group_size:1")
+        for i in range(n):
+            w.write(str(i).encode())
+        w.close()
+        return grain.ArrayRecordDataSource(path)
+    if kind == "Parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = str(tmp_path / "d.parquet")
+        pq.write_table(pa.table({"id": np.arange(n)}), path, row_group_size=100)
+        return grain.sources.ParquetDataSource(path)
+    assert kind == "declared local"
+    return _CountingSource(n, declared_waits=False)
+
+
+def _read_threads_seen_and_outputs(loader) -> tuple[set, list]:
     import threading
 
-    from array_record.python.array_record_module import ArrayRecordWriter
+    seen, outputs = set(), []
+    for b in loader:
+        seen |= {t.name for t in threading.enumerate() if t.name.startswith("grainlike-read")}
+        leaves = b.values() if isinstance(b, dict) else [b]
+        outputs.append([np.asarray(x).tolist() for x in leaves])
+    return seen, outputs
 
-    path = str(tmp_path / "d.array_record")
-    w = ArrayRecordWriter(path, "group_size:1")
-    for i in range(600):
-        w.write(str(i).encode())
-    w.close()
-    source = grain.ArrayRecordDataSource(path)
+
+@pytest.mark.parametrize(
+    "kind", ["RangeDataSource", "list", "numpy", "InMemoryDataSource", "ArrayRecord", "Parquet", "declared local"]
+)
+def test_local_sources_are_read_in_the_calling_thread_unless_read_options_ask(kind, tmp_path):
+    source = _local_source(kind, tmp_path)
     sampler = grain.IndexSampler(600, grain.NoSharding(), shuffle=True, num_epochs=1, seed=0)
+    default = grain.DataLoader(data_source=source, sampler=sampler, operations=[grain.Batch(8)])
+    explicit = grain.DataLoader(data_source=source, sampler=sampler, operations=[grain.Batch(8)],
+                                read_options=grain.ReadOptions(num_threads=2))
+    threads_default, out_default = _read_threads_seen_and_outputs(default)
+    threads_explicit, out_explicit = _read_threads_seen_and_outputs(explicit)
+    # Batched reads of memory and local files, in this thread.
+    assert threads_default == set()
+    # An explicit ReadOptions is used as given, as in grain.
+    assert threads_explicit
+    assert out_default == out_explicit
 
-    def read_threads_seen(loader):
-        seen = set()
-        for _ in loader:
-            seen |= {t.name for t in threading.enumerate() if t.name.startswith("grainlike-read")}
-        return seen
 
-    default = grain.DataLoader(data_source=source, sampler=sampler)
-    explicit = grain.DataLoader(data_source=source, sampler=sampler, read_options=grain.ReadOptions(num_threads=2))
-    in_memory = grain.DataLoader(data_source=list(range(600)), sampler=sampler, read_options=grain.ReadOptions(num_threads=2))
-    # Local ArrayRecord files and in-memory data: batched reads, no threads.
-    assert read_threads_seen(default) == set()
-    assert read_threads_seen(in_memory) == set()
-    # An explicit ReadOptions is honoured for file sources (e.g. remote storage).
-    assert read_threads_seen(explicit)
-    assert [x for x in default] == [x for x in explicit]
+N_WAITING = 192
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_waiting_source_is_read_in_threads_with_the_records_and_states_of_one_thread(workers):
+    from tests.helpers import waiting
+
+    def run(delay, read_options=None):
+        loader = grain.DataLoader(
+            data_source=waiting.WaitingSource(N_WAITING, delay),
+            sampler=grain.IndexSampler(N_WAITING, grain.NoSharding(), shuffle=True, num_epochs=1, seed=2),
+            operations=[grain.Batch(8)],
+            worker_count=workers,
+            read_options=read_options,
+        )
+        it = iter(loader)
+        batches, states = [], []
+        for b in it:
+            batches.append(b)
+            states.append(it.get_state())
+        return batches, states
+
+    waiting.reset()
+    threaded, threaded_states = run(0.01)
+    waiting.reset()
+    one_thread, one_thread_states = run(0, grain.ReadOptions(num_threads=0))
+    assert waiting.keys(threaded, "key") == waiting.keys(one_thread, "key")
+    assert sorted(k for b in waiting.keys(threaded, "key") for k in b) == list(range(N_WAITING))
+    assert threaded_states == one_thread_states
+    # Each process's 10 ms reads overlapped: grain's 16 read threads, not one.
+    assert waiting.max_overlap(threaded) >= 4
+    assert waiting.max_overlap(one_thread) == 1
 
 
 class _CountingSource:
     """Records the size of every batched read; records of ``record_bytes`` bytes."""
 
-    def __init__(self, n, record_bytes=8, read_delay=0.0):
-        self.n, self.record_bytes, self.read_delay = n, record_bytes, read_delay
+    def __init__(self, n, record_bytes=8, declared_waits=None):
+        self.n, self.record_bytes = n, record_bytes
         self.reads = []
+        if declared_waits is not None:
+            self.waits = declared_waits
 
     def __len__(self):
         return self.n
@@ -273,25 +338,11 @@ class _CountingSource:
         return self.__getitems__([key])[0]
 
     def __getitems__(self, keys):
-        import time
-
         self.reads.append(len(keys))
-        if self.read_delay:
-            time.sleep(self.read_delay)  # waits like remote storage, using no CPU
         return [np.full(self.record_bytes, k % 251, np.uint8) for k in keys]
 
     def __repr__(self):
         return f"_CountingSource(n={self.n})"
-
-
-def _read_threads_while_iterating(loader):
-    import threading
-
-    seen, out = set(), []
-    for x in loader:
-        seen |= {t.name for t in threading.enumerate() if t.name.startswith("grainlike-read")}
-        out.append(np.asarray(x).tolist())
-    return seen, out
 
 
 @pytest.mark.parametrize("record_bytes", [8, 1 << 20, 4 << 20])
@@ -309,23 +360,3 @@ def test_reads_are_batched_by_count_for_small_records_and_by_bytes_for_big_ones(
     # A small first read, to learn the record size before reading many.
     assert source.reads[0] <= largest_read
     assert max(source.reads) == largest_read
-
-
-def test_without_read_options_every_source_is_read_in_the_calling_thread():
-    # Decided from the options and the kind of source, never from timings: threads
-    # only contend with the transforms unless reads wait (remote storage), and
-    # then an explicit ReadOptions (grain's default: 16 threads) asks for them.
-    sampler = grain.IndexSampler(300, grain.NoSharding(), shuffle=True, num_epochs=1, seed=0)
-    waiting = _CountingSource(300, read_delay=0.002)
-    computing = _CountingSource(300, record_bytes=64 << 10)
-    threads_waiting, out_waiting = _read_threads_while_iterating(
-        grain.DataLoader(data_source=waiting, sampler=sampler))
-    threads_computing, out_computing = _read_threads_while_iterating(
-        grain.DataLoader(data_source=computing, sampler=sampler))
-    assert threads_waiting == threads_computing == set()
-    threads_explicit, out_explicit = _read_threads_while_iterating(grain.DataLoader(
-        data_source=_CountingSource(300, read_delay=0.002), sampler=sampler,
-        read_options=grain.ReadOptions()))
-    assert threads_explicit
-    assert out_explicit == out_waiting
-    assert [x[:1] for x in out_waiting] == [x[:1] for x in out_computing]

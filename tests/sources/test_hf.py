@@ -54,6 +54,20 @@ def test_records_are_numpy_as_the_numpy_format_gives_them(mnist_like):
         assert np.array_equal(got["image"], reference[key]["image"]) and got["label"] == reference[key]["label"]
 
 
+def test_reads_local_arrow_in_the_calling_thread_by_default(mnist_like):
+    import threading
+
+    source = HuggingFaceDataSource(mnist_like)
+    assert source.waits is False
+    assert gl.MapDataset.source(source).to_iter_dataset().read_threads() == 0
+    loader = gl.DataLoader(
+        data_source=source, sampler=gl.IndexSampler(N, gl.NoSharding(), shuffle=True, num_epochs=1, seed=1),
+        operations=[gl.Batch(4)],
+    )
+    for _ in loader:
+        assert not [t for t in threading.enumerate() if t.name.startswith("grainlike-read")]
+
+
 def test_a_batched_read_indexes_the_dataset_once(mnist_like, monkeypatch):
     source = HuggingFaceDataSource(mnist_like)
     view = source._view()

@@ -219,6 +219,30 @@ def test_parquet_from_s3_in_map_dataset(up, local_files, workers, no_worker_leak
         assert_equal_output_after_checkpoint(ds)
 
 
+def _read_threads_and_ids(loader) -> tuple[set, list]:
+    seen, ids = set(), []
+    for b in loader:
+        seen |= {t.name for t in threading.enumerate() if t.name.startswith("grainlike-read")}
+        ids.extend(_ids([b]))
+    return seen, ids
+
+
+def test_remote_files_are_read_in_threads_by_default_and_local_files_are_not(up, local_files, tmp_path, no_worker_leaks):
+    remote_sources = [
+        ArrayRecordDataSource(_urls("ar"), remote_options=_options(up, tmp_path)),
+        ParquetDataSource(_urls("pq"), remote_options=_options(up, block_size=512)),
+    ]
+    local_sources = [ArrayRecordDataSource(_local(local_files, "ar")), ParquetDataSource(_local(local_files, "pq"))]
+    for remote_source, local_source in zip(remote_sources, local_sources):
+        assert remote_source.waits is True and local_source.waits is False
+        threads_remote, ids_remote = _read_threads_and_ids(_loader(remote_source, 0))
+        threads_local, ids_local = _read_threads_and_ids(_loader(local_source, 0))
+        assert threads_remote and not threads_local
+        assert ids_remote == ids_local
+        assert gl.MapDataset.source(remote_source).to_iter_dataset().read_threads() == 16
+        assert gl.MapDataset.source(local_source).to_iter_dataset().read_threads() == 0
+
+
 def test_parquet_iter_dataset_from_s3_equals_local(up, local_files):
     ours = ParquetIterDataset(_urls("pq"), remote_options=_options(up, block_size=256))
     local = ParquetIterDataset(_local(local_files, "pq"))

@@ -1,0 +1,78 @@
+"""Whether reading a source waits: what decides its read threads when no ``ReadOptions`` is given.
+
+grain reads every source in 16 threads by default. That is what a source whose
+reads wait needs (remote storage, a service: one thread reads a 10 ms record 100
+times a second, 16 threads ~1,550 times), and what a source in memory or on a
+local disk does not: its batched reads are fastest in the calling thread, where
+they neither contend with the transforms for the GIL nor pay a hand-off per
+chunk. This module says which kind a source is, from its type and its own
+declaration (``DeclaresWaiting``), never from a timing:
+
+* declared ``waits`` (a bool): as declared. grainlike's sources declare it:
+  ``RangeDataSource`` and ``InMemoryDataSource`` never wait, the file sources
+  (ArrayRecord, Parquet, TFDS) wait when one of their files is remote
+  (``s3://``, ``gs://``, any fsspec URL), ``HuggingFaceDataSource`` reads local
+  Arrow files and never waits;
+* ``list``, ``tuple``, ``range`` and numpy arrays: in memory, never wait;
+* a source of ``tfds.data_source(...)``: waits when its data directory is remote;
+* anything else (a source of the user's own type): waits, as grain assumes.
+
+Example:
+    >>> from grainlike.sources import RangeDataSource
+    >>> source_waits(RangeDataSource(0, 4, 1)), source_waits([1, 2])
+    (False, False)
+    >>> class Fetched:
+    ...     def __len__(self):
+    ...         return 3
+    ...     def __getitem__(self, key):
+    ...         return key
+    >>> source_waits(Fetched())
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from grainlike.sources.protocol import DeclaresWaiting
+
+__all__ = ["declared_waits", "source_waits"]
+
+# Sources of these types are in memory.
+_MEMORY_TYPES = (list, tuple, range, np.ndarray)
+
+
+def declared_waits(obj: Any) -> Optional[bool]:
+    """What ``obj`` (a source, a transform, a function) declares as ``waits``; None if nothing.
+
+    Raises:
+      TypeError: ``obj.waits`` is not a bool.
+    """
+    if not isinstance(obj, DeclaresWaiting):
+        return None
+    value = obj.waits
+    if not isinstance(value, (bool, np.bool_)):
+        name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+        raise TypeError(
+            f"{name}.waits must be True (its work per record waits: read or mapped in "
+            f"threads by default) or False (local and CPU-bound: in the calling "
+            f"thread), got {value!r}"
+        )
+    return bool(value)
+
+
+def source_waits(source: Any) -> bool:
+    """Whether reading ``source`` waits (see the module docstring)."""
+    if isinstance(source, _MEMORY_TYPES):
+        return False
+    declared = declared_waits(source)
+    if declared is not None:
+        return declared
+    from grainlike.sources import remote, tfds
+
+    if tfds.is_tfds_source(source):
+        data_dir = getattr(source.dataset_info, "data_dir", None)
+        return data_dir is not None and remote.is_remote(data_dir)
+    return True
