@@ -173,9 +173,11 @@ class DeviceIterator(Iterator[Any]):
         self._state: Any = None  # wrapped state after the last batch handed out
         self._closed = False
         # The finalizer owns the running prefetcher, so the thread stops when this
-        # object is collected or at interpreter exit, without a reference cycle.
+        # object is collected or at interpreter exit, without a reference cycle
+        # and without waiting for the batch in progress. The wrapped iterator is
+        # not closed then (someone else may hold it): the thread lets go of it.
         self._holder: list = [None]
-        self._finalizer = weakref.finalize(self, stop_holder, self._holder)
+        self._finalizer = weakref.finalize(self, stop_holder, self._holder, wait=False)
 
     def __iter__(self) -> "DeviceIterator":
         return self

@@ -7,8 +7,10 @@ caller is, not where the thread is. Standard library only.
 
 The owner keeps the running ``Prefetcher`` in a one-element list (its
 "holder") and stops it through ``stop_holder``; a ``weakref.finalize`` of the
-owner on the holder stops the thread when the owner is collected, without a
-reference from the thread back to the owner.
+owner on the holder (``stop_holder(holder, wait=False)``) stops the thread when
+the owner is collected, without a reference from the thread back to the owner
+and without waiting for the item the thread is reading: the thread ends once
+that read returns, and then lets go of the wrapped iterator.
 """
 
 from __future__ import annotations
@@ -85,22 +87,30 @@ class Prefetcher:
             self._cv.notify_all()
             return item
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
+        """Stops the thread; with ``wait``, returns once it no longer uses the source."""
         with self._cv:
             self._stopped = True
             self._items.clear()
             self._cv.notify_all()
         # The thread may be inside next(source); that returns, then the thread sees
         # the flag. Never join from the thread itself (a finalizer could run there).
-        if self._thread is not threading.current_thread():
+        if wait and self._thread is not threading.current_thread():
             self._thread.join()
 
 
-def stop_holder(holder: list) -> None:
-    """Stops and forgets the prefetcher in ``holder[0]``, if any."""
+def stop_holder(holder: list, wait: bool = True) -> None:
+    """Stops and forgets the prefetcher in ``holder[0]``, if any.
+
+    Args:
+      holder: the owner's one-element list.
+      wait: wait until the thread no longer uses the wrapped iterator (before
+        the owner restores or closes it). A finalizer passes False: it must not
+        block, and nothing uses the wrapped iterator after it.
+    """
     prefetcher, holder[0] = holder[0], None
     if prefetcher is not None:
-        prefetcher.stop()
+        prefetcher.stop(wait)
 
 
 def take(holder: list) -> tuple[Any, Any]:

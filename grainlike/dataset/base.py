@@ -20,6 +20,7 @@ import builtins
 import dataclasses
 import functools
 import sys
+import threading
 from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar, Union
 
 import numpy as np
@@ -48,6 +49,44 @@ def native_thread_count() -> int:
 # threads of its own (OpenCV, ArrayRecord, torch, TensorFlow) was loaded first.
 _THREAD_STARTERS = ("cv2", "array_record", "torch", "tensorflow")
 THREADS_AT_IMPORT = 0 if any(m in sys.modules for m in _THREAD_STARTERS) else native_thread_count()
+
+
+class _Dropping(threading.local):
+    """Per thread: how many iterators nobody holds are being closed (``close_dropped``)."""
+
+    depth = 0
+
+
+_DROPPING = _Dropping()
+
+
+def close_dropped(iterator: Any) -> None:
+    """Closes ``iterator``, which nobody holds any more: what its ``__del__`` does.
+
+    While it runs, ``closing_dropped()`` is true in this thread, for every stage
+    the close reaches. Never raises (it runs from ``__del__``, also while the
+    interpreter exits).
+    """
+    dropping = _DROPPING  # None once this module is torn down at exit.
+    try:
+        if dropping is not None:
+            dropping.depth += 1
+        try:
+            iterator.close()
+        finally:
+            if dropping is not None:
+                dropping.depth -= 1
+    except Exception:  # A finalizer never raises.
+        pass
+
+
+def closing_dropped() -> bool:
+    """Whether this thread is closing an iterator nobody holds (``close_dropped``).
+
+    Nothing will read what such an iterator's workers are computing, so they
+    are not waited for beyond a short grace.
+    """
+    return _DROPPING.depth > 0
 
 
 class DatasetSelectionMap(abc.ABC):
@@ -629,10 +668,7 @@ class DatasetIterator(Iterator[T], abc.ABC):
         raise NotImplementedError(f"{self} cannot move to an index without reading")
 
     def __del__(self):
-        try:
-            self.close()
-        except Exception:  # A finalizer never raises.
-            pass
+        close_dropped(self)
 
 
 def apply_transformations(ds: Any, transformations: Any) -> Any:

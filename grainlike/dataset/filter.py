@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from typing import Any, Callable, Optional
 
 from grainlike.core.transforms import FilterTransform
@@ -41,7 +42,8 @@ class FilterThresholdChecker:
     """
 
     def __init__(self, stage: Any, warn_threshold: Optional[float], raise_threshold: Optional[float]):
-        self._stage = stage
+        # A proxy: the stage holds its checker, which must not keep the stage alive.
+        self._stage = weakref.proxy(stage)
         self._warn = warn_threshold or float("inf")
         self._raise = raise_threshold or float("inf")
         self.seen = 0
@@ -83,7 +85,7 @@ class FilterThresholdChecker:
                 "the filtering logic. To disable this check, set "
                 "`DatasetOptions.filter_warn_threshold_ratio` used in `WithOptionsIterDataset` "
                 "to `None`.",
-                self._stage,
+                str(self._stage),  # Formatted now: a log record may be formatted after the stage is gone.
                 ratio * 100,
                 seen,
             )

@@ -31,7 +31,7 @@ import cloudpickle
 
 from grainlike.core.errors import InvalidStateError, StateKeyError, add_note
 from grainlike.core.tree import Allocator
-from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset, MultiprocessingContext
+from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset, MultiprocessingContext, closing_dropped
 from grainlike.dataset.workers import DEFAULT_STALL_TIMEOUT_S, WorkerPool
 
 _STATE_KEYS = (
@@ -357,12 +357,12 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
             )
         return self._pool
 
-    def _drop_pool(self) -> None:
-        """Stops the workers, keeping their states as the iterator's."""
+    def _drop_pool(self, dropped: bool = False) -> None:
+        """Stops the workers (``dropped``: see ``WorkerPool.close``), keeping their states as the iterator's."""
         pool, self._pool = self._pool, None
         if pool is not None:
             self._states, self._next_worker, self._exhausted = pool.states, pool.next_worker, pool.exhausted
-            pool.close()
+            pool.close(dropped=dropped)
 
     def __next__(self) -> Any:
         self._assert_not_closed()
@@ -384,11 +384,15 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
         self._ensure_pool().start()
 
     def close(self) -> None:
-        """Stops the workers. Idempotent; outputs already returned stay valid."""
+        """Stops the workers. Idempotent; outputs already returned stay valid.
+
+        Closing an iterator nobody holds (from its ``__del__``) does not wait for
+        a worker in the middle of an output (see ``WorkerPool.close``).
+        """
         if getattr(self, "_closed", True):
             return
         self._closed = True
-        self._drop_pool()
+        self._drop_pool(dropped=closing_dropped())
 
     # -- state -------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 from grainlike.core import sharding
 from grainlike.core.transforms import Batch, FilterTransform, Map, MapWithIndex, RandomMap, is_flat_map
-from grainlike.dataset.base import IterDataset
+from grainlike.dataset.base import IterDataset, close_dropped
 from grainlike.loader import pipeline
 from grainlike.loader import state as state_lib
 from grainlike.loader.options import MultiprocessingOptions, ReadOptions
@@ -339,10 +339,7 @@ class DataLoaderIterator(Iterator[Any]):
         self.close()
 
     def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+        close_dropped(self)
 
     def __str__(self) -> str:
         return f"PyGrainDatasetIterator(state={self.get_state().decode()})"
