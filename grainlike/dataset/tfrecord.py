@@ -35,10 +35,9 @@ _FRAME = _HEADER.size + _FOOTER.size
 _FIRST_CHUNK = 64 << 10
 _MAX_CHUNK = 512 << 10
 # Records at least this long are read alone, straight into their own bytes
-# (one copy instead of two: into the block, then out of it).
+# (one copy instead of two: into the block, then out of it), when next() comes
+# to them, so that only the record returned is in memory (and in the cache).
 _ALONE_BYTES = 16 << 10
-# Long records read one after another make one block of up to this many bytes.
-_MAX_ALONE = 512 << 10
 # Length fields whose checksums were verified, remembered per iterator: most
 # files repeat a few lengths, and a look-up costs a fraction of a checksum.
 _KNOWN_LENGTHS = 4096
@@ -62,9 +61,10 @@ class _TFRecordDatasetIterator(DatasetIterator):
 
     Short records are read in blocks (64 KiB at first, doubling to
     ``_MAX_CHUNK``) with ``os.pread`` and cut out of them; long ones
-    (``_ALONE_BYTES`` or more) are read alone, straight into their bytes. A
-    block is verified whole before its first record is returned; an error found
-    in it is raised when the iteration reaches the record that has it.
+    (``_ALONE_BYTES`` or more) are read alone, one per ``next()``, straight
+    into their bytes. A block is verified whole before its first record is
+    returned; an error found in it is raised when the iteration reaches the
+    record that has it.
     """
 
     def __init__(self, path: Union[str, os.PathLike]):
@@ -72,7 +72,8 @@ class _TFRecordDatasetIterator(DatasetIterator):
         self._path = os.fspath(path)
         self._file: Optional[BinaryIO] = open(self._path, "rb", buffering=0)
         self._fd = self._file.fileno()
-        self._known: dict = {}  # Length field -> its masked CRC, verified.
+        self._known: dict = {}  # Short length field -> its masked CRC, verified.
+        self._long_header = b""  # The last header verified after a record read alone.
         self._size = os.fstat(self._fd).st_size  # Measured again when a record seems cut.
         self._start_block(0)
 
@@ -88,7 +89,7 @@ class _TFRecordDatasetIterator(DatasetIterator):
         end: int,
         error: Optional[CorruptRecordError],
         chunk: int,
-        long_next: Optional[int],
+        alone: Optional[int],
     ) -> None:
         self._base = base  # Where the block was read from.
         self._starts = starts  # Each record's offset from base.
@@ -98,7 +99,8 @@ class _TFRecordDatasetIterator(DatasetIterator):
         self._end = end  # Just after the block's last record: where the next block starts.
         self._error = error  # Raised after the records.
         self._chunk = chunk  # Bytes the next block reads.
-        self._long_next = long_next  # The verified length of a long record at end, to read alone.
+        # The verified length field of the record at end if it is to be read alone.
+        self._alone = alone
 
     def _corrupt(self, offset: int, what: str) -> CorruptRecordError:
         return CorruptRecordError(f"Not a valid TFRecord: {self._path} at byte {offset}: {what}")
@@ -117,12 +119,14 @@ class _TFRecordDatasetIterator(DatasetIterator):
 
     def _next_block(self) -> bytes:
         self._assert_not_closed()
-        if self._error is None:
+        if self._error is None and self._alone is None:
             self._read_block()
             try:
                 return self._take()
             except IndexError:
                 pass
+        if self._error is None and self._alone is not None:
+            return self._read_alone()
         if self._error is not None:
             raise self._error  # The state stays at the bad record: it raises again.
         raise StopIteration
@@ -136,9 +140,6 @@ class _TFRecordDatasetIterator(DatasetIterator):
         is read alone after them. The first error ends the block.
         """
         base = self._end
-        if self._long_next is not None:
-            self._set_block(base, *self._read_alone(base, 0, self._long_next, [], []))
-            return
         chunk = self._chunk
         buf = os.pread(self._fd, chunk, base)
         size = len(buf)
@@ -189,62 +190,55 @@ class _TFRecordDatasetIterator(DatasetIterator):
                 error = self._checksum_error(base + pos, len(records[bad]))
                 del starts[bad:], records[bad:]
                 alone = False
-        if alone:
-            self._set_block(base, *self._read_alone(base, pos, length, starts, records))
-        else:
-            self._set_block(base, starts, records, base + pos, error, min(chunk * 2, _MAX_CHUNK), None)
+        self._set_block(base, starts, records, base + pos, error, min(chunk * 2, _MAX_CHUNK), length if alone else None)
 
-    def _read_alone(self, base: int, pos: int, length: int, starts: list, records: list) -> tuple:
-        """Reads the record at ``base + pos`` (its length field verified) and the long ones after it.
+    def _read_alone(self) -> bytes:
+        """Reads the record at the end of the (returned) block, whose length field is verified, into its bytes.
 
-        Each is read into its own bytes, with its footer and the next header;
-        they are appended to ``starts`` (offsets from ``base``) and ``records``
-        up to ``_MAX_ALONE`` bytes, or until a short record.
-
-        Returns:
-          The rest of ``_set_block``'s arguments after ``base``: ``starts``,
-          ``records``, the end, the error that stopped them (or None), the
-          bytes the next block reads (the next record and the header after it
-          if it is short, so that little is read twice) and the length of the
-          next record if it is long and its length is verified.
+        Its footer is read with the next header: a long record after it is read
+        alone too, a short one starts a block just large enough for it and the
+        header after it (so that little is read twice).
         """
         fd = self._fd
-        total = 0
-        header = b""  # The last header verified here.
-        while True:
-            offset = base + pos
-            data_at = offset + _HEADER.size
-            if data_at + length + _FOOTER.size > self._size:
-                self._size = os.fstat(fd).st_size  # The file may have grown.
-                left = self._size - data_at
-                if left < length + _FOOTER.size:
-                    # Checked before reading: a length field may ask for more memory than there is.
-                    what = f"the record of {length} bytes is truncated ({max(left, 0)} of {length + 4} bytes left)"
-                    return starts, records, offset, self._corrupt(offset, what), _FIRST_CHUNK, None
+        offset = self._end
+        length, self._alone = self._alone, None
+        data_at = offset + _HEADER.size
+        error = None
+        if data_at + length + _FOOTER.size > self._size:
+            self._size = os.fstat(fd).st_size  # The file may have grown.
+            left = self._size - data_at
+            if left < length + _FOOTER.size:
+                # Checked before reading: a length field may ask for more memory than there is.
+                what = f"the record of {length} bytes is truncated ({max(left, 0)} of {length + 4} bytes left)"
+                error = self._corrupt(offset, what)
+        if error is None:
             data = os.pread(fd, length, data_at)
             tail = os.pread(fd, _FOOTER.size + _HEADER.size, data_at + length)  # Footer, next header.
             if len(data) < length or len(tail) < _FOOTER.size:  # Cut since it was measured.
                 got = len(data) + len(tail)
                 what = f"the record of {length} bytes is truncated ({got} of {length + 4} bytes left)"
-                return starts, records, offset, self._corrupt(offset, what), _FIRST_CHUNK, None
-            if masked_crc32c(data) != _FOOTER.unpack_from(tail)[0]:
-                return starts, records, offset, self._checksum_error(offset, length), _FIRST_CHUNK, None
-            starts.append(pos)
-            records.append(data)
-            pos += length + _FRAME
-            total += length
-            end = base + pos
-            if len(tail) < _FOOTER.size + _HEADER.size:
-                return starts, records, end, None, _FIRST_CHUNK, None
-            length, length_crc = _HEADER.unpack_from(tail, _FOOTER.size)
-            if tail[_FOOTER.size :] != header:
-                if masked_crc32c(tail[_FOOTER.size : _FOOTER.size + 8]) != length_crc:
-                    return starts, records, end, None, _FIRST_CHUNK, None  # The next block reports it.
-                header = tail[_FOOTER.size :]
-            if length < _ALONE_BYTES:
-                return starts, records, end, None, length + _FRAME + _HEADER.size, None
-            if total >= _MAX_ALONE:
-                return starts, records, end, None, _FIRST_CHUNK, length
+                error = self._corrupt(offset, what)
+            elif masked_crc32c(data) != _FOOTER.unpack_from(tail)[0]:
+                error = self._checksum_error(offset, length)
+        if error is not None:
+            self._error = error
+            self._take = self._records.popleft  # Empty: next() goes to _next_block, which raises it.
+            raise error
+        self._end = data_at + length + _FOOTER.size
+        self._chunk = _FIRST_CHUNK  # Unless the next header says better, below.
+        header = tail[_FOOTER.size :]
+        if len(header) == _HEADER.size:
+            length, length_crc = _HEADER.unpack(header)
+            # A header that fails its check is left to the next block to report.
+            if header == self._long_header or masked_crc32c(header[:8]) == length_crc:
+                self._long_header = header
+                if length >= _ALONE_BYTES:
+                    self._alone = length
+                else:
+                    self._chunk = length + _FRAME + _HEADER.size
+        # Long records after long records: next() comes straight here.
+        self._take = self._read_alone if self._alone is not None else self._records.popleft
+        return data
 
     def get_state(self) -> dict:
         self._assert_not_closed()
