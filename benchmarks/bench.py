@@ -52,6 +52,7 @@ SECTIONS: dict[str, str] = {
     "W11": "benchmarks.tfrecord_interleave",
     "W12": "benchmarks.device_feed",
     "W14": "benchmarks.tfrecord_read",
+    "W15": "benchmarks.dropped_iterators",
 }
 DESCRIPTIONS = {
     "W1": "1e6 small int records, identity map, Batch(128): records/s",
