@@ -10,7 +10,10 @@ Called while JAX traces (inside ``jax.jit``, ``lax.scan``, ``lax.while_loop``),
 ``evaluate`` becomes part of the traced program: the batches come in through
 ordered host callbacks (``grainlike.full_reference_data``), the program holds no
 data, and every reduction (``"concat"`` and callables included) is computed in
-JAX, so its result is traced too.
+JAX, so its result is traced too. A read that fails there (a failing source or
+transform) does not raise inside the computation: the rest of the pass is zeros,
+masked out, and the exception is raised as itself on leaving ``with
+grainlike.host_errors():`` around the jitted call.
 
 jax is imported inside ``evaluate``; workers import this module without jax.
 """
@@ -98,6 +101,8 @@ def evaluate(
     Raises:
       ValueError: a Batch in operations, a bad batch_size or reduce, or an ``fn``
         result without leading axis ``batch_size``.
+      Exception: what the source or a transform raised; inside a trace, on
+        leaving ``grainlike.host_errors()`` around the jitted call instead.
 
     Example:
       def correct(batch):

@@ -11,9 +11,18 @@ an explicit ``batches_per_call``: code that keeps one batch of a stack
 (``draw()[0]``) would skip the others. For a device-side cache that hands out one
 batch at a time, see ``grainlike.reference_data``.
 
-The end of the data raises ``EOFError`` in the callback; JAX reports it as a
-``JaxRuntimeError``, and ``with grainlike.host_errors():`` around the call raises
-the ``EOFError`` itself.
+Nothing raises inside the callback (on GPUs an exception there would poison every
+later computation of the process). At the end of the data, or when reading fails
+(a failing transform, a batch of another shape), the callback keeps the exception
+and returns zeros with ``ok=False``; from then on the feed's callbacks return at
+once without reading, so no batch is skipped or repeated. The exception
+(``EOFError`` at the end) is raised on the host: on leaving ``with
+grainlike.host_errors():`` around the jitted call, or by the feed's next host
+call (``get_state``, ``set_state``, a new ``draw``/``next``/``scan``); an eager
+``draw()``/``next()`` raises it at once. Inside the program, ``draw(with_ok=True)``,
+``next(with_ok=True)`` and ``scan(..., with_ok=True)`` also return ``ok``, and
+``scan`` skips its step for batches that were not delivered (the carry stays
+the one after the last real batch).
 
 The position is checkpointable: ``get_state()`` is the wrapped iterator's state
 right after the last batch *delivered to jitted code*; stacks waiting in the
@@ -39,7 +48,7 @@ import numpy as np
 
 from grainlike.core import tree
 from grainlike.core.read_ahead import Prefetcher, restore, stop_holder, take, wrapped_method
-from grainlike.jax_loops import reporting
+from grainlike.jax_loops import CallbackErrors, host_callback
 
 __all__ = ["InJitIterator"]
 
@@ -112,9 +121,13 @@ class InJitIterator:
         ``element_spec(loader)``); without it the first stack is read when
         ``draw`` is first traced, to learn the shapes.
 
-    Raises (inside the jitted computation, as a JAX runtime error; as itself
-    within ``grainlike.host_errors()``): EOFError when the wrapped iterator
-    ends. Use a loader that repeats, or a step count the loader covers.
+    At the end of the data (use a loader that repeats, or a step count the
+    loader covers) or when reading a batch fails, the callback returns zeros
+    and ``ok=False`` instead of raising; the exception (``EOFError`` at the
+    end) is raised on the host by ``grainlike.host_errors()`` around the
+    jitted call or by the feed's next host call (``get_state``, ``set_state``,
+    ``draw``, ``next``, ``scan``). Until then the feed reads nothing, and
+    ``get_state()`` stays after the last batch delivered.
 
     A feed serves either ``draw()``/``scan()`` or ``next()``, whichever is used first.
 
@@ -149,6 +162,7 @@ class InJitIterator:
         self._state: Any = None  # wrapped state after the last delivered batch
         self._peeked: Optional[tuple] = None  # a stack read to learn the shapes
         self._closed = False
+        self._errors = CallbackErrors("InJitIterator")
         self._holder: list = [None]
         self._finalizer = weakref.finalize(self, stop_holder, self._holder)
 
@@ -209,10 +223,12 @@ class InJitIterator:
 
         with self._lock:
             stack, state = self._read()
+            # The specs are JAX pytrees (possibly the user's, from element_spec), so the
+            # stack is matched to them with JAX's own tree functions. A stack that does
+            # not match is not delivered: the position stays before it.
+            matched = jax.tree.map(_matching, stack, self._chunk_spec)
             self._state = state
-        # The specs are JAX pytrees (possibly the user's, from element_spec), so the
-        # stack is matched to them with JAX's own tree functions.
-        return jax.tree.map(_matching, stack, self._chunk_spec)
+        return matched
 
     def _spec_of_draw(self) -> Any:
         import jax
@@ -238,7 +254,7 @@ class InJitIterator:
 
     # -- traced side -------------------------------------------------------------
 
-    def draw(self) -> Any:
+    def draw(self, *, with_ok: bool = False) -> Any:
         """The next ``batches_per_call`` batches, stacked on a new leading axis.
 
         Call inside jitted code (or eagerly); each call is one ordered host
@@ -246,8 +262,17 @@ class InJitIterator:
         batch of the stack counts as delivered: use them all (``lax.scan`` over
         the leading axis), or call ``next()`` for one batch at a time.
 
+        Args:
+          with_ok: also return ``ok``, a bool scalar that is False when the
+            draw failed (the end of the data, ...) and the stack is zeros.
+
+        Returns:
+          The stack, or ``(stack, ok)`` with ``with_ok=True``.
+
         Raises:
           ValueError: ``batches_per_call`` was not given.
+          Exception: an exception a callback of this feed caught and no one
+            raised yet; called eagerly, the exception of this draw.
         """
         if not self._explicit_k:
             raise ValueError(
@@ -255,38 +280,68 @@ class InJitIterator:
                 "leading axis, and every one of them counts as delivered; pass "
                 "batches_per_call=k explicitly (and use all k), or call next() for one batch"
             )
-        return self._draw()
+        ok, stack = self._draw()
+        return (stack, ok) if with_ok else stack
 
-    def _draw(self) -> Any:
-        from jax.experimental import io_callback
-
+    def _draw(self) -> tuple:
+        """``(ok, stack)`` of one ordered callback; raises at once when not traced."""
+        self._errors.raise_pending()
         self._use("draw")
-        return io_callback(reporting(self._host_draw), self._spec_of_draw(), ordered=True)
+        ok, stack = host_callback(self._errors, self._host_draw, self._spec_of_draw())
+        self._errors.check(ok)
+        return ok, stack
 
-    def next(self) -> Any:
+    def next(self, *, with_ok: bool = False) -> Any:
         """The next batch (one ordered host callback per call).
 
         Call inside jitted code (or eagerly). A background thread reads ahead
         (``prefetch`` batches).
+
+        Args:
+          with_ok: also return ``ok``, a bool scalar that is False when no
+            batch was delivered (the end of the data, ...) and the batch is zeros.
+
+        Returns:
+          The batch, or ``(batch, ok)`` with ``with_ok=True``.
+
+        Raises:
+          Exception: an exception a callback of this feed caught and no one
+            raised yet; called eagerly, the exception of this call.
         """
         import jax
-        from jax.experimental import io_callback
 
+        self._errors.raise_pending()
         self._use("next")
         spec = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), self._spec_of_draw())
-        host = reporting(self._host_draw)
-        return io_callback(lambda: jax.tree.map(lambda x: x[0], host()), spec, ordered=True)
 
-    def scan(self, step: Callable[[Any, Any], tuple], carry: Any, num_steps: int) -> tuple:
+        def one() -> Any:
+            return jax.tree.map(lambda x: x[0], self._host_draw())
+
+        ok, batch = host_callback(self._errors, one, spec)
+        self._errors.check(ok)
+        return (batch, ok) if with_ok else batch
+
+    def scan(self, step: Callable[[Any, Any], tuple], carry: Any, num_steps: int, *,
+             with_ok: bool = False) -> tuple:
         """``lax.scan`` of ``step(carry, batch) -> (carry, out)`` over ``num_steps`` batches.
 
         One ``draw()`` per ``batches_per_call`` steps. Returns ``(carry, outs)``
-        with ``outs`` stacked over the ``num_steps`` steps.
+        with ``outs`` stacked over the ``num_steps`` steps. When a draw fails
+        (the end of the data, ...), ``step`` is skipped for it and every later
+        one: ``carry`` is the one after the last batch delivered and those
+        steps' ``outs`` are zeros.
+
+        Args:
+          with_ok: also return ``ok``, a bool scalar, False when a draw failed:
+            ``(carry, outs, ok)``.
 
         Raises:
           ValueError: num_steps is not a positive multiple of batches_per_call.
+          Exception: an exception a callback of this feed caught and no one
+            raised yet.
         """
         import jax
+        import jax.numpy as jnp
 
         if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps <= 0 \
                 or num_steps % self._k:
@@ -295,17 +350,36 @@ class InJitIterator:
                 f"got {num_steps!r}"
             )
 
-        def outer(c: Any, _: Any) -> tuple:
-            return jax.lax.scan(step, c, self._draw())
+        def inner(c: Any, stack: Any) -> tuple:
+            return jax.lax.scan(step, c, stack)
 
-        carry, outs = jax.lax.scan(outer, carry, None, length=num_steps // self._k)
+        def outer(c: tuple, _: Any) -> tuple:
+            c, all_ok = c
+            ok, stack = self._draw()
+            # The steps of a draw that delivered nothing are skipped, not run on zeros.
+            skipped = jax.eval_shape(inner, c, stack)[1]
+            c, outs = jax.lax.cond(
+                ok, inner,
+                lambda c, _: (c, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), skipped)),
+                c, stack,
+            )
+            return (c, all_ok & ok), outs
+
+        (carry, ok), outs = jax.lax.scan(outer, (carry, jnp.bool_(True)), None,
+                                         length=num_steps // self._k)
         outs = jax.tree.map(lambda x: x.reshape((num_steps,) + x.shape[2:]), outs)
-        return carry, outs
+        return (carry, outs, ok) if with_ok else (carry, outs)
 
     # -- state -------------------------------------------------------------------
 
     def get_state(self) -> Any:
-        """The wrapped iterator's state after the last batch delivered to jitted code."""
+        """The wrapped iterator's state after the last batch delivered to jitted code.
+
+        Raises:
+          Exception: an exception a callback of this feed caught and no one
+            raised yet (raised once; the next call returns the state).
+        """
+        self._errors.raise_pending()
         with self._lock:
             get_state = wrapped_method(self._iterator, "get_state", "InJitIterator")
             return get_state() if self._state is None else self._state
@@ -314,8 +388,10 @@ class InJitIterator:
         """Restores the wrapped iterator; buffered stacks are dropped.
 
         An invalid state raises what the wrapped ``set_state`` raises and leaves
-        the position unchanged.
+        the position unchanged. An exception a callback of this feed caught and
+        no one raised yet is raised first (and the state is not set).
         """
+        self._errors.raise_pending()
         with self._lock:
             set_state = wrapped_method(self._iterator, "set_state", "InJitIterator")
             previous = self.get_state()
@@ -324,7 +400,11 @@ class InJitIterator:
             restore(self._holder, set_state, state, previous)
 
     def close(self) -> None:
-        """Stops the prefetch thread and closes the wrapped iterator. Idempotent."""
+        """Stops the prefetch thread and closes the wrapped iterator. Idempotent.
+
+        Forgets an exception a callback caught and no one raised; raises nothing of it.
+        """
+        self._errors.clear()
         with self._lock:
             self._closed = True
             self._peeked = None

@@ -23,6 +23,15 @@ carry and a data state that continues where the saved one was, and
 ``init_save(..., resume=checkpoint)`` continues collecting after the saved
 samples: the resumed run ends with the same samples as an uninterrupted one.
 
+Nothing raises inside the callbacks (on GPUs an exception there would poison
+every later computation of the process). A save or checkpoint that fails (a
+collector with no room left, a chain position no longer kept, a full disk, ...)
+keeps its exception and reports failure as data: the sample is not counted in
+``saved_samples``, and from then on the callbacks of that ``save(...)`` write
+nothing. The exception is raised on the host by ``postprocess_save`` (or
+``init_save``, or a new trace of ``save``), or on leaving ``with
+grainlike.host_errors():`` around the jitted call.
+
 jax is imported when the functions are used; h5py when an ``HDF5Collector`` is made.
 """
 
@@ -37,7 +46,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
-from grainlike.jax_loops import reporting
+from grainlike.jax_loops import CallbackErrors, host_callback
 
 __all__ = [
     "Checkpoint",
@@ -415,7 +424,9 @@ def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int =
       (host, returns a ``SavingState``), ``save(state, keep, sample,
       checkpoint=None, data_state=None) -> (state, None)`` (jit/scan), and
       ``postprocess_save(state, unused) -> {'sample_count', 'samples'}`` (host,
-      after the computation).
+      after the computation). ``postprocess_save`` (and ``init_save``) raise
+      the exception a save or checkpoint callback caught, if any (see the
+      module docstring).
     """
     collector = data_collector if data_collector is not None else MemoryCollector()
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
@@ -423,11 +434,13 @@ def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int =
     if checkpoint_every and checkpoint_dir is None:
         raise ValueError("save(checkpoint_every=...) needs checkpoint_dir=")
     templates: dict = {}  # chain id -> init_checkpoint
+    errors = CallbackErrors("io.save")
 
     def init_save(init_sample: Any, init_checkpoint: Any, samples_collected: Any,
                   resume: Optional[Checkpoint] = None) -> SavingState:
         import jax.numpy as jnp
 
+        errors.raise_pending()
         chain_id = collector.register_chain(init_sample, samples_collected)
         templates[chain_id] = init_checkpoint
         saved, step = 0, 0
@@ -444,7 +457,7 @@ def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int =
         chain_id, saved = int(chain_id), int(saved)
         data_checkpoint = None
         if data_position is not None and data is not None:
-            data_checkpoint = data.get_state(_Position(*data_position))
+            data_checkpoint = data._checkpoint(*(int(x) for x in data_position))
         arrays = dict(collector.checkpoint(chain_id, saved))
         for i, leaf in enumerate(carry):
             arrays[f"carry:{i}"] = np.asarray(leaf)
@@ -454,15 +467,12 @@ def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int =
         _write_atomically(_checkpoint_file(checkpoint_dir, chain_id), arrays)
         return np.int32(0)
 
-    save_fn = reporting(host_save)
-    checkpoint_fn = reporting(host_checkpoint)
-
     def save_step(state: SavingState, keep: Any, sample: Any, checkpoint: Any = None,
                   data_state: Any = None, **unused: Any) -> tuple:
         import jax
         import jax.numpy as jnp
-        from jax.experimental import io_callback
 
+        errors.raise_pending()
         if data_state is not None and data is None and checkpoint_every:
             raise ValueError(
                 "save(..., data_state=...) checkpoints a reference_data chain: pass that "
@@ -470,9 +480,10 @@ def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int =
             )
         one = jax.ShapeDtypeStruct((), jnp.int32)
         leaves = jax.tree.leaves(sample)
+        # A failed save returns 0: the sample is not counted.
         saved = jax.lax.cond(
             keep,
-            lambda: io_callback(save_fn, one, state.chain_id, state.saved_samples, *leaves, ordered=True),
+            lambda: host_callback(errors, host_save, one, state.chain_id, state.saved_samples, *leaves)[1],
             lambda: jnp.int32(0),
         )
         step = state.step + 1
@@ -483,8 +494,8 @@ def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int =
                 position = (data_state.chain, data_state.fill, data_state.line)
             jax.lax.cond(
                 step % checkpoint_every == 0,
-                lambda: io_callback(checkpoint_fn, one, state.chain_id, step, state.saved_samples + saved,
-                                    position, *carry_leaves, ordered=True),
+                lambda: host_callback(errors, host_checkpoint, one, state.chain_id, step,
+                                      state.saved_samples + saved, position, *carry_leaves)[1],
                 lambda: jnp.int32(0),
             )
         return SavingState(state.chain_id, state.saved_samples + saved, step), None
@@ -493,14 +504,9 @@ def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int =
         import jax
 
         jax.block_until_ready(state)
+        jax.effects_barrier()  # a checkpoint's callback has no output to wait on
+        errors.raise_pending()
         return {"sample_count": state.saved_samples, "samples": collector.finished(int(state.chain_id))}
 
     return init_save, save_step, postprocess_save
 
-
-class _Position(NamedTuple):
-    """The part of a ``CacheState`` that ``ReferenceData.get_state`` reads."""
-
-    chain: Any
-    fill: Any
-    line: Any

@@ -16,20 +16,29 @@ Two ways to feed jitted loops from a grainlike loader through ordered host callb
   through callbacks, ``cache_size`` batches at a time, so the compiled program
   holds no data.
 
-A Python exception raised by a host callback reaches the caller of a jitted
-function as a ``JaxRuntimeError``; inside ``with host_errors():`` (or under the
-``@host_errors()`` decorator) it is raised as the original exception, with the
-original message. Importing this module costs numpy only; jax is imported when
-a feed is used.
+No exception ever leaves one of grainlike's host callbacks (on GPUs one would
+poison every later computation of the process): a callback that fails (the end
+of the data, a failing source or transform, a released chain) keeps its
+exception and returns zeros with ``ok=False`` (``CacheState.ok``,
+``FullDataState.ok``). The host raises the original exception afterwards: on
+leaving ``with host_errors():`` (or a function under ``@host_errors()``), by the
+feed's next host call, or at once when the call was not traced. Host callbacks
+need JAX's ``cpu`` platform (``JAX_PLATFORMS=cuda,cpu``, not ``cuda`` alone); its
+absence is raised when the program is traced. Importing this module costs numpy
+only; jax is imported when a feed is used.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import itertools
 import json
+import logging
+import sys
 import threading
+import weakref
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -61,56 +70,249 @@ _KEPT_FILLS = 16
 
 
 # -- host errors ------------------------------------------------------------------------
+#
+# Nothing grainlike runs inside a JAX host callback raises out of it: on GPUs an
+# exception raised in an ordered callback poisons the runtime token of ordered
+# effects, and every later synchronisation of the process fails with it. A
+# callback reports failure as data instead (``ok=False`` and zero-filled outputs
+# of the shapes and dtypes the program expects), keeps the exception, and the host
+# raises it after the jitted call: the owner's next host call, ``host_errors``'s
+# exit, or at once when the call was not traced (its ``ok`` is a concrete value).
+
+_logger = logging.getLogger("grainlike")
 
 
-class _Raised:
-    """The exceptions grainlike's host callbacks raised, newest last (bounded)."""
+class _Registry:
+    """Which feeds' callbacks reported a pending exception, by when they last did (bounded).
+
+    A callback reports its feed's pending exception when it catches it, and again
+    each time it is called while the exception is still pending, so that a
+    ``host_errors`` context around a later computation of that feed raises it.
+    Feeds are held by weak references: a feed nobody holds is not kept alive.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._count = 0
-        self._errors: list = []
+        self._entries: collections.deque = collections.deque(maxlen=64)  # (count, weakref)
 
-    def add(self, error: BaseException) -> None:
+    def add(self, errors: "CallbackErrors") -> None:
         with self._lock:
             self._count += 1
-            self._errors = (self._errors + [(self._count, error)])[-32:]
+            kept = [(n, ref) for n, ref in self._entries if ref() is not None and ref() is not errors]
+            self._entries = collections.deque(kept, maxlen=64)
+            self._entries.append((self._count, weakref.ref(errors)))
 
     def mark(self) -> int:
         with self._lock:
             return self._count
 
-    def since(self, mark: int) -> Optional[BaseException]:
+    def take_first_since(self, mark: int) -> Optional[BaseException]:
+        """The pending exception of the feed that reported first after ``mark``; it is taken."""
         with self._lock:
-            found = [e for n, e in self._errors if n > mark]
-        return found[-1] if found else None
+            reported = [ref() for n, ref in self._entries if n > mark]
+        for errors in reported:
+            error = errors.take() if errors is not None else None
+            if error is not None:
+                return error
+        return None
 
 
-_RAISED = _Raised()
+_REGISTRY = _Registry()
 
 
-def reporting(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wraps a host callback so that ``host_errors`` can re-raise what it raises."""
+class CallbackErrors:
+    """The exception a feed's host callbacks caught, held until the host raises it.
 
-    def call(*args: Any) -> Any:
+    Each feed (an ``InJitIterator``, a ``ReferenceData``, a ``FullReferenceData``,
+    the functions of one ``io.save``) has one. Its callbacks run through
+    ``guard``: whatever they raise is kept here and the callback returns
+    ``ok=False`` with zero-filled outputs. While an exception is pending, the
+    guarded callbacks return at once without calling the feed, so no data is
+    consumed and the feed stays at the last batch it delivered. ``raise_pending``
+    raises it on the host, once; ``host_errors`` does too.
+
+    Args:
+      owner: the feed's name, for the log line and for errors.
+    """
+
+    def __init__(self, owner: str):
+        self._owner = owner
+        self._lock = threading.Lock()
+        self._pending: Optional[BaseException] = None
+
+    @property
+    def failed(self) -> bool:
+        """Whether an exception is pending."""
+        return self._pending is not None
+
+    def record(self, error: BaseException) -> None:
+        """Keeps ``error`` (the first one, while one is pending). Never raises."""
+        with self._lock:
+            if self._pending is not None:
+                return
+            self._pending = error
+        _REGISTRY.add(self)
         try:
-            return fn(*args)
-        except BaseException as e:
-            _RAISED.add(e)
-            raise
+            _logger.warning(
+                "%s: a host callback failed with %s: %s; the jitted computation goes on with "
+                "zero-filled data and ok=False, and the exception is raised on the host by "
+                "`with grainlike.host_errors():` around the call or by the next call on %s",
+                self._owner, type(error).__name__, _describe(error), self._owner,
+            )
+        except BaseException:  # pragma: no cover - a broken handler must not raise here
+            pass
 
-    return call
+    def take(self) -> Optional[BaseException]:
+        """The pending exception, if any, which is no longer pending."""
+        with self._lock:
+            error, self._pending = self._pending, None
+            return error
+
+    def clear(self) -> None:
+        """Forgets the pending exception without raising it (``close()``)."""
+        with self._lock:
+            self._pending = None
+
+    def raise_pending(self) -> None:
+        """Raises the pending exception, if any, as itself (its traceback and cause kept)."""
+        error = self.take()
+        if error is not None:
+            raise error
+
+    def raise_failed(self) -> None:
+        """Called when a computation's ``ok`` came back False: raises what made it so."""
+        self.raise_pending()
+        raise RuntimeError(
+            f"{self._owner}: the data of this computation is incomplete (ok is False): a host "
+            "callback failed, and its exception was raised before (by host_errors or an earlier "
+            "call on the feed)"
+        )
+
+    def check(self, ok: Any) -> None:
+        """Raises the pending exception now if ``ok`` is a concrete False (an untraced call)."""
+        import jax
+
+        if not isinstance(ok, jax.core.Tracer) and not bool(ok):
+            self.raise_failed()
+
+    def guard(self, fn: Callable[..., Any], specs: Any) -> Callable[..., tuple]:
+        """``fn`` as a host callback that never raises: it returns ``(ok, outputs)``.
+
+        ``outputs`` are ``fn``'s, checked against ``specs`` (a JAX pytree of
+        ``ShapeDtypeStruct``) and cast to their dtypes, or zeros of ``specs``
+        when ``fn`` raised (or an exception was already pending).
+        """
+
+        def callback(*args: Any) -> tuple:
+            if self._pending is None:
+                try:
+                    return np.bool_(True), _conform(fn(*args), specs, self._owner)
+                except BaseException as e:  # reported as data, raised on the host
+                    self.record(e)
+            else:
+                _REGISTRY.add(self)  # for a host_errors context around this computation
+            return np.bool_(False), _zeros(specs)
+
+        return callback
+
+
+def _describe(error: BaseException) -> str:
+    try:
+        return str(error)
+    except BaseException:
+        return f"<unprintable {type(error).__name__}>"
+
+
+def _conform(out: Any, specs: Any, owner: str) -> Any:
+    """``out`` with ``specs``' structure, shapes and dtypes, or a ValueError naming the difference."""
+    import jax
+
+    spec_leaves, treedef = jax.tree.flatten(specs)
+    try:
+        leaves = treedef.flatten_up_to(out)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"{owner}: the host returned {jax.tree.structure(out)} where the compiled program "
+            f"expects {treedef}"
+        ) from e
+    conformed = []
+    for leaf, spec in zip(leaves, spec_leaves):
+        leaf = np.asarray(leaf)
+        if leaf.shape != tuple(spec.shape):
+            raise ValueError(
+                f"{owner}: the host returned an array of shape {leaf.shape} where the compiled "
+                f"program expects {tuple(spec.shape)}"
+            )
+        conformed.append(leaf.astype(spec.dtype, copy=False))
+    return treedef.unflatten(conformed)
+
+
+def _zeros(specs: Any) -> Any:
+    import jax
+
+    return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), specs)
+
+
+def host_callback(errors: CallbackErrors, fn: Callable[..., Any], specs: Any, *args: Any) -> tuple:
+    """``(ok, outputs)`` of ``fn(*args)`` run on the host by an ordered ``io_callback``.
+
+    ``ok`` is a bool scalar, False when ``fn`` raised (kept in ``errors``) or an
+    exception was pending; ``outputs`` are then zeros of ``specs``.
+
+    Raises:
+      RuntimeError: JAX has no ``cpu`` backend to run host callbacks with.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import io_callback
+
+    _require_cpu_backend()
+    ok_spec = jax.ShapeDtypeStruct((), jnp.bool_)
+    return io_callback(errors.guard(fn, specs), (ok_spec, specs), *args, ordered=True)
+
+
+_CPU_BACKEND: list = []  # [True] once the cpu backend was found
+
+
+def _require_cpu_backend() -> None:
+    """JAX runs a host callback's arguments through a ``cpu`` device: one must exist.
+
+    ``jax.experimental.io_callback`` (``io_callback_impl`` in jax/_src/callback.py)
+    looks up ``jax.local_devices(backend="cpu")`` each time a callback runs; under
+    ``JAX_PLATFORMS=cuda`` there is none, and that lookup raises inside the
+    callback, where it poisons the process. So it is checked here, when the
+    program is traced.
+    """
+    if _CPU_BACKEND:
+        return
+    import jax
+
+    try:
+        jax.local_devices(backend="cpu")
+    except RuntimeError as e:
+        raise RuntimeError(
+            "grainlike feeds jitted code through jax.experimental.io_callback, which runs host "
+            f"callbacks with a 'cpu' device, and JAX has none (jax_platforms="
+            f"{jax.config.jax_platforms!r}): set JAX_PLATFORMS=cuda,cpu (your accelerator, then "
+            "cpu) before jax is imported, or leave JAX_PLATFORMS unset"
+        ) from e
+    _CPU_BACKEND.append(True)
 
 
 class host_errors(contextlib.ContextDecorator):
-    """Re-raises a grainlike host callback's exception as itself, not as a JAX runtime error.
+    """Raises, on exit, the exception a grainlike host callback caught during the context.
 
-    JAX reports an exception raised in a host callback as ``JaxRuntimeError:
-    INTERNAL: CpuCallback error ...``. Inside this context (or a function decorated
-    with ``@host_errors()``), such an error, when a grainlike callback raised
-    during the context, is replaced by that callback's exception (``EOFError`` at
-    the end of the data, say), chained to the JAX error. Block on the results
-    inside the context: JAX may report the error only when they are used.
+    A grainlike callback inside a jitted computation never raises (on GPUs that
+    would poison every later computation of the process): it returns zeros and
+    ``ok=False`` and keeps the exception. On leaving this context (or a function
+    decorated with ``@host_errors()``), JAX's pending host callbacks are waited
+    for (``jax.effects_barrier()``) and the first exception a grainlike callback
+    reported during the context (``EOFError`` at the end of the data, say) is
+    raised as itself, with its message, traceback and cause: one it caught, or
+    one caught earlier that no one raised yet, which its feed's callbacks report
+    again each time they run. Exceptions of other callbacks, and any exception
+    already leaving the context, pass unchanged.
 
     Example:
       with grain.host_errors():
@@ -118,24 +320,19 @@ class host_errors(contextlib.ContextDecorator):
     """
 
     def __enter__(self) -> "host_errors":
-        self._mark = _RAISED.mark()
+        self._mark = _REGISTRY.mark()
         return self
 
     def __exit__(self, kind: Any, value: Any, traceback: Any) -> bool:
-        if value is None or not _is_jax_runtime_error(value):
+        if value is not None:
             return False
-        original = _RAISED.since(self._mark)
-        if original is None:
-            return False
-        raise original.with_traceback(original.__traceback__) from value
-
-
-def _is_jax_runtime_error(error: BaseException) -> bool:
-    try:
-        import jax
-    except ImportError:  # pragma: no cover - jax raised it, so jax is there
+        jax = sys.modules.get("jax")
+        if jax is not None:
+            jax.effects_barrier()
+        error = _REGISTRY.take_first_since(self._mark)
+        if error is not None:
+            raise error
         return False
-    return isinstance(error, jax.errors.JaxRuntimeError)
 
 
 # -- shared pieces --------------------------------------------------------------------
@@ -228,6 +425,11 @@ class CacheState(NamedTuple):
       available: cache lines holding data (``cache_size`` until the data ends).
       cache: the cached batches, leading axis ``cache_size``.
       mask: bool ``(cache_size, batch_size)``, False for padding observations.
+      ok: bool scalar, False once a refill failed (the end of the data, a failing
+        transform, ...): from then on ``next`` returns zero batches with an
+        all-False mask and the position stays after the last batch delivered;
+        the exception is raised on the host (``host_errors``, or the next
+        ``init`` / ``next`` / ``get_state`` / ``restore`` of this reference data).
     """
 
     chain: Any
@@ -236,6 +438,7 @@ class CacheState(NamedTuple):
     available: Any
     cache: Any
     mask: Any
+    ok: Any = True
 
 
 class _Ahead:
@@ -283,6 +486,13 @@ class ReferenceData:
     once per ``cache_size`` batches (one ordered ``io_callback``), and returns
     every batch of the chain, in order. Not usable under ``vmap`` (ordered
     callbacks are not batched): give each chain its own state.
+
+    A refill that fails inside a jitted computation does not raise there: the
+    state's ``ok`` turns False, the batches are zeros with an all-False mask,
+    and the exception (``EOFError`` at the end of the data, or what the loader
+    raised) is raised on the host by ``host_errors`` around the call, or by the
+    next ``init`` / ``next`` / ``get_state`` / ``restore``. Until then no refill
+    of any chain of this reference data reads data.
     """
 
     def __init__(self, make_reader: Callable[[dict], Any], cache_size: int,
@@ -297,6 +507,7 @@ class ReferenceData:
         self._lock = threading.RLock()
         self._specs: Any = None  # (cache, mask) specs, fixed by the first chain
         self._batch_size: Optional[int] = None
+        self._errors = CallbackErrors("reference data")
 
     @property
     def cache_size(self) -> int:
@@ -353,6 +564,7 @@ class ReferenceData:
         import jax
         import jax.numpy as jnp
 
+        self._errors.raise_pending()
         reader = self._make_reader(config)
         with self._lock:
             chain_id = next(self._ids)
@@ -380,6 +592,7 @@ class ReferenceData:
             available=jnp.int32(available),
             cache=jax.tree.map(jnp.asarray, _cast(cache, self._specs[0])),
             mask=jnp.asarray(mask),
+            ok=jnp.bool_(True),
         )
 
     # -- the API -----------------------------------------------------------------
@@ -418,29 +631,36 @@ class ReferenceData:
         Call inside jitted code (or eagerly). Refills the cache, with one ordered
         host callback, when every cached batch has been used.
 
-        Raises (as a JAX runtime error; see ``host_errors``): EOFError when the
-        chain's loader has ended.
+        A refill that fails (EOFError when the chain's loader has ended, or what
+        the loader raised) turns the state's ``ok`` False and gives zero
+        batches with an all-False ``info.mask``; inside a trace the exception
+        is raised on the host afterwards (see ``host_errors``), called eagerly
+        it is raised here.
         """
         import jax
         import jax.numpy as jnp
-        from jax.experimental import io_callback
 
+        self._errors.raise_pending()
         if self._specs is None:
             raise RuntimeError("reference data: call init() before next()")
         cache_spec, mask_spec = self._specs
         result_specs = (cache_spec, mask_spec, jax.ShapeDtypeStruct((), jnp.int32))
-        fill_fn = reporting(self._host_fill)
 
         def refill(s: CacheState) -> CacheState:
             fill = s.fill + 1
-            cache, mask, available = io_callback(fill_fn, result_specs, s.chain, fill, ordered=True)
-            return CacheState(s.chain, fill, jnp.int32(0), available, cache, mask)
+            ok, (cache, mask, available) = host_callback(self._errors, self._host_fill, result_specs,
+                                                         s.chain, fill)
+            # A failed refill keeps the position after the last batch delivered.
+            return CacheState(s.chain, jnp.where(ok, fill, s.fill), jnp.where(ok, 0, s.line),
+                              jnp.where(ok, available, s.available), cache, mask, ok)
 
-        state = jax.lax.cond(state.line >= state.available, refill, lambda s: s, state)
+        state = state._replace(ok=jnp.asarray(state.ok, jnp.bool_))
+        state = jax.lax.cond(state.ok & (state.line >= state.available), refill, lambda s: s, state)
         line = state.line
         batch = jax.tree.map(lambda c: jax.lax.dynamic_index_in_dim(c, line, keepdims=False), state.cache)
         mask = jax.lax.dynamic_index_in_dim(state.mask, line, keepdims=False)
-        state = state._replace(line=line + 1)
+        state = state._replace(line=jnp.where(state.ok, line + 1, line))
+        self._errors.check(state.ok)
         if not information:
             return state, batch
         info = MiniBatchInformation(
@@ -452,8 +672,17 @@ class ReferenceData:
         """A JSON-able checkpoint of the chain at ``state`` (after its last ``next``).
 
         Call it on a finished computation's state (``jax.block_until_ready``).
+        A state whose refill failed (``ok`` False) is saved at the last batch it
+        delivered.
+
+        Raises:
+          Exception: the one a refill caught and no one has raised yet.
         """
-        chain_id, fill, line = int(state.chain), int(state.fill), int(state.line)
+        self._errors.raise_pending()
+        return self._checkpoint(int(state.chain), int(state.fill), int(state.line))
+
+    def _checkpoint(self, chain_id: int, fill: int, line: int) -> dict:
+        """``get_state`` of a position, without raising a pending callback error (io's checkpoints)."""
         with self._lock:
             chain = self._chains.get(chain_id)
             if chain is None:
@@ -479,8 +708,14 @@ class ReferenceData:
         return self._start(config, checkpoint["loader_state"], int(checkpoint["line"]))
 
     def release(self, state: Optional[CacheState] = None) -> None:
-        """Closes one chain's loader iterator (``state``'s), or every chain's."""
+        """Closes one chain's loader iterator (``state``'s), or every chain's.
+
+        Releasing every chain also forgets an exception a refill caught and no
+        one raised; it raises nothing.
+        """
         with self._lock:
+            if state is None:
+                self._errors.clear()
             ids = list(self._chains) if state is None else [int(state.chain)]
             for chain_id in ids:
                 chain = self._chains.pop(chain_id, None)
@@ -674,9 +909,18 @@ def reference_data(data: Any, cache_size: int = 100, batch_size: Optional[int] =
 
 
 class FullDataState(NamedTuple):
-    """State of ``FullReferenceData.map`` (JaxSGMC's ``data_state``): passes made so far."""
+    """State of ``FullReferenceData.map`` (JaxSGMC's ``data_state``).
+
+    Attributes:
+      passes: passes made so far (int32 scalar).
+      ok: bool scalar, False once a pass could not read all its batches (a
+        failing transform or source, ...): that pass saw zero batches with an
+        all-False mask from the failure on, and the exception is raised on the
+        host (``host_errors``, or the next ``init`` / ``map``).
+    """
 
     passes: Any
+    ok: Any = True
 
 
 class FullReferenceData:
@@ -686,6 +930,12 @@ class FullReferenceData:
     the ``ceil(n / batch_size)`` batches of one pass (the last padded with zeros
     and masked); the batches come from the host through one ordered callback per
     ``cache_size`` batches, so the program holds no data.
+
+    A callback that fails inside a jitted computation does not raise there: the
+    rest of the pass gets zero batches with an all-False mask, the returned
+    state's ``ok`` is False, and the exception is raised on the host by
+    ``host_errors`` around the call, or by the next ``init`` / ``map``. Called
+    eagerly, ``map`` raises it itself.
     """
 
     def __init__(self, loader: DataLoader, cache_size: int, observation_count: int):
@@ -698,6 +948,7 @@ class FullReferenceData:
         self._next_fill = 0
         self._specs: Any = None
         self._batch_size = _find_batch(loader.operations, "full_reference_data").batch_size
+        self._errors = CallbackErrors("full reference data")
 
     @property
     def num_batches(self) -> int:
@@ -751,8 +1002,9 @@ class FullReferenceData:
         """The initial state of ``map`` (JaxSGMC's ``init_fn()``)."""
         import jax.numpy as jnp
 
+        self._errors.raise_pending()
         self._specs_of()
-        return FullDataState(passes=jnp.int32(0))
+        return FullDataState(passes=jnp.int32(0), ok=jnp.bool_(True))
 
     def map(self, fun: Callable[..., tuple], state: FullDataState, carry: Any,
             masking: bool = False, information: bool = False) -> tuple:
@@ -769,22 +1021,29 @@ class FullReferenceData:
             ``batch_size``) and ``results`` holds one per record, padding dropped;
             True: ``fun`` returns one result per batch and ``results`` stacks them.
           information: pass ``MiniBatchInformation`` with each batch.
+
+        Returns ``(state, (results, carry))``; ``state.ok`` is False when the
+        pass could not read all its batches (see the class).
         """
         import jax
         import jax.numpy as jnp
-        from jax.experimental import io_callback
 
+        self._errors.raise_pending()
         cache_spec, mask_spec = self._specs_of()
-        fill_fn = reporting(self._host_fill)
         size, batch_size = self._cache_size, self._batch_size
 
+        def fill(i: Any, ok: Any) -> tuple:
+            filled, (cache, masks) = host_callback(self._errors, self._host_fill, (cache_spec, mask_spec),
+                                                   i // size)
+            return cache, masks, ok & filled
+
         def body(c: tuple, i: Any) -> tuple:
-            cache, masks, user_carry = c
+            cache, masks, ok, user_carry = c
             line = i % size
-            cache, masks = jax.lax.cond(
+            cache, masks, ok = jax.lax.cond(
                 line == 0,
-                lambda: io_callback(fill_fn, (cache_spec, mask_spec), i // size, ordered=True),
-                lambda: (cache, masks),
+                lambda: fill(i, ok),
+                lambda: (cache, masks, ok),
             )
             batch = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, line, keepdims=False), cache)
             mask = jax.lax.dynamic_index_in_dim(masks, line, keepdims=False)
@@ -794,21 +1053,23 @@ class FullReferenceData:
                 result, user_carry = fun(batch, mask, user_carry)
             else:
                 result, user_carry = fun(batch, user_carry)
-            return (cache, masks, user_carry), result
+            return (cache, masks, ok, user_carry), result
 
         empty = (jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), cache_spec),
-                 jnp.zeros(mask_spec.shape, mask_spec.dtype))
-        (_, _, carry), results = jax.lax.scan(
+                 jnp.zeros(mask_spec.shape, mask_spec.dtype), jnp.bool_(True))
+        (_, _, ok, carry), results = jax.lax.scan(
             body, empty + (carry,), jnp.arange(self._num_batches, dtype=jnp.int32)
         )
         if not masking:
             results = jax.tree.map(
                 lambda r: r.reshape((-1,) + r.shape[2:])[: self._count], results
             )
-        return FullDataState(passes=state.passes + 1), (results, carry)
+        self._errors.check(ok)
+        return FullDataState(passes=state.passes + 1, ok=jnp.asarray(state.ok, jnp.bool_) & ok), (results, carry)
 
     def release(self) -> None:
-        """Closes the loader iterator of the last pass."""
+        """Closes the loader iterator of the last pass; forgets an exception no one raised."""
+        self._errors.clear()
         with self._lock:
             if self._iterator is not None:
                 self._iterator.close()

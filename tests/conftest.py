@@ -34,4 +34,5 @@ def _start_accelerator() -> None:
 
 _start_accelerator()
 
+from tests.helpers.callbacks import callbacks_never_raise  # noqa: E402,F401  (a fixture)
 from tests.helpers.leaks import no_leaks  # noqa: E402,F401  (a fixture for every test)

@@ -10,7 +10,8 @@ import grainlike as grain
 from grainlike.evaluation import evaluate
 from tests.helpers.jaxprs import held_array_sizes
 
-pytestmark = pytest.mark.timeout(60)
+# Every test fails if a grainlike host callback raises (tests/helpers/callbacks.py).
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("callbacks_never_raise")]
 
 N = 23  # not a multiple of any batch size used here
 
