@@ -1,7 +1,8 @@
 """W14: one TFRecord file read from start to end, grainlike beside grain 0.2.18.
 
-Two files (random bytes, fixed seed; made once): 300 records of 1 MiB and
-100,000 records of 200 B. Each is read in one process, no workers, as
+Four files of random bytes (fixed seeds; made once): 300 records of 1 MiB,
+100,000 of 200 B, 100,000 of 100-300 B (uniform) and 5,000 of 32 KiB. Each is
+read in one process, no workers, as
 ``TFRecordIterDataset(path)``: the file is read whole once to warm the page
 cache, then passes over it are timed until the time is up. grainlike verifies
 both CRC-32Cs of every record (the length's and the data's); grain verifies
@@ -28,19 +29,29 @@ if ROOT not in sys.path:
 from benchmarks.child import library_main, median_of, run_child  # noqa: E402
 from benchmarks.workloads import cached_file  # noqa: E402
 
-# (records, bytes per record)
-FILES = [(300, 1 << 20), (100_000, 200)]
+# (records, fewest bytes per record, most bytes per record)
+FILES = [(300, 1 << 20, 1 << 20), (100_000, 200, 200), (100_000, 100, 300), (5_000, 32 << 10, 32 << 10)]
 
 
-def file_path(records: int, size: int) -> str:
-    """The TFRecord file of ``records`` random records of ``size`` bytes (made once)."""
+def file_path(records: int, low: int, high: int) -> str:
+    """The TFRecord file of ``records`` random records of ``low`` to ``high`` bytes (made once)."""
     from grainlike.dataset.tfrecord import write_tfrecords
 
     def write(path: str) -> None:
-        rng = np.random.default_rng(size)
-        write_tfrecords(path, (rng.bytes(size) for _ in range(records)))
+        rng = np.random.default_rng(high)
+        lengths = [low] * records if low == high else rng.integers(low, high, records, endpoint=True)
+        write_tfrecords(path, (rng.bytes(int(n)) for n in lengths))
 
-    return cached_file(f"random-{records}x{size}.tfrecord", write)
+    name = f"{low}" if low == high else f"{low}-{high}"
+    return cached_file(f"random-{records}x{name}.tfrecord", write)
+
+
+def _label(records: int, low: int, high: int) -> str:
+    def size(n: int) -> str:
+        return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB" if n >= 1 << 10 else f"{n}"
+
+    sizes = size(low) if low == high else f"{size(low)}-{size(high)}"
+    return f"{records:,} x {sizes}" + ("" if sizes.endswith("B") else " B")
 
 
 def _dataset(lib_name: str, path: str):
@@ -56,8 +67,8 @@ def _dataset(lib_name: str, path: str):
 
 def measure(lib_name: str, seconds: float, file_index: int) -> dict:
     """Runs in the child: record bytes per second over whole passes of the file."""
-    records, size = FILES[file_index]
-    path = file_path(records, size)
+    records, low, high = FILES[file_index]
+    path = file_path(records, low, high)
     with open(path, "rb") as f:  # The page cache holds the file from now on.
         while f.read(64 << 20):
             pass
@@ -84,15 +95,15 @@ def measure(lib_name: str, seconds: float, file_index: int) -> dict:
 def run(reps: int, seconds: float, libs: list[str], workers: int = 0) -> str:
     """Measures each library and file ``reps`` times, interleaved; returns a markdown section."""
     libs = [l for l in libs if l in ("grainlike", "grain")]
-    for records, size in FILES:
-        file_path(records, size)  # made once, outside the timed children
+    for spec in FILES:
+        file_path(*spec)  # made once, outside the timed children
     results: dict = {}
     for rep in range(reps):
-        for i, (records, size) in enumerate(FILES):
+        for i, spec in enumerate(FILES):
             for lib in libs:
                 r = run_child("benchmarks.tfrecord_read", [lib, seconds, i])
                 results.setdefault((i, lib), []).append(r)
-                print(f"[{rep + 1}/{reps}] W14 {records}x{size} B {lib}: {r}", file=sys.stderr)
+                print(f"[{rep + 1}/{reps}] W14 {_label(*spec)} {lib}: {r}", file=sys.stderr)
 
     lines = [
         "### W14: one TFRecord file read sequentially (TFRecordIterDataset, no workers, page cache warm)",
@@ -104,7 +115,7 @@ def run(reps: int, seconds: float, libs: list[str], workers: int = 0) -> str:
         "| file | rate | " + " | ".join(libs) + " | grainlike / grain |",
         "|---|---|" + "---|" * (len(libs) + 1),
     ]
-    for i, (records, size) in enumerate(FILES):
+    for i, spec in enumerate(FILES):
         for key, label in (("bytes_per_s", "MB/s"), ("bytes_per_cpu_s", "MB per CPU s")):
             cells = []
             rates = {}
@@ -115,7 +126,7 @@ def run(reps: int, seconds: float, libs: list[str], workers: int = 0) -> str:
                 cells.append(f"{rates[lib] / 1e6:,.0f}" if rates[lib] else f"error: {errors[0] if errors else '?'}")
             ours, theirs = rates.get("grainlike"), rates.get("grain")
             ratio = f"**{ours / theirs:.2f}x**" if ours and theirs else "-"
-            lines.append(f"| {records:,} x {size:,} B | {label} | " + " | ".join(cells) + f" | {ratio} |")
+            lines.append(f"| {_label(*spec)} | {label} | " + " | ".join(cells) + f" | {ratio} |")
     return "\n".join(lines)
 
 
