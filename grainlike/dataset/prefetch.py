@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import threading
 import weakref
 from typing import Any, Optional
 
 from grainlike.core import tree
+from grainlike.core.errors import ClosedIteratorError
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
 from grainlike.dataset.filter import WINDOW, FilterThresholdChecker
 from grainlike.dataset.options import ReadOptions
@@ -153,11 +155,18 @@ class _ReadTasks:
         self._threads = threads
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self.pending: collections.deque = collections.deque()  # (size, future) in order.
+        # close() may come from another thread while a thread prefetching this
+        # iterator submits: no pool may start after it.
+        self._lock = threading.Lock()
+        self._closed = False
 
     def submit(self, parent: MapDataset, start: int, stop: int) -> None:
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(self._threads, thread_name_prefix="grainlike-read")
-        self.pending.append((stop - start, self._pool.submit(_read, parent, start, stop)))
+        with self._lock:
+            if self._closed:
+                raise ClosedIteratorError(f"Trying to advance a closed iterator: reading elements {start}..{stop - 1}")
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(self._threads, thread_name_prefix="grainlike-read")
+            self.pending.append((stop - start, self._pool.submit(_read, parent, start, stop)))
 
     def cancel(self) -> None:
         """Drops the reads in flight (those running finish, unread)."""
@@ -167,8 +176,10 @@ class _ReadTasks:
 
     def close(self) -> None:
         """Cancels the reads and ends the threads without waiting for a read in progress."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
         self.cancel()
-        pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
 

@@ -211,9 +211,25 @@ def test_explicit_close_stops_the_iterator(kind, source, no_leaks):
     next(it)
     it.close()
     took = _seconds_until(lambda: grainlike_threads() <= threads and worker_children() <= children)
-    assert took is not None and took < _STOP_S
+    assert took is not None, (
+        f"2 s after close(): threads {grainlike_threads() - threads}, workers {worker_children() - children}"
+    )
+    assert took < _STOP_S, f"the threads and workers took {took:.3f} s to end"
     with pytest.raises((ValueError, RuntimeError)):
         next(it)
+
+
+def test_closing_while_a_prefetch_thread_reads_starts_no_read_threads(source, no_leaks):
+    # close() (from the caller) races the prefetch thread's next read of the
+    # parent: no read threads may start after the parent is closed.
+    threads = grainlike_threads()
+    for _ in range(50):
+        it = iter(KINDS["thread_prefetch"][0](source))
+        next(it)
+        it.close()
+    took = _seconds_until(lambda: grainlike_threads() <= threads)
+    assert took is not None, f"threads left: {grainlike_threads() - threads}"
+    del it
 
 
 @pytest.mark.parametrize("kind", KINDS)
