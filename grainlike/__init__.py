@@ -170,6 +170,6 @@ __all__ = [
 # Workers start from a server when they cannot fork from this process (JAX
 # initialised, reader or OpenCV threads running): boot it now, beside the
 # program's own set-up, rather than at the first iterator.
-from grainlike.dataset import workers as _workers  # noqa: E402
+from grainlike.dataset import worker_server as _worker_server  # noqa: E402
 
-_workers.start_server_early()
+_worker_server.start_server_early()

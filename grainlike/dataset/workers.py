@@ -8,14 +8,11 @@ output, which is all a checkpoint needs. ``mp_prefetch`` is the task (states are
 dataset iterator states), for the Dataset API and the DataLoader alike.
 
 Workers fork from the calling process while that is safe (``fork_is_safe``: no
-other thread, no JAX backend), as torch's do; otherwise from a worker server (a
-``multiprocessing`` forkserver of grainlike's own, not the process-wide one)
-that has preloaded ``worker_main`` and is booted when grainlike is imported
-(``start_server_early``), so a worker starts in milliseconds either way. The preparation data a worker receives names no
-main module, so it never re-runs the user's ``__main__``, and nothing in the
-user's process is edited to achieve that. The task travels as cloudpickle bytes,
-so lambdas and classes defined in a notebook or an unguarded script work. Batch
-leaves come back through shared memory (``shm``).
+other thread, no JAX backend), as torch's do; otherwise from the worker server
+(``worker_server``), booted when grainlike is imported, so a worker starts in
+milliseconds either way and never re-runs the user's ``__main__``. The task
+travels as cloudpickle bytes, so lambdas and classes defined in a notebook or an
+unguarded script work. Batch leaves come back through shared memory (``shm``).
 
 Liveness: each worker records, in a page of memory shared with the consumer, the
 last time its main thread was seen somewhere new. A worker awaited for longer
@@ -42,7 +39,6 @@ import struct
 import sys
 import threading
 import time
-import types
 import weakref
 from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
@@ -51,7 +47,7 @@ import cloudpickle
 from grainlike.core import memfd
 from grainlike.core.errors import ClosedIteratorError, add_note
 from grainlike.core.tree import Allocator
-from grainlike.dataset import shm
+from grainlike.dataset import shm, worker_server
 from grainlike.dataset.options import MultiprocessingOptions
 
 # How long close() waits for the workers to exit by themselves before terminating
@@ -65,12 +61,6 @@ _STACK_WAIT_S = 2.0
 DEFAULT_STALL_TIMEOUT_S = MultiprocessingOptions.stall_timeout_s
 # The signal on which a worker dumps its threads' stacks.
 STACK_SIGNAL = signal.SIGUSR1
-_WORKER_MODULE = "grainlike.dataset.worker_main"
-# Heavy modules the worker server imports too when this process has them loaded:
-# their sources (TFDS, Hugging Face datasets, Parquet, s3fs) need them in every
-# worker, and importing tensorflow_datasets or datasets costs each worker 1-2 s.
-_PRELOAD_IF_LOADED = ("tensorflow_datasets", "datasets", "pyarrow.parquet", "s3fs", "gcsfs")
-_context_lock = threading.Lock()
 
 
 class WorkerError(RuntimeError):
@@ -221,104 +211,6 @@ class WorkerTask(Protocol):
     # output came from, for the error raised when the output cannot be pickled.
 
 
-def _strip_main(data: dict) -> dict:
-    # Without these entries the child keeps the forkserver's own __main__ instead
-    # of importing (and so re-running) the user's main module.
-    data.pop("init_main_from_name", None)
-    data.pop("init_main_from_path", None)
-    return data
-
-
-class _SpawnWithoutMain(types.ModuleType):
-    """``multiprocessing.spawn`` as a worker's launcher sees it: no main module."""
-
-    def __init__(self):
-        from multiprocessing import spawn
-
-        super().__init__(spawn.__name__)
-        self.__dict__.update(vars(spawn))
-        self.get_preparation_data = lambda name: _strip_main(spawn.get_preparation_data(name))
-
-
-@functools.lru_cache(maxsize=None)
-def _worker_popen(server: Any) -> type:
-    """The forkserver ``Popen`` that launches through ``server``, with preparation data naming no main module.
-
-    Its ``_launch`` is the standard library's own code, bound to a ``spawn``
-    module whose ``get_preparation_data`` drops the main-module entries and to
-    ``server`` (a ``multiprocessing.forkserver.ForkServer`` of grainlike's own)
-    in place of the process-wide forkserver; nothing global changes, so other
-    processes the program starts, and its own use of the forkserver (its
-    preloads, Python 3.14's default start method), are unaffected.
-    """
-    from multiprocessing import forkserver, popen_forkserver
-
-    base = popen_forkserver.Popen
-    launch = base._launch
-    namespace = dict(vars(popen_forkserver))
-    namespace["spawn"] = _SpawnWithoutMain()
-    namespace["forkserver"] = types.SimpleNamespace(
-        connect_to_new_process=server.connect_to_new_process, read_signed=forkserver.read_signed
-    )
-    stripped = types.FunctionType(
-        launch.__code__, namespace, launch.__name__, launch.__defaults__, launch.__closure__
-    )
-    return type("WorkerPopen", (base,), {"_launch": stripped, "__module__": __name__})
-
-
-class _WorkerProcess(multiprocessing.context.ForkServerProcess):
-    """A process one of grainlike's worker servers forks, without importing the main module."""
-
-    @staticmethod
-    def _Popen(process_obj):
-        # The process object itself is pickled for the server: the server it
-        # goes to is kept beside it, not in it.
-        return _worker_popen(_server_of.pop(process_obj))(process_obj)
-
-
-_server_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-# grainlike's worker servers, by the modules each preloaded. Its own instances of
-# multiprocessing's ForkServer, not the process-wide one: one started when
-# grainlike is imported (``start_server_early``) cannot take modules the program
-# imports later, so a pool whose sources need those (TFDS, datasets) gets a
-# server that preloads them, started then.
-_servers: dict = {}
-
-
-def _server_preload() -> tuple:
-    """The modules a worker server should preload now: the worker loop, the heavy
-    modules this process has loaded that sources need, and the user's own
-    forkserver preloads."""
-    from multiprocessing import forkserver
-
-    user = [m for m in getattr(forkserver._forkserver, "_preload_modules", []) if m != "__main__"]
-    wanted = [_WORKER_MODULE] + [m for m in _PRELOAD_IF_LOADED if m in sys.modules]
-    return tuple(wanted + [m for m in user if m not in wanted])
-
-
-def _server(start: bool = True) -> Any:
-    """A running worker server preloading at least ``_server_preload()``."""
-    from multiprocessing import forkserver
-
-    preload = _server_preload()
-    with _context_lock:
-        server = next((s for key, s in _servers.items() if set(preload) <= set(key)), None)
-        if server is None:
-            server = forkserver.ForkServer()
-            server.set_forkserver_preload(list(preload))
-            _servers[preload] = server
-    if start:
-        server.ensure_running()
-    return server
-
-
-def server_fds() -> set:
-    """The descriptors grainlike's worker servers keep open for the life of the process."""
-    return {fd for s in list(_servers.values()) if (fd := getattr(s, "_forkserver_alive_fd", None)) is not None}
-
-
 def _jax_backend_initialised() -> bool:
     """Whether JAX has started a backend (its runtime threads) in this process."""
     xla_bridge = sys.modules.get("jax._src.xla_bridge")
@@ -413,37 +305,7 @@ def prestart() -> None:
     if fork_is_safe():
         return
     try:
-        _server()
-    except Exception:
-        pass  # Starting workers later reports the problem with its context.
-
-
-def _started_by_multiprocessing() -> bool:
-    """Whether this interpreter is one multiprocessing started (its forkserver, a spawned child)."""
-    if multiprocessing.parent_process() is not None:
-        return True
-    argv = getattr(sys, "orig_argv", sys.argv)
-    # The forkserver and spawned children run ``python -c "from multiprocessing.X import ..."``.
-    return len(argv) >= 2 and argv[-2] == "-c" and argv[-1].startswith("from multiprocessing.")
-
-
-def start_server_early() -> None:
-    """Starts the worker server when grainlike is imported, so that it is ready by the first ``iter()``.
-
-    A training script imports grainlike, then initialises JAX, opens files,
-    imports OpenCV; each of those starts threads, after which workers can no
-    longer fork from the script itself (``fork_is_safe``) and start from the
-    server instead. Booting the server (a fresh interpreter importing numpy and
-    grainlike, ~0.3 s of one core) then overlaps that set-up instead of
-    delaying the first batch. Starting it costs the importing process one
-    ``fork_exec`` (a few ms); the server exits with the process. Not in the
-    server itself nor in processes multiprocessing starts (they would each
-    start another), and nowhere the platform has no forkserver.
-    """
-    if "forkserver" not in multiprocessing.get_all_start_methods() or _started_by_multiprocessing():
-        return
-    try:
-        _server()
+        worker_server.running_server()
     except Exception:
         pass  # Starting workers later reports the problem with its context.
 
@@ -592,8 +454,6 @@ def _after_fork_in_child() -> None:
     children (whose exit handler would terminate them). The forkserver record is
     reset so that the child can start workers of its own.
     """
-    global _context_lock
-    _context_lock = threading.Lock()
     from multiprocessing import forkserver, process
 
     for pool in list(_live):
@@ -602,9 +462,10 @@ def _after_fork_in_child() -> None:
         for proc in sd.procs:
             process._children.discard(proc)
     _live.clear()
-    # The process-wide forkserver record too: the child's own multiprocessing
-    # use then starts a server of its own rather than sharing the parent's.
-    for server in [forkserver._forkserver, *_servers.values()]:
+    # The process-wide forkserver record: the child's own multiprocessing use then
+    # starts a server of its own rather than sharing the parent's (grainlike's
+    # own servers: worker_server).
+    for server in [forkserver._forkserver]:
         alive_fd = getattr(server, "_forkserver_alive_fd", None)
         if alive_fd is not None:
             try:
@@ -615,7 +476,6 @@ def _after_fork_in_child() -> None:
             if hasattr(server, name):
                 setattr(server, name, None)
         server._lock = threading.Lock()
-    _servers.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -1073,7 +933,7 @@ def _launch(
         ctx = multiprocessing.get_context("fork")
     else:
         ctx = multiprocessing.get_context("forkserver")
-        server = _server()
+        server = worker_server.running_server()
     try:
         for w in range(worker_count):
             if sd.done:
@@ -1098,8 +958,10 @@ def _launch(
                     daemon=True,
                 )
             else:
-                proc = _WorkerProcess(target=_worker_entry, args=args, name=f"grainlike-worker-{w}", daemon=True)
-                _server_of[proc] = server
+                proc = worker_server.WorkerProcess(
+                    target=_worker_entry, args=args, name=f"grainlike-worker-{w}", daemon=True
+                )
+                worker_server.server_of[proc] = server
             try:
                 proc.start()
             except BaseException:

@@ -19,10 +19,10 @@ SCRIPT = textwrap.dedent(
     import sys
     {first}
     {second}
-    from grainlike.dataset import workers
+    from grainlike.dataset import workers, worker_server
 
     if {disable}:
-        workers._PRELOAD_IF_LOADED = ()
+        worker_server.PRELOAD_IF_LOADED = ()
     # The preloaded server's imports are under test: a worker forked from this
     # process (fork_is_safe) has every module it has.
     workers.fork_is_safe = lambda: False

@@ -22,9 +22,9 @@ WORKERS_AFTER_JAX = textwrap.dedent(
     import os
     import grainlike as gl
     from multiprocessing import forkserver
-    from grainlike.dataset import workers
+    from grainlike.dataset import workers, worker_server
 
-    servers_at_import = [s._forkserver_pid for s in workers._servers.values()]
+    servers_at_import = [s._forkserver_pid for s in worker_server._servers.values()]
     import jax
     import jax.numpy as jnp
 
@@ -79,18 +79,18 @@ NO_SERVER_IN_CHILDREN = textwrap.dedent(
 
     def child(q):
         import grainlike
-        from grainlike.dataset import workers
-        q.put(len(workers._servers))
+        from grainlike.dataset import workers, worker_server
+        q.put(len(worker_server._servers))
 
     if __name__ == "__main__":
         import grainlike
-        from grainlike.dataset import workers
+        from grainlike.dataset import workers, worker_server
         q = mp.get_context("spawn").Queue()
         p = mp.get_context("spawn").Process(target=child, args=(q,))
         p.start()
         in_child = q.get(timeout=60)
         p.join(60)
-        print("RESULT", [len(workers._servers), in_child])
+        print("RESULT", [len(worker_server._servers), in_child])
     """
 )
 
@@ -105,7 +105,7 @@ SERVER_ENDS_WITH_PROCESS = textwrap.dedent(
     """
     import os, sys
     import grainlike
-    from grainlike.dataset import workers
+    from grainlike.dataset import workers, worker_server
 
     print("RESULT", os.getsid(0), flush=True)
     """

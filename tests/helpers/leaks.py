@@ -88,13 +88,13 @@ def _long_lived_fds() -> set:
     # So do grainlike's worker servers.
     from multiprocessing import forkserver, resource_tracker
 
-    from grainlike.dataset import workers
+    from grainlike.dataset import worker_server
 
     fds = {
         getattr(forkserver._forkserver, "_forkserver_alive_fd", None),
         getattr(resource_tracker._resource_tracker, "_fd", None),
     }
-    return {fd for fd in fds if fd is not None} | workers.server_fds()
+    return {fd for fd in fds if fd is not None} | worker_server.server_fds()
 
 
 # What the worker machinery opens: pipes and sockets to workers, shared memory.

@@ -1,0 +1,174 @@
+"""The worker server: where workers start when they cannot fork from the program.
+
+A ``multiprocessing`` forkserver of grainlike's own (not the process-wide one,
+which stays the program's: its preloads, Python 3.14's default start method)
+that has preloaded ``worker_main``, booted when grainlike is imported
+(``start_server_early``) so that it is ready by the first ``iter()``. A worker it
+forks receives preparation data that names no main module, so it never re-runs
+the user's ``__main__``. Importing this module costs the standard library only.
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import multiprocessing.context
+import os
+import sys
+import threading
+import types
+import weakref
+from typing import Any
+
+WORKER_MODULE = "grainlike.dataset.worker_main"
+# Heavy modules the worker server imports too when this process has them loaded:
+# their sources (TFDS, Hugging Face datasets, Parquet, s3fs) need them in every
+# worker, and importing tensorflow_datasets or datasets costs each worker 1-2 s.
+PRELOAD_IF_LOADED = ("tensorflow_datasets", "datasets", "pyarrow.parquet", "s3fs", "gcsfs")
+_lock = threading.Lock()
+
+
+def _strip_main(data: dict) -> dict:
+    # Without these entries the child keeps the forkserver's own __main__ instead
+    # of importing (and so re-running) the user's main module.
+    data.pop("init_main_from_name", None)
+    data.pop("init_main_from_path", None)
+    return data
+
+
+class _SpawnWithoutMain(types.ModuleType):
+    """``multiprocessing.spawn`` as a worker's launcher sees it: no main module."""
+
+    def __init__(self):
+        from multiprocessing import spawn
+
+        super().__init__(spawn.__name__)
+        self.__dict__.update(vars(spawn))
+        self.get_preparation_data = lambda name: _strip_main(spawn.get_preparation_data(name))
+
+
+@functools.lru_cache(maxsize=None)
+def _worker_popen(server: Any) -> type:
+    """The forkserver ``Popen`` that launches through ``server``, with preparation data naming no main module.
+
+    Its ``_launch`` is the standard library's own code, bound to a ``spawn``
+    module whose ``get_preparation_data`` drops the main-module entries and to
+    ``server`` (a ``multiprocessing.forkserver.ForkServer`` of grainlike's own)
+    in place of the process-wide forkserver; nothing global changes, so other
+    processes the program starts, and its own use of the forkserver (its
+    preloads, Python 3.14's default start method), are unaffected.
+    """
+    from multiprocessing import forkserver, popen_forkserver
+
+    base = popen_forkserver.Popen
+    launch = base._launch
+    namespace = dict(vars(popen_forkserver))
+    namespace["spawn"] = _SpawnWithoutMain()
+    namespace["forkserver"] = types.SimpleNamespace(
+        connect_to_new_process=server.connect_to_new_process, read_signed=forkserver.read_signed
+    )
+    stripped = types.FunctionType(
+        launch.__code__, namespace, launch.__name__, launch.__defaults__, launch.__closure__
+    )
+    return type("WorkerPopen", (base,), {"_launch": stripped, "__module__": __name__})
+
+
+class WorkerProcess(multiprocessing.context.ForkServerProcess):
+    """A process one of grainlike's worker servers forks, without importing the main module."""
+
+    @staticmethod
+    def _Popen(process_obj):
+        # The process object itself is pickled for the server: the server it
+        # goes to is kept beside it, not in it.
+        return _worker_popen(server_of.pop(process_obj))(process_obj)
+
+
+server_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+# grainlike's worker servers, by the modules each preloaded. Its own instances of
+# multiprocessing's ForkServer, not the process-wide one: one started when
+# grainlike is imported (``start_server_early``) cannot take modules the program
+# imports later, so a pool whose sources need those (TFDS, datasets) gets a
+# server that preloads them, started then.
+_servers: dict = {}
+
+
+def _server_preload() -> tuple:
+    """The modules a worker server should preload now: the worker loop, the heavy
+    modules this process has loaded that sources need, and the user's own
+    forkserver preloads."""
+    from multiprocessing import forkserver
+
+    user = [m for m in getattr(forkserver._forkserver, "_preload_modules", []) if m != "__main__"]
+    wanted = [WORKER_MODULE] + [m for m in PRELOAD_IF_LOADED if m in sys.modules]
+    return tuple(wanted + [m for m in user if m not in wanted])
+
+
+def running_server(start: bool = True) -> Any:
+    """A running worker server preloading at least ``_server_preload()``."""
+    from multiprocessing import forkserver
+
+    preload = _server_preload()
+    with _lock:
+        server = next((s for key, s in _servers.items() if set(preload) <= set(key)), None)
+        if server is None:
+            server = forkserver.ForkServer()
+            server.set_forkserver_preload(list(preload))
+            _servers[preload] = server
+    if start:
+        server.ensure_running()
+    return server
+
+
+def server_fds() -> set:
+    """The descriptors grainlike's worker servers keep open for the life of the process."""
+    return {fd for s in list(_servers.values()) if (fd := getattr(s, "_forkserver_alive_fd", None)) is not None}
+
+
+def _started_by_multiprocessing() -> bool:
+    """Whether this interpreter is one multiprocessing started (its forkserver, a spawned child)."""
+    if multiprocessing.parent_process() is not None:
+        return True
+    argv = getattr(sys, "orig_argv", sys.argv)
+    # The forkserver and spawned children run ``python -c "from multiprocessing.X import ..."``.
+    return len(argv) >= 2 and argv[-2] == "-c" and argv[-1].startswith("from multiprocessing.")
+
+
+def start_server_early() -> None:
+    """Starts the worker server when grainlike is imported, so that it is ready by the first ``iter()``.
+
+    A training script imports grainlike, then initialises JAX, opens files,
+    imports OpenCV; each of those starts threads, after which workers can no
+    longer fork from the script itself (``fork_is_safe``) and start from the
+    server instead. Booting the server (a fresh interpreter importing numpy and
+    grainlike, ~0.3 s of one core) then overlaps that set-up instead of
+    delaying the first batch. Starting it costs the importing process one
+    ``fork_exec`` (a few ms); the server exits with the process. Not in the
+    server itself nor in processes multiprocessing starts (they would each
+    start another), and nowhere the platform has no forkserver.
+    """
+    if "forkserver" not in multiprocessing.get_all_start_methods() or _started_by_multiprocessing():
+        return
+    try:
+        running_server()
+    except Exception:
+        pass  # Starting workers later reports the problem with its context.
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts a server of its own when it needs one: the parent's is the parent's."""
+    global _lock
+    _lock = threading.Lock()
+    for server in _servers.values():
+        alive_fd = getattr(server, "_forkserver_alive_fd", None)
+        if alive_fd is not None:
+            try:
+                os.close(alive_fd)  # The parent keeps its own copy.
+            except OSError:
+                pass
+    _servers.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
