@@ -63,6 +63,11 @@ def _write_images(path: str) -> None:
 class BigSource:
     """256 KiB float32 records made on read (the cost of a memset)."""
 
+    # Local and CPU-bound: grainlike reads a source that says so in the calling
+    # thread (without it, a source of a type grainlike does not know gets
+    # grain's 16 read threads). grain and torch ignore the attribute.
+    waits = False
+
     def __len__(self) -> int:
         return N_BIG
 
