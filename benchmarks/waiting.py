@@ -10,13 +10,15 @@ per repetition, medians of the repetitions, the first output not counted:
    ``MapDataset.range(n).map(sleep_10ms).to_iter_dataset()`` (and
    ``.mp_prefetch(2 workers)``). One thread reads 100 records/s per process,
    grain's 16 threads about 1,550.
-2. CPU-bound maps inside a ``MapDataset`` (before ``to_iter_dataset()``, so they
-   run where it reads), grainlike only: its default for a user map (grain's 16
-   threads) against the same map declaring ``waits = False`` (the calling
+2. CPU-bound work of the user's code, grainlike only: its default (grain's 16
+   threads) against the same code declaring ``waits = False`` (the calling
    thread): records/s and CPU time per record of the process and its workers.
-   ``identity`` and ``python`` (a 300-step Python loop) over
+   Maps inside a ``MapDataset`` (before ``to_iter_dataset()``, so they run
+   where it reads): ``identity`` and ``python`` (a 300-step Python loop) over
    ``MapDataset.range``, ``Batch(128)``; ``decode``: W2's OpenCV decode + resize
-   of its JPEG ArrayRecord file, shuffled, ``Batch(64)``.
+   of its JPEG ArrayRecord file, shuffled, ``Batch(64)``. And ``W3 source``:
+   W3's DataLoader (256 KiB arrays made on read, ``Batch(32)``), its source
+   without and with the declaration.
 
     .venv/bin/python -m benchmarks.waiting --reps 3
 """
@@ -39,7 +41,7 @@ from benchmarks.child import run_child  # noqa: E402
 DELAY_S = 0.01
 N = 100_000
 WAITING = [(api, workers) for api in ("loader", "dataset") for workers in (0, 2)]
-CPU_BOUND = [("identity", 0), ("python", 0), ("decode", 0), ("decode", 2)]
+CPU_BOUND = [("identity", 0), ("python", 0), ("decode", 0), ("decode", 2), ("W3 source", 0)]
 
 
 class Sleeping:
@@ -82,6 +84,29 @@ class CpuMap:
         return decode_resize_normalise(x)
 
 
+class BigArrays:
+    """W3's source (``benchmarks.workloads.BigSource``) as a type grainlike does not know.
+
+    With ``declared`` it says ``waits = False``, as ``BigSource`` does.
+    """
+
+    def __init__(self, declared: bool):
+        from benchmarks.workloads import BigSource
+
+        self._source = BigSource()
+        if declared:
+            self.waits = False
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def __getitem__(self, key: int):
+        return self._source[key]
+
+    def __repr__(self) -> str:
+        return repr(self._source)
+
+
 def _library(name: str):
     if name == "grain":
         import absl.flags
@@ -121,13 +146,20 @@ def _rate(pipeline, size, seconds: float) -> dict:
 def measure(lib_name: str, config: str, workers: int, seconds: float) -> dict:
     """Runs in the child: one configuration (``loader``, ``dataset``, or ``cpu:KIND:DECLARED``)."""
     # By module name, not __main__'s: worker processes import them.
-    from benchmarks.waiting import CpuMap, Sleeping, sleep_10ms
+    from benchmarks.waiting import BigArrays, CpuMap, Sleeping, sleep_10ms
 
     lib = _library(lib_name)
     if config == "loader":
         sampler = lib.IndexSampler(N, lib.NoSharding(), shuffle=True, num_epochs=1, seed=0)
         pipeline = lib.DataLoader(
             data_source=Sleeping(), sampler=sampler, operations=[lib.Batch(8)], worker_count=workers
+        )
+        return _rate(pipeline, len, seconds)
+    if config.startswith("cpu:W3 source:"):
+        source = BigArrays(config.endswith(":declared"))
+        sampler = lib.IndexSampler(len(source), lib.NoSharding(), shuffle=True, num_epochs=None, seed=0)
+        pipeline = lib.DataLoader(
+            data_source=source, sampler=sampler, operations=[lib.Batch(32)], worker_count=workers
         )
         return _rate(pipeline, len, seconds)
     if config == "dataset":
@@ -177,9 +209,9 @@ def run(reps: int, seconds: float, libs: list) -> str:
         lines.append(f"| {api} | {workers} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        f"## CPU-bound maps in a MapDataset, grainlike: default (16 threads) vs `waits = False`, median of {reps}",
+        f"## CPU-bound user code, grainlike: default (16 threads) vs `waits = False`, median of {reps}",
         "",
-        "| map | workers | default records/s | declared records/s | default CPU us/record | declared CPU us/record |",
+        "| work | workers | default records/s | declared records/s | default CPU us/record | declared CPU us/record |",
         "|---|---|---|---|---|---|",
     ]
     for kind, workers in CPU_BOUND:
