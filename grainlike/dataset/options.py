@@ -18,6 +18,13 @@ def _check_non_negative_int(name: str, value: object) -> None:
 class ReadOptions:
     """How each process reads records from the data source.
 
+    A given ``ReadOptions`` is used as it is, as in grain. Without one (the
+    DataLoader's ``read_options``, ``to_iter_dataset()``), these defaults apply
+    where some of the work waits (a source of the user's own type, remote files,
+    user maps in a ``MapDataset``), and work known to be local and CPU-bound is
+    read in the calling thread; sources and transforms declare ``waits`` to say
+    which they are (``grainlike.sources.DeclaresWaiting``).
+
     Attributes:
       num_threads: read-ahead threads per process. Threads help when reads wait on
         I/O (files on slow disks, remote storage); for data already in memory use 0.
