@@ -446,15 +446,15 @@ def _close_all_at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
-    """Makes a forked child independent of its parent's workers and forkserver.
+    """Makes a forked child independent of its parent's workers.
 
     The child keeps copies of the parent's pools (using one raises
     ``ForeignWorkersError``); here it drops what would let it touch the parent's
     workers: its copies of their pipes, and multiprocessing's record of them as
-    children (whose exit handler would terminate them). The forkserver record is
-    reset so that the child can start workers of its own.
+    children (whose exit handler would terminate them). The worker server is
+    forgotten too (``worker_server``), so the child starts workers of its own.
     """
-    from multiprocessing import forkserver, process
+    from multiprocessing import process
 
     for pool in list(_live):
         sd = pool._shutdown
@@ -462,20 +462,6 @@ def _after_fork_in_child() -> None:
         for proc in sd.procs:
             process._children.discard(proc)
     _live.clear()
-    # The process-wide forkserver record: the child's own multiprocessing use then
-    # starts a server of its own rather than sharing the parent's (grainlike's
-    # own servers: worker_server).
-    for server in [forkserver._forkserver]:
-        alive_fd = getattr(server, "_forkserver_alive_fd", None)
-        if alive_fd is not None:
-            try:
-                os.close(alive_fd)  # The parent keeps its own copy.
-            except OSError:
-                pass
-        for name in ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_forkserver_authkey"):
-            if hasattr(server, name):
-                setattr(server, name, None)
-        server._lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
