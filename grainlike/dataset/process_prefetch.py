@@ -292,9 +292,14 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
     ``close()`` (or when the iterator is garbage collected, or at exit), and are
     started again from the current state after ``set_state()``.
 
-    An error raised in worker ``w`` (or ``w``'s death) reaches the caller once,
-    with its type and the worker's traceback; as in grain, ``w`` then counts as
-    exhausted at the state of its last delivered output and the others go on.
+    An error raised in worker ``w`` reaches the caller once, with its type and
+    the worker's traceback; as in grain, ``w`` then counts as exhausted at the
+    state of its last delivered output and the others go on. ``w``'s death (a
+    signal, a crash, the out-of-memory killer, a stall) is raised by every
+    later ``next()`` (``WorkerDiedError``, a ``RuntimeError`` as grain's), not
+    only once: grain then ends the iteration without ``w``'s remaining
+    elements. ``get_state()`` stays the state after the last delivered
+    element, from which a new iterator goes on with nothing skipped or repeated.
 
     Args:
       parent: the dataset the workers slice.

@@ -499,11 +499,14 @@ class WorkerPool:
       buffer_size: finished outputs each worker keeps ready.
       profile: each worker logs its timings when it stops.
       warm_start: see above.
-      error_ends_worker: an error raised in worker ``w`` (or its death) ends ``w``
-        only: the error is raised once, and from then on ``w`` counts as
-        exhausted at its last delivered state while the others go on (grain's
-        ``mp_prefetch``). Otherwise every error stops all workers and the pool is
-        ``broken``; its owner starts a new one from ``states`` (the DataLoader).
+      error_ends_worker: an error raised in worker ``w`` ends ``w`` only: the
+        error is raised once, and from then on ``w`` counts as exhausted at its
+        last delivered state while the others go on (grain's ``mp_prefetch``).
+        ``w``'s death (or stall) is raised by every later ``next()`` as well,
+        since the rest of its outputs are lost (grain ends the iteration short
+        there); ``states`` stay those of the last delivered output. Otherwise
+        every error stops all workers and the pool is ``broken``; its owner
+        starts a new one from ``states`` (the DataLoader).
       stall_timeout_s: a worker awaited for this long without making progress
         raises ``WorkerStalledError`` (see the module doc); None or 0: never.
     """
@@ -538,6 +541,11 @@ class WorkerPool:
         self._stall_timeout_s = float(stall_timeout_s) if stall_timeout_s else None
         # Workers whose error was raised: they end at their next turn.
         self._failed = [False] * worker_count
+        # With error_ends_worker: the worker that died (or stalled and was
+        # stopped), and its error. The rest of its outputs cannot be computed
+        # here, so from then on every next() raises rather than end the
+        # iteration short.
+        self._dead: Optional[tuple[int, BaseException]] = None
         self._payload, shipped = pickle_task(task)
         self._started = False
         self._released = [collections.deque() for _ in range(worker_count)]
@@ -612,7 +620,12 @@ class WorkerPool:
     def _then(self) -> str:
         """What happens to the pool after a worker failed."""
         if self._error_ends_worker:
-            return "It counts as exhausted from the next call on; the other workers go on."
+            return (
+                "Every later next() raises too, rather than end the iteration without "
+                "the rest of its outputs; get_state() is the state after the last "
+                "delivered output: restore a new iterator from it (set_state) to go on "
+                "with nothing skipped or repeated."
+            )
         return (
             "The other workers were stopped; call next() again to restart the "
             "workers from the last delivered output, or set_state() a checkpoint."
@@ -743,8 +756,19 @@ class WorkerPool:
     def _advance(self, w: int) -> None:
         self.next_worker = (w + 1) % self._w
 
+    def _dead_error(self) -> BaseException:
+        """The error every ``next()`` raises once a worker died (with ``error_ends_worker``)."""
+        w, error = self._dead
+        pid = self._shutdown.procs[w].pid
+        return type(error)(
+            f"this iterator cannot go on without the remaining outputs of grainlike worker "
+            f"{w} of {self._w} (pid {pid}), as raised before: {error}"
+        )
+
     def _next_output(self) -> Any:
         while True:
+            if self._dead is not None:
+                raise _WorkerFailed(self._dead_error())
             if all(self.exhausted):
                 raise StopIteration
             if self._local or any(self._held):
@@ -812,8 +836,11 @@ class WorkerPool:
                 _stop_process(self._shutdown.procs[w], None, ask=False)
             self.close()
             return error
-        self._failed[w] = True
         sd = self._shutdown
+        if isinstance(error, (WorkerDiedError, WorkerStalledError)):
+            self._dead = (w, error)
+        else:
+            self._failed[w] = True
         _stop_process(sd.procs[w], sd.controls[w], ask=responsive)
         return _WorkerFailed(error)
 

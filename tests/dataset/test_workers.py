@@ -136,7 +136,7 @@ class Endless:
         return error
 
 
-def test_a_killed_worker_ends_only_itself_when_errors_end_workers(no_leaks):
+def test_a_killed_worker_is_raised_again_at_every_call_when_errors_end_workers(no_leaks):
     with WorkerPool(Endless(), 2, [0, 0], error_ends_worker=True) as pool:
         next(pool), next(pool)
         os.kill(pool.pids[1], signal.SIGKILL)
@@ -145,7 +145,11 @@ def test_a_killed_worker_ends_only_itself_when_errors_end_workers(no_leaks):
         with pytest.raises(WorkerDiedError, match=r"worker 1 of 2 .*SIGKILL"):
             for _ in range(300):
                 next(pool)
-        assert {next(pool)[0] for _ in range(4)} == {0}
+        states = list(pool.states)
+        for _ in range(3):
+            with pytest.raises(WorkerDiedError, match=r"cannot go on .*grainlike worker 1 of 2"):
+                next(pool)
+        assert pool.states == states  # Still the state after the last delivered output.
 
 
 def test_an_unpicklable_task_raises_its_own_error():
@@ -242,7 +246,7 @@ def test_unguarded_module_run_with_dash_m_does_not_run_again_in_workers(tmp_path
     assert "ok" in proc.stdout
 
 
-def test_a_held_worker_killed_after_it_reported_ready_ends_only_itself(no_leaks):
+def test_a_held_worker_killed_after_it_reported_ready_is_raised_at_every_call(no_leaks):
     from tests.helpers import leaks
 
     with WorkerPool(Countdown([6, 6]), 2, [{"i": 0}, {"i": 0}], warm_start=True, error_ends_worker=True) as pool:
@@ -256,9 +260,10 @@ def test_a_held_worker_killed_after_it_reported_ready_ends_only_itself(no_leaks)
         assert leaks.wait_until(lambda: victim not in leaks.worker_children())
         with pytest.raises(WorkerDiedError, match=rf"worker 1 of 2 \(pid {victim}\) .*SIGKILL"):
             next(pool)
-        got.extend(pool)
-    # Worker 0 goes on from where the calling process left it; worker 1 ended.
-    assert got == [(0, 0)] + [(0, i) for i in range(1, 6)]
+        # Worker 1's outputs are lost with it: every later call says so.
+        with pytest.raises(WorkerDiedError, match=rf"cannot go on .*grainlike worker 1 of 2 \(pid {victim}\)"):
+            next(pool)
+        assert pool.states[1] == {"i": 0}
 
 
 class FailsToLoad(Countdown):

@@ -72,8 +72,10 @@ def test_a_worker_stuck_in_a_transform_is_reported_with_its_stack(no_leaks, how)
     assert "worker 1 of 2 (pid " in message
     assert "transforms.py" in message and "in map" in message  # the stuck transform, from its stack
     assert got == [0, 1, 2, 3, 4]
-    # As after any worker error in mp_prefetch, the other worker goes on.
-    assert list(it) == [6, 8]
+    # The stopped worker's elements 7, 9 are lost with it: every later call says so.
+    with pytest.raises(WorkerStalledError, match=r"cannot go on .*worker 1 of 2"):
+        next(it)
+    assert it.get_state()["iterators_in_use_states"] == [{"next_index": 3}, {"next_index": 2}]
     it.close()
 
 
