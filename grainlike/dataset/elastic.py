@@ -77,9 +77,13 @@ class _ElasticMapDatasetIterator(DatasetIterator):
         """Moves to the global batch starting at ``state["global_next_index"]``.
 
         Raises:
-          KeyError: the state has no ``global_next_index`` (as grain).
+          StateKeyError: the state has no ``global_next_index`` (a ``KeyError``, as grain).
+          StateTypeError / StateIndexError: it is not an int in ``[0, 2**63)``.
         """
-        self._global_next_index = state[_GLOBAL_NEXT_INDEX]
+        from grainlike.dataset.state import non_negative_int, require_keys
+
+        require_keys(state, self, (_GLOBAL_NEXT_INDEX,))
+        self._global_next_index = non_negative_int(state, _GLOBAL_NEXT_INDEX, self)
         self._drop_iterator()
 
     def _drop_iterator(self) -> None:

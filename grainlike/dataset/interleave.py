@@ -32,7 +32,7 @@ from typing import Any, Optional, Sequence, Union
 from grainlike.core.errors import StateIndexError, StateTypeError
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset, get_next_index, set_next_index
 from grainlike.dataset.options import ReadOptions
-from grainlike.dataset.state import non_negative_int, require_keys
+from grainlike.dataset.state import interleave_state, non_negative_int
 
 _STATE_KEYS = (
     "next_index_in_cycle",
@@ -173,7 +173,7 @@ class InterleaveDatasetIterator(DatasetIterator):
         }
 
     def _check_state(self, state: Any) -> None:
-        require_keys(state, self, _STATE_KEYS)
+        interleave_state(state, self, _STATE_KEYS)
         n = len(self._datasets)
         non_negative_int(state, "next_index_in_datasets", self, upper=n)
         cycle = non_negative_int(state, "next_index_in_cycle", self)

@@ -25,7 +25,7 @@ from typing import Any, Collection, Mapping, Optional, Sequence
 
 import numpy as np
 
-from grainlike.core.errors import StateTypeError
+from grainlike.core.errors import StateIndexError, StateTypeError
 from grainlike.dataset.base import DatasetIterator, IterDataset
 from grainlike.dataset.state import non_negative_int
 
@@ -35,6 +35,15 @@ _logger = logging.getLogger("grainlike")
 
 # (start, stop) of a feature still to pack; this one means the whole feature.
 _WHOLE = (-1, -1)
+
+
+def _is_slice(sl: Any) -> bool:
+    """Whether ``sl`` is a state's ``(start, stop)`` pair: ``(-1, -1)`` or ``0 <= start <= stop``."""
+    if not isinstance(sl, (list, tuple)) or len(sl) != 2:
+        return False
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in sl):
+        return False
+    return tuple(sl) == _WHOLE or 0 <= sl[0] <= sl[1] < 2**63
 
 
 class BOSHandling(enum.Enum):
@@ -139,18 +148,32 @@ class _ConcatThenSplitDatasetIterator(DatasetIterator):
         slices = state["remainder_slices"]
         if not isinstance(slices, dict):
             raise StateTypeError(f"{self}: state['remainder_slices'] must be a dict, got {slices!r}")
+        for key, sl in slices.items():
+            if key not in self._lengths or not _is_slice(sl):
+                raise StateTypeError(
+                    f"{self}: state['remainder_slices'][{key!r}] must be a (start, stop) pair of "
+                    f"ints for one of the features {sorted(self._lengths)}, got {sl!r}"
+                )
         # A JSON round trip turns the (start, stop) tuples into lists.
         slices = {k: tuple(v) for k, v in slices.items()}
+        # Checked by replaying it: keep the state to go back to if it does not fit.
+        previous = self.get_state()
+        try:
+            self._restore(state["parent_state"], slices, steps)
+        except StopIteration as e:
+            self._restore(previous["parent_state"], previous["remainder_slices"],
+                          previous["elements_from_buffer_after_checkpoint"])
+            raise StateIndexError(
+                f"{self}: the state's remainder or state['elements_from_buffer_after_checkpoint'] "
+                f"= {steps} runs past the end of the parent: {state!r}"
+            ) from e
+
+    def _restore(self, parent_state: Any, slices: dict, steps: int) -> None:
+        self._parent.set_state(parent_state)
         self._clear()
-        self._parent.set_state(state["parent_state"])
         if any(sl != _WHOLE for sl in slices.values()):
-            try:
-                features = next(self._parent)
-            except StopIteration as e:
-                raise ValueError(
-                    f"Got unexpected StopIteration from parent when restoring checkpoint {state} on {self}."
-                ) from e
-            self._remainder = _Piece(state["parent_state"], features, slices)
+            features = next(self._parent)
+            self._remainder = _Piece(parent_state, features, slices)
         self._checkpoint()
         for _ in range(steps):
             next(self)

@@ -29,9 +29,10 @@ from typing import Any, Callable, Iterator, Optional
 
 import cloudpickle
 
-from grainlike.core.errors import InvalidStateError, StateKeyError, add_note
+from grainlike.core.errors import InvalidStateError, add_note
 from grainlike.core.tree import Allocator
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset, MultiprocessingContext, closing_dropped
+from grainlike.dataset.state import interleave_state
 from grainlike.dataset.workers import DEFAULT_STALL_TIMEOUT_S, WorkerPool
 
 _STATE_KEYS = (
@@ -438,11 +439,7 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
         """
         w = self._w
         where = f"{self}.set_state"
-        if not isinstance(state, dict):
-            raise InvalidStateError(f"{where}: a state must be a dict, got {state!r}")
-        for key in _STATE_KEYS:
-            if key not in state:
-                raise StateKeyError(f"{where}: the state lacks {key!r}; got keys {sorted(state)}")
+        interleave_state(state, where, _STATE_KEYS)
         indices, states, exhausted = (
             state["iterators_in_use_indices"],
             state["iterators_in_use_states"],

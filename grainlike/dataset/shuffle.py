@@ -155,7 +155,8 @@ class _WindowShuffleDatasetIterator(DatasetIterator):
 
     def set_state(self, state: dict) -> None:
         require_keys(state, self, ("parent_window_start_state", "window_index", "pos_in_window"))
-        window_index = non_negative_int(state, "window_index", self)
+        # The window's seed is ``seed + window_index``, a 32-bit index_shuffle seed.
+        window_index = non_negative_int(state, "window_index", self, upper=2**32 - 1 - self._seed)
         pos = non_negative_int(state, "pos_in_window", self)
         start = copy.deepcopy(state["parent_window_start_state"])
         self._parent.set_state(start)

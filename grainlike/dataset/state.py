@@ -24,8 +24,13 @@ def require_keys(state: Any, stage: Any, keys: Sequence[str]) -> dict:
     return state
 
 
+# No position, count or index in a state is past int64: a larger one is garbage
+# (and would overflow ``range`` or numpy further on).
+STATE_INT_LIMIT = 2**63
+
+
 def non_negative_int(state: dict, key: str, stage: Any, upper: Any = None) -> int:
-    """``state[key]`` as an int in ``[0, upper]`` (no upper bound for None).
+    """``state[key]`` as an int in ``[0, upper]`` (``[0, 2**63)`` for None).
 
     Raises:
       StateTypeError: the value is not an int (a ``TypeError`` too, as grain).
@@ -41,4 +46,60 @@ def non_negative_int(state: dict, key: str, stage: Any, upper: Any = None) -> in
         raise StateIndexError(
             f"{stage}: state[{key!r}] = {value} is out of range for a dataset of length {upper}"
         )
+    if value >= STATE_INT_LIMIT:
+        raise StateIndexError(f"{stage}: state[{key!r}]: {value} is out of range [0, 2**63)")
     return int(value)
+
+
+def state_list(state: dict, key: str, stage: Any, length: Any = None, why: str = "") -> list:
+    """``state[key]`` after checking it is a list (or tuple) of ``length`` entries.
+
+    ``why`` says where ``length`` comes from, for the message.
+
+    Raises:
+      StateTypeError: the value is not a list, or not of ``length`` entries.
+    """
+    value = state[key]
+    if not isinstance(value, (list, tuple)) or (length is not None and len(value) != length):
+        size = "" if length is None else f" of {length} entries{why}"
+        raise StateTypeError(f"{stage}: state[{key!r}] must be a list{size}, got {value!r}")
+    return list(value)
+
+
+def interleave_state(state: Any, stage: Any, keys: Sequence[str], slots: Any = None) -> dict:
+    """Checks the types of an interleave-shaped state (interleave, mp_prefetch).
+
+    The fields are ``next_index_in_cycle``, ``next_index_in_datasets`` (ints in
+    ``[0, 2**63)``), ``iterators_in_use_indices`` (ints), ``iterators_in_use_states``
+    (dicts or None), ``exhausted`` (0 or 1) with one entry per slot (``slots`` of
+    them, any number for None) and ``future_states`` (a dict). Each stage checks
+    what the values mean for it.
+
+    Raises:
+      StateTypeError / StateKeyError / StateIndexError (all ``InvalidStateError``).
+    """
+    require_keys(state, stage, keys)
+    non_negative_int(state, "next_index_in_cycle", stage)
+    non_negative_int(state, "next_index_in_datasets", stage)
+    indices = state_list(state, "iterators_in_use_indices", stage, slots)
+    why = f" (one per entry of state['iterators_in_use_indices'] = {indices!r})"
+    states = state_list(state, "iterators_in_use_states", stage, len(indices), why)
+    exhausted = state_list(state, "exhausted", stage, len(indices), why)
+    for index in indices:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < STATE_INT_LIMIT:
+            raise StateTypeError(
+                f"{stage}: state['iterators_in_use_indices'] holds {index!r}, not an int in [0, 2**63)"
+            )
+    for entry in states:
+        if entry is not None and not isinstance(entry, dict):
+            raise StateTypeError(
+                f"{stage}: state['iterators_in_use_states'] holds {entry!r}, not a dict or None"
+            )
+    for entry in exhausted:
+        if isinstance(entry, float) or entry not in (0, 1):
+            raise StateTypeError(f"{stage}: state['exhausted'] holds {entry!r}, not 0 or 1")
+    if "future_states" in state and not isinstance(state["future_states"], dict):
+        raise StateTypeError(
+            f"{stage}: state['future_states'] must be a dict, got {state['future_states']!r}"
+        )
+    return state

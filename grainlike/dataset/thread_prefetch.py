@@ -13,6 +13,7 @@ import queue
 import threading
 from typing import Any, Optional
 
+from grainlike.core.errors import InvalidStateError
 from grainlike.dataset.base import DatasetIterator, IterDataset
 
 # How often a thread waiting for room in a full buffer looks at its stop flag
@@ -121,8 +122,15 @@ class ThreadPrefetchDatasetIterator(DatasetIterator):
         return self._state
 
     def set_state(self, state: dict) -> None:
+        previous = self.get_state()
         self._stop_thread(join=True)
-        self._parent.set_state(state)
+        try:
+            self._parent.set_state(state)
+        except InvalidStateError:
+            # The parent refused before changing, but it is past what the thread read
+            # ahead: back to where this iterator was.
+            self._parent.set_state(previous)
+            raise
         self._state = self._parent.get_state()
         self._next_index = None
 
