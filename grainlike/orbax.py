@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -202,6 +203,87 @@ def _read_state(filename: Any) -> str:
 
 _PROCESS_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
 
+# Orbax writes a step into ``<step><this suffix><timestamp>`` and renames it when done.
+_ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"
+
+
+def _save_id_path(state_path: Any) -> Any:
+    """The file beside ``process_{i}-of-{n}.json`` that says which save wrote it.
+
+    A separate file, not a key in the state: grain reads the state file as it is,
+    and both libraries write it byte for byte alike.
+    """
+    return state_path.with_name(state_path.name[: -len(".json")] + ".save.json")
+
+
+def _save_id_text(directory: Any, text: str) -> str:
+    """What ``_save_id_path`` holds for the state ``text`` written into ``directory``.
+
+    The save is named by the step directory (the item directory's parent, without
+    Orbax's temporary suffix): every process computes it alone, without talking to
+    the others. The state's hash ties the record to the state file beside it.
+    """
+    step = directory.parent.name.split(_ORBAX_TMP_SUFFIX)[0]
+    index, count = _process_index_and_count()
+    return json.dumps({
+        "save": step,
+        "process_index": index,
+        "process_count": count,
+        "state_sha256": hashlib.sha256(text.encode()).hexdigest(),
+    })
+
+
+def _write_process_files(directory: Any, text: str) -> None:
+    """Writes this process's state file, then the record of the save it belongs to."""
+    filename = process_state_path(directory)
+    _write_file(filename, text)
+    _write_file(_save_id_path(filename), _save_id_text(directory, text))
+
+
+def _check_one_save(texts: dict, paths: dict) -> None:
+    """Refuses state files of one process count that were not written by one save.
+
+    ``texts[i]`` is the text of ``paths[i]`` (``process_{i}-of-{n}.json``). Files
+    without a save record (written by grain) are accepted as they are, unless others
+    have one.
+
+    Raises:
+      InvalidStateError: a state file differs from the one its save record
+        describes (copied in from another save), or the files' records name
+        different saves; the message names the files.
+    """
+    from grainlike.loader.state import InvalidStateError
+
+    saves: dict[str, list[str]] = {}
+    unrecorded = []
+    for i in sorted(paths):
+        path = paths[i]
+        record_path = _save_id_path(path)
+        if not record_path.exists():
+            unrecorded.append(path.name)
+            continue
+        try:
+            record = json.loads(record_path.read_text())
+            save, digest = str(record["save"]), record["state_sha256"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise InvalidStateError(f"the save record {record_path} is unreadable: {e}") from e
+        if digest != hashlib.sha256(texts[i].encode()).hexdigest():
+            raise InvalidStateError(
+                f"{path} is not the state file its save record {record_path.name} (save "
+                f"{save!r}) describes: it was replaced by a file of another save. Restore "
+                "a checkpoint whose process files were all written by one save."
+            )
+        saves.setdefault(save, []).append(path.name)
+    if len(saves) > 1 or (saves and unrecorded):
+        parts = [f"{', '.join(names)} from save {save!r}" for save, names in saves.items()]
+        if unrecorded:
+            parts.append(f"{', '.join(unrecorded)} with no save record")
+        raise InvalidStateError(
+            f"the process files in {paths[min(paths)].parent} come from different saves: "
+            f"{'; '.join(parts)}. Restore a checkpoint whose process files were all "
+            "written by one save."
+        )
+
 
 def _read_state_for_process(iterator: Any, directory: Any) -> tuple[str, Any]:
     """This process's state text and the file(s) it came from.
@@ -212,15 +294,18 @@ def _read_state_for_process(iterator: Any, directory: Any) -> tuple[str, Any]:
     the state every process wrote, if all wrote the same (``ElasticIterator``).
     """
     filename = process_state_path(directory)
-    if filename.exists():
-        return filename.read_text(), filename
     _, count = _process_index_and_count()
     found: dict[int, dict[int, Any]] = {}
     if directory.exists():
         for path in directory.iterdir():
             m = _PROCESS_FILE.fullmatch(path.name)
-            if m and int(m.group(2)) != count:
+            if m:
                 found.setdefault(int(m.group(2)), {})[int(m.group(1))] = path
+    if filename.exists():
+        text = filename.read_text()
+        _check_one_save({i: p.read_text() if p != filename else text for i, p in found[count].items()}, found[count])
+        return text, filename
+    found.pop(count, None)
     if len(found) != 1 or set(next(iter(found.values()))) != set(range(next(iter(found)))):
         # No other process count, several, or not all files of one: nothing to merge.
         raise _missing_state_error(filename)
@@ -229,6 +314,7 @@ def _read_state_for_process(iterator: Any, directory: Any) -> tuple[str, Any]:
     where = directory / f"process_*-of-{old_count}.json"
     from grainlike.loader.state import InvalidStateError
 
+    _check_one_save(texts, paths)
     try:
         return _elastic_state_text(iterator, texts, old_count), where
     except InvalidStateError as e:
@@ -294,7 +380,7 @@ def _write_file(filename: Any, text: str) -> None:
 async def _write_state(directory: Any, state: str) -> None:
     if hasattr(directory, "await_creation"):  # Orbax's PathAwaitingCreation
         directory = await directory.await_creation()
-    await asyncio.to_thread(_write_file, process_state_path(directory), state)
+    await asyncio.to_thread(_write_process_files, directory, state)
 
 
 # -- Orbax v1: StatefulCheckpointable -----------------------------------------------
@@ -399,7 +485,7 @@ def _build_orbax_classes() -> dict[str, type]:
 
             def save(self, directory: Any, item: Any = None, args: Any = None) -> None:
                 item = item if item is not None else args.item
-                _write_file(process_state_path(directory), _state_text(item))
+                _write_process_files(directory, _state_text(item))
 
             def restore(self, directory: Any, item: Any = None, args: Any = None) -> Any:
                 item = item if item is not None else getattr(args, "item", None)
