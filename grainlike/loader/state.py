@@ -15,7 +15,8 @@ of another worker count is restored by ``grainlike.loader.elastic``: every
 worker's delivered positions are merged, and the new workers start at the first
 position not delivered, skipping the few delivered above it. While such skipped
 positions are pending, the state carries them as sampler global indices under
-``SKIP_KEY`` (grain ignores the key); otherwise it is grain's state, byte for byte.
+``SKIP_KEY`` (grain ignores the key), as runs or a bitmap (``core/index_set.py``);
+otherwise it is grain's state, byte for byte.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import json
 from typing import Any, Sequence
 
 # One class for every iterator's refused state, DataLoader and Dataset stages alike.
+from grainlike.core import index_set
 from grainlike.core.errors import InvalidStateError
 from grainlike.dataset.elastic import SKIP_KEY as WORKER_SKIP_KEY
 
@@ -141,7 +143,7 @@ class LegacyState:
         }
         skip = self.pending_skip(positions)
         if skip:
-            state[SKIP_KEY] = skip
+            state[SKIP_KEY] = index_set.encode(skip, step=self.shard_count)
         return state
 
     def local_position(self, global_index: int) -> int:
@@ -265,9 +267,7 @@ class LegacyState:
                 f"last_worker_index must be an int in [-1, {w - 1}], got {last_worker!r}"
             )
         next_worker = (last_worker + 1) % w if self.worker_count else 0
-        skip = data.get(SKIP_KEY, [])
-        if not isinstance(skip, list) or not all(_is_int(g) for g in skip):
-            raise InvalidStateError(f"{SKIP_KEY} must be a list of ints, got {skip!r}")
+        skip = index_set.decode(data.get(SKIP_KEY, []), f"state[{SKIP_KEY!r}]", self.local_length)
         for g in skip:
             p = self.local_position(g)
             if (g - self.shard_index) % self.shard_count or not 0 <= p < self.local_length:

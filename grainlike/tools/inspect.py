@@ -33,6 +33,8 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+from grainlike.core import index_set
+
 __all__ = [
     "describe_array_record",
     "describe_path",
@@ -156,7 +158,7 @@ def describe_state(state: Union[bytes, str, dict], name: str = "state") -> str:
                 f"  {label}: read {_plural(consumed, 'position')}, last at global index {last}; "
                 f"next is global index {last + g}"
             )
-    skip = data.get("skip_indices") or []
+    skip = index_set.decode(data.get("skip_indices") or [], "state['skip_indices']", 10**8)
     if skip:
         shown = ", ".join(str(g) for g in skip[:8]) + (", ..." if len(skip) > 8 else "")
         lines.append(

@@ -124,7 +124,7 @@ def test_pending_skips_travel_in_the_state_and_restore_again(no_leaks):
     with iter(_loader("shuffle_batch", 2)) as it:
         it.set_state(state)
         data = json.loads(it.get_state())
-        assert data["worker_count"] == 2 and data[SKIP_KEY] == [3, 6]
+        assert data["worker_count"] == 2 and data[SKIP_KEY] == {"step": 1, "ranges": [[3, 4], [6, 7]]}
         middle = _records([next(it)])
         pending = it.get_state()
         assert SKIP_KEY in json.loads(pending)
@@ -163,6 +163,8 @@ def test_restore_on_other_worker_count_after_the_epoch_delivers_nothing(no_leaks
     "edit, match",
     [
         ({SKIP_KEY: "3"}, "must be a list of ints"),
+        ({SKIP_KEY: {"step": 1, "ranges": [[0, 10**12]]}}, r"skip_indices.*at most \d+ indices"),
+        ({SKIP_KEY: {"step": 1, "start": 3, "count": 8, "bitmap": "!"}}, r"skip_indices.*not base64"),
         ({SKIP_KEY: [10**6]}, "not a global index"),
         ({SKIP_KEY: [0]}, "has read already"),
     ],
