@@ -105,6 +105,19 @@ def process_state_path(directory: Any) -> Any:
 
 
 def _check_iterator(item: Any, method: str, args_name: str) -> None:
+    if isinstance(item, (list, tuple)):
+        # A list is for handler subclasses that override save()/restore()
+        # (MaxText's): each entry is an iterator or a tuple starting with one.
+        for i, entry in enumerate(item):
+            inner = entry[0] if isinstance(entry, tuple) and entry else entry
+            if not callable(getattr(inner, method, None)):
+                raise TypeError(
+                    f"{args_name} takes an iterator with get_state()/set_state(), or a "
+                    "list of them for a handler subclass that overrides save()/restore(); "
+                    f"got a {type(item).__name__} whose entry {i} is "
+                    f"{type(inner).__name__}, which has no {method}()"
+                )
+        return
     if not callable(getattr(item, method, None)):
         raise TypeError(
             f"{args_name} takes an iterator with get_state()/set_state(), such as "
@@ -473,6 +486,17 @@ def _build_orbax_classes() -> dict[str, type]:
             async def async_save(
                 self, directory: Any, item: Any = None, args: Any = None
             ) -> list:
+                if type(self).save is not PyGrainCheckpointHandler.save:
+                    # A subclass that overrides save() (MaxText's does) gets it
+                    # called as Orbax calls grain's synchronous handler: once the
+                    # directory exists, before the save returns; nothing is left
+                    # to run in the background.
+                    kwargs = {"args": args} if item is None else {"item": item, "args": args}
+                    ocp_future.CommitFutureAwaitingContractedSignals(
+                        asyncio.to_thread(self.save, directory, **kwargs),
+                        name="grainlike_iterator_state",
+                    ).result()
+                    return []
                 item = item if item is not None else args.item
                 state = _state_text(item)  # now, not when the write runs
                 # Orbax's commit thread waits for its "directory created" signals,
