@@ -98,6 +98,8 @@ _LAZY = {
     "host_errors": "grainlike.jax_loops:host_errors",
     "ArraysSource": "grainlike.jax_loops:ArraysSource",
     "io": "grainlike.io",
+    # Self-describing ArrayRecord files that grainlike-convert writes (grainlike only).
+    "formats": "grainlike.formats",
     # Errors from worker processes and shared memory (grainlike only).
     "WorkerError": "grainlike.dataset.workers:WorkerError",
     "WorkerDiedError": "grainlike.dataset.workers:WorkerDiedError",

@@ -23,7 +23,7 @@ def _determine_worker_count(worker_count: Optional[int]) -> int:
         raise TypeError(f"worker_count must be an int or None, got {worker_count!r}")
     if worker_count < 0:
         raise ValueError(
-            "Worker count should be greater than or equal zero."
+            "Worker count should be greater than or equal zero. "
             f"Current worker_count is {worker_count}."
         )
     return worker_count
@@ -97,7 +97,7 @@ class DataLoader:
             raise TypeError(f"worker_buffer_size must be an int, got {worker_buffer_size!r}")
         if worker_buffer_size < 0:
             raise ValueError(
-                "Worker buffer size must be greater than or equal zero."
+                "Worker buffer size must be greater than or equal zero. "
                 f"Current worker_buffer_size is {worker_buffer_size}."
             )
         if shard_options is None:

@@ -248,3 +248,20 @@ def test_tfds_split_keeps_images_encoded(tmp_path):
         assert got["id"] == want["id"] and got["label"] == want["label"]
     info = json.loads(open(prefix + ".json").read())
     assert info["tfds"] == {"name": NAME, "split": "test", "images_encoded": True}
+
+
+def test_the_read_with_line_runs_as_printed(tmp_path, image_dir, capsys):
+    """The snippet convert prints after writing works pasted after ``import grainlike``."""
+    prefix = str(tmp_path / "pets")
+    assert convert.main(["images", str(image_dir), "-o", prefix, "-n", "2"]) == 0
+    line = [l for l in capsys.readouterr().out.splitlines() if l.startswith("read with: ")][-1]
+    source_expr, decode_expr = line[len("read with: "):].split(" and ")
+    code = (
+        "import grainlike\n"
+        f"source = {source_expr}\n"
+        f"decode = {decode_expr}\n"
+        "print(len(source), sorted(decode.map(source[0])))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("9 [")  # the folder's 9 images, decoded to their fields
