@@ -52,10 +52,13 @@ def columns_to_numpy(table: Any) -> dict:
     return {table.field(i).name: table.column(i).to_numpy() for i in range(table.num_columns)}
 
 
-def _open_parquet(path: Any, options: remote.RemoteOptions, read_kwargs: dict) -> Any:
+def _open_parquet(
+    path: Any, options: remote.RemoteOptions, read_kwargs: dict, pin: Optional[dict] = None
+) -> Any:
+    """Opens a Parquet file; a remote one at the version ``pin`` names (by default its current one)."""
     pq = _pyarrow_parquet()
     url = remote.to_url(path)
-    with remote.pinned_input(url, options) as source:
+    with remote.pinned_input(url, options, pin) as source:
         if isinstance(source, str) and not os.path.exists(source):
             raise FileNotFoundError(f"ParquetDataSource: file not found: {url!r}")
         try:
@@ -111,6 +114,7 @@ class ParquetDataSource:
         self._options = remote_options or remote.RemoteOptions()
         self._cached_row_groups = cached_row_groups
         self._read_kwargs = read_kwargs
+        self._pins: list = [None] * len(paths)
         with futures.ThreadPoolExecutor(min(len(paths), _MAX_OPENING_THREADS)) as pool:
             metas = list(pool.map(self._row_group_sizes, range(len(paths))))
         # One entry per row group of every file: (file index, row group index), and
@@ -123,7 +127,13 @@ class ParquetDataSource:
         self._init_process_state()
 
     def _row_group_sizes(self, file_index: int) -> list:
-        pf = _open_parquet(self._paths[file_index], self._options, self._read_kwargs)
+        path = self._paths[file_index]
+        if remote.is_remote(path):
+            # Each remote file is pinned to the version seen here, in every process
+            # that reads it: a file overwritten during an epoch raises
+            # ObjectChangedError instead of mixing rows of two versions.
+            self._pins[file_index] = remote.object_info(path, self._options)
+        pf = _open_parquet(path, self._options, self._read_kwargs, self._pins[file_index])
         try:
             if self._columns is not None:
                 names = set(pf.schema_arrow.names)
@@ -166,7 +176,9 @@ class ParquetDataSource:
             idle = self._files.get(file_index)
             pf = idle.pop() if idle else None
         if pf is None:
-            pf = _open_parquet(self._paths[file_index], self._options, self._read_kwargs)
+            pf = _open_parquet(
+                self._paths[file_index], self._options, self._read_kwargs, self._pins[file_index]
+            )
         try:
             return pf.read_row_group(row_group, columns=self._columns)
         finally:

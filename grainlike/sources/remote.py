@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import hashlib
 import io
+import json
 import os
 import re
+import secrets
+import stat
 import tempfile
 import threading
 import time
@@ -38,11 +42,14 @@ from concurrent import futures
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
 __all__ = [
+    "CacheFullError",
     "LocalCache",
+    "ObjectChangedError",
     "RemoteAccessError",
     "RemoteFile",
     "RemoteOptions",
     "RemoteReadError",
+    "UnsafeCacheDirError",
     "is_remote",
     "open_input",
     "pinned_input",
@@ -58,7 +65,8 @@ _LOCAL_PROTOCOLS = ("file", "local")
 # botocore, aiohttp, requests, google-cloud and fsspec alike.
 _TRANSIENT_NAME = re.compile(
     r"Connection|Timeout|Throttl|SlowDown|ServiceUnavailable|TooManyRequests|"
-    r"ServerDisconnected|IncompleteRead|ResponseStreamingError|ProtocolError"
+    r"ServerDisconnected|IncompleteRead|ResponseStreamingError|ProtocolError|"
+    r"Payload|ContentLength"
 )
 _TRANSIENT_TEXT = re.compile(
     r"SlowDown|Throttl|Too Many Requests|\b503\b|\b429\b|\b500\b|ServiceUnavailable|"
@@ -72,7 +80,54 @@ class RemoteAccessError(PermissionError):
 
 
 class RemoteReadError(OSError):
-    """A remote read still failed after its retries; the message names the object."""
+    """A remote read still failed after its retries; the message names the object.
+
+    Attributes:
+      url: the object.
+      status: the last HTTP status the store answered, if any (e.g. 500).
+      attempts: the tries made.
+    """
+
+    def __init__(self, message: str, url: str = "", status: Optional[int] = None, attempts: int = 0):
+        super().__init__(message)
+        self.url = url
+        self.status = status
+        self.attempts = attempts
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.url, self.status, self.attempts))
+
+
+class ObjectChangedError(RemoteReadError):
+    """A remote object was overwritten after it was first opened (its ETag or generation changed).
+
+    Reading on would mix bytes of two versions of the file; the message names the
+    object and both versions. Attributes ``url``, ``old`` and ``new`` hold them.
+    """
+
+    def __init__(self, url: str, old: str, new: str):
+        super().__init__(
+            f"{url!r} changed while it was being read: it was pinned at version {old} when "
+            f"first opened and is now {new}. Objects must not be overwritten while a pipeline "
+            "reads them (write new data under new names); build the source again to read the "
+            "new version.",
+            url,
+            412,
+            1,
+        )
+        self.old = old
+        self.new = new
+
+    def __reduce__(self):
+        return (type(self), (self.url, self.old, self.new))
+
+
+class UnsafeCacheDirError(PermissionError):
+    """The local cache directory is not safe to use (a link, another owner, or open to others)."""
+
+
+class CacheFullError(OSError):
+    """The local cache's disk is full (ENOSPC); no partial copy is left behind."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,14 +140,26 @@ class RemoteOptions:
         for ``s3fs`` or ``{"token": "anon"}`` for ``gcsfs``. Credentials are
         otherwise found as the filesystem's package finds them (environment,
         ``~/.aws``, metadata server).
-      attempts: tries per read before ``RemoteReadError`` (at least 1).
+      attempts: tries per request before ``RemoteReadError`` (at least 1). A store
+        that keeps answering HTTP 5xx, a reset connection or a timeout is tried this
+        many times (the filesystem's own client may retry inside one try too).
       backoff_s: wait after the first failed try; doubled after each one.
       max_backoff_s: the longest wait between two tries.
+      timeout_s: seconds one request may wait for the store to connect, or between
+        two pieces of its answer, before that try fails (then it is retried). Given
+        to ``s3fs`` as botocore's ``connect_timeout``/``read_timeout`` and to
+        ``gcsfs`` as ``requests_timeout`` unless ``storage_options`` set them. For
+        ``s3://`` grainlike's tries are the only ones (botocore's and s3fs's own
+        retries are set to one try unless ``config_kwargs`` sets ``retries``), so a
+        read ends after about ``attempts * timeout_s`` plus the backoff waits at the
+        latest; it never hangs. (``gcsfs`` retries some failures inside one try.)
       block_size: bytes per ranged read.
       read_ahead: blocks fetched ahead, in threads, while a file is read in order.
       cache_dir: a local directory that keeps whole copies of remote files. ArrayRecord
-        files always go through a cache (a temporary directory when this is None);
-        Parquet files do only when this is set.
+        files always go through a cache (``default_cache_dir()`` when this is None);
+        Parquet files do only when this is set. It is created mode 0700 if missing and
+        refused (``UnsafeCacheDirError``) if it is a symlink, owned by another user
+        or writable by group or others.
       cache_max_bytes: bound of the cache; least recently used files are removed
         beyond it, except while a reader is opening them (it may be exceeded by
         the files opened at the same time). None: unbounded.
@@ -106,6 +173,7 @@ class RemoteOptions:
     attempts: int = 5
     backoff_s: float = 0.2
     max_backoff_s: float = 5.0
+    timeout_s: float = 60.0
     block_size: int = 4 << 20
     read_ahead: int = 4
     cache_dir: Optional[str] = None
@@ -114,6 +182,8 @@ class RemoteOptions:
     def __post_init__(self):
         if self.attempts < 1:
             raise ValueError(f"RemoteOptions.attempts must be >= 1, got {self.attempts}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"RemoteOptions.timeout_s must be > 0, got {self.timeout_s}")
         if self.block_size < 1:
             raise ValueError(f"RemoteOptions.block_size must be >= 1, got {self.block_size}")
         if self.read_ahead < 0:
@@ -124,7 +194,22 @@ class RemoteOptions:
             )
 
     def _key(self) -> str:
-        return repr(sorted((self.storage_options or {}).items()))
+        return repr((sorted((self.storage_options or {}).items()), self.timeout_s))
+
+    def _filesystem_options(self, protocol: str) -> dict:
+        """``storage_options`` with ``timeout_s`` as the filesystem's request timeouts."""
+        out = dict(self.storage_options or {})
+        if protocol in ("s3", "s3a"):
+            config = dict(out.get("config_kwargs") or {})
+            config.setdefault("connect_timeout", self.timeout_s)
+            config.setdefault("read_timeout", self.timeout_s)
+            # One retry policy, grainlike's: botocore's own retries would multiply
+            # ``attempts`` and the time a failing read takes.
+            config.setdefault("retries", {"total_max_attempts": 1})
+            out["config_kwargs"] = config
+        elif protocol in ("gs", "gcs"):
+            out.setdefault("requests_timeout", self.timeout_s)
+        return out
 
 
 def to_url(path: Any) -> str:
@@ -177,9 +262,13 @@ def _filesystem(url: str, options: RemoteOptions) -> Any:
                     'pip install "grainlike[remote]" (s3fs for s3://, gcsfs for gs://)'
                 ) from e
             try:
-                fs = fsspec.filesystem(protocol, **(options.storage_options or {}))
+                fs = fsspec.filesystem(protocol, **options._filesystem_options(protocol))
             except ImportError as e:
                 raise ImportError(f"reading {url!r}: {e}") from e
+            if protocol in ("s3", "s3a") and hasattr(fs, "retries"):
+                # s3fs retries timeouts and resets inside one request (5 times by
+                # default), which would multiply ``attempts`` too.
+                fs.retries = 1
             _FILESYSTEMS[key] = fs
     return fs
 
@@ -203,10 +292,33 @@ def _is_credentials_error(e: BaseException) -> bool:
     return getattr(e, "code", None) in (401, 403) or str(e).startswith("Forbidden:")
 
 
+def _http_status(e: Optional[BaseException]) -> Optional[int]:
+    """The HTTP status behind a store's exception or its causes, if one says it."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):  # botocore's ClientError (s3fs keeps it as the cause)
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(status, int):
+                return status
+        for attr in ("code", "status"):  # gcsfs's HttpError, aiohttp's ClientResponseError
+            status = getattr(e, attr, None)
+            if isinstance(status, int) and 100 <= status < 600:
+                return status
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def _is_transient(e: BaseException) -> bool:
-    if isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+    if isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError, ObjectChangedError)):
         return False
     if isinstance(e, (ConnectionError, TimeoutError)):
+        return True
+    status = _http_status(e)
+    # 5xx: the store failed (s3fs turns S3's 500 "InternalError" into a bare OSError
+    # whose text says no status); 408/429: timed out or throttled.
+    if status is not None and (status >= 500 or status in (408, 429)):
         return True
     return bool(_TRANSIENT_NAME.search(_names(e)) or _TRANSIENT_TEXT.search(str(e)))
 
@@ -231,6 +343,8 @@ def with_retries(fn: Callable[[], T], url: str, what: str, options: RemoteOption
             return fn()
         except FileNotFoundError as e:
             raise FileNotFoundError(f"{url!r}: no such object ({what}): {e}") from e
+        except ObjectChangedError:
+            raise
         except Exception as e:  # pylint: disable=broad-except
             if _is_credentials_error(e) and not _is_transient(e):
                 raise RemoteAccessError(
@@ -243,9 +357,16 @@ def with_retries(fn: Callable[[], T], url: str, what: str, options: RemoteOption
             if not _is_transient(e):
                 raise
             if attempt == options.attempts:
+                status = _http_status(e)
+                answer = f" (the store answered HTTP {status})" if status is not None else ""
                 raise RemoteReadError(
-                    f"{url!r}: failed to {what} after {attempt} attempts: "
-                    f"{type(e).__name__}: {e}"
+                    f"{url!r}: failed to {what} after {attempt} attempts{answer}: "
+                    f"{type(e).__name__}: {e}. Tries, backoff and the request timeout are "
+                    f"RemoteOptions.attempts (now {options.attempts}), .backoff_s and .timeout_s "
+                    f"(now {options.timeout_s:g} s).",
+                    url,
+                    status,
+                    attempt,
                 ) from e
             time.sleep(delay)
             delay = min(delay * 2, options.max_backoff_s)
@@ -285,18 +406,32 @@ def submit(fn: Callable[..., Any], *args: Any) -> futures.Future:
     return _pool().submit(fn, *args)
 
 
-# What this process last learnt of each object: url -> {"size", "version"}.
+# What this process last learnt of each object: url -> object_info.
 _INFOS: dict = {}
 
 
 def object_info(url: str, options: RemoteOptions) -> dict:
-    """``{"size": bytes, "version": etag or modification time}`` of the object at ``url``."""
+    """What identifies the object's current contents.
+
+    Returns:
+      ``{"size": bytes, "version": str, "etag": str or None, "version_id": S3
+      VersionId or None, "generation": GCS generation or None}``; ``version`` is
+      the generation, else the ETag, else the modification time.
+    """
     fs = _filesystem(url, options)
     info = with_retries(lambda: fs.info(_fs_path(url)), url, "get the size of", options)
     if info.get("type") == "directory":
         raise IsADirectoryError(f"{url!r} is a directory, not a file")
-    version = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified")
-    out = {"size": int(info["size"]), "version": str(version)}
+    etag = info.get("ETag") or info.get("etag")
+    generation = info.get("generation")
+    version = generation or etag or info.get("mtime") or info.get("LastModified")
+    out = {
+        "size": int(info["size"]),
+        "version": str(version),
+        "etag": None if etag is None else str(etag),
+        "version_id": info.get("VersionId") or None,
+        "generation": None if generation is None else str(generation),
+    }
     _INFOS[url] = out
     return out
 
@@ -311,16 +446,104 @@ def object_size(url: str, options: RemoteOptions) -> int:
     return object_info(url, options)["size"]
 
 
-def read_range(url: str, start: int, end: int, options: RemoteOptions) -> bytes:
-    """Bytes ``[start, end)`` of the object at ``url``, with retries."""
-    return _read_range(url, start, end, options)
+def check_pin(url: str, pin: dict, info: dict) -> None:
+    """Raises ``ObjectChangedError`` if ``info`` is not the version ``pin`` recorded."""
+    if (info["version"], info["size"]) != (pin["version"], pin["size"]):
+        raise ObjectChangedError(
+            url, f"{pin['version']} ({pin['size']} bytes)", f"{info['version']} ({info['size']} bytes)"
+        )
 
 
-def _read_range(url: str, start: int, end: int, options: RemoteOptions) -> bytes:
+def read_range(url: str, start: int, end: int, options: RemoteOptions, pin: Optional[dict] = None) -> bytes:
+    """Bytes ``[start, end)`` of the object at ``url``, with retries.
+
+    With ``pin`` (an ``object_info``), only that version's bytes are returned: a
+    changed object raises ``ObjectChangedError``.
+    """
+    return _read_range(url, start, end, options, pin)
+
+
+async def _s3_get(fs: Any, bucket: str, key: str, request: dict) -> tuple:
+    response = await fs._call_s3("get_object", Bucket=bucket, Key=key, **request)  # pylint: disable=protected-access
+    try:
+        return response.get("ETag"), await response["Body"].read()
+    finally:
+        response["Body"].close()
+
+
+def _pinned_s3_range(fs: Any, url: str, start: int, end: int, pin: dict) -> bytes:
+    """A ranged GET sent with ``If-Match`` (and the VersionId when the bucket has them)."""
+    import fsspec.asyn  # pylint: disable=g-import-not-at-top
+
+    bucket, key, _ = fs.split_path(_fs_path(url))
+    request = {"Range": f"bytes={start}-{end - 1}", "IfMatch": pin["etag"]}
+    if pin.get("version_id"):
+        request["VersionId"] = pin["version_id"]
+    try:
+        etag, data = fsspec.asyn.sync(fs.loop, _s3_get, fs, bucket, key, request)
+    except Exception as e:  # pylint: disable=broad-except
+        if _http_status(e) == 412 or "PreconditionFailed" in f"{_names(e)} {e}":
+            try:
+                now = _current_version(fs, url)
+            except Exception as ask:  # pylint: disable=broad-except
+                now = f"unknown ({type(ask).__name__}: {ask})"  # The 412 alone says it changed.
+            raise ObjectChangedError(url, pin["etag"], now) from e
+        raise
+    # A store that ignores If-Match still says which version answered.
+    if etag is not None and etag != pin["etag"]:
+        raise ObjectChangedError(url, pin["etag"], etag)
+    return data
+
+
+def _pinned_gcs_range(fs: Any, url: str, start: int, end: int, pin: dict) -> bytes:
+    """A ranged GET of the pinned generation, checked against the generation that answered.
+
+    GCS names the generation it served in ``x-goog-generation``; where the answer
+    does not (some emulators ignore ``generation=`` too), the object's generation
+    is asked after the read: generations only grow, so an unchanged one then
+    means these bytes are the pinned version's.
+    """
+    import fsspec.asyn  # pylint: disable=g-import-not-at-top
+
+    target = fs.url(_fs_path(url), generation=pin["generation"])
+    try:
+        headers, data = fsspec.asyn.sync(
+            fs.loop, fs._call, "GET", target, headers={"Range": f"bytes={start}-{end - 1}"}  # pylint: disable=protected-access
+        )
+    except FileNotFoundError as e:
+        now = _current_version(fs, url)
+        if now != pin["generation"]:
+            raise ObjectChangedError(url, f"generation {pin['generation']}", f"generation {now}") from e
+        raise
+    answered = {k.lower(): v for k, v in (headers or {}).items()}.get("x-goog-generation")
+    if answered is None:
+        answered = _current_version(fs, url)
+    if str(answered) != pin["generation"]:
+        raise ObjectChangedError(url, f"generation {pin['generation']}", f"generation {answered}")
+    return data
+
+
+def _current_version(fs: Any, url: str) -> str:
+    """The object's version now, asked afresh ("deleted" if it is gone); other failures raise."""
+    try:
+        fs.invalidate_cache(_fs_path(url))
+        info = fs.info(_fs_path(url))
+    except FileNotFoundError:
+        return "deleted"
+    return str(info.get("generation") or info.get("ETag") or info.get("etag") or info.get("mtime"))
+
+
+def _read_range(url: str, start: int, end: int, options: RemoteOptions, pin: Optional[dict] = None) -> bytes:
     fs = _filesystem(url, options)
+    protocol = _protocol(url)
 
     def read() -> bytes:
-        data = fs.cat_file(_fs_path(url), start=start, end=end)
+        if pin is not None and pin.get("etag") and protocol in ("s3", "s3a") and hasattr(fs, "_call_s3"):
+            data = _pinned_s3_range(fs, url, start, end, pin)
+        elif pin is not None and pin.get("generation") and protocol in ("gs", "gcs") and hasattr(fs, "_call"):
+            data = _pinned_gcs_range(fs, url, start, end, pin)
+        else:
+            data = fs.cat_file(_fs_path(url), start=start, end=end)
         if len(data) != end - start:
             raise ConnectionError(f"short read: got {len(data)} of {end - start} bytes")
         return data
@@ -337,18 +560,31 @@ class RemoteFile(io.RawIOBase):
     Args:
       url: the object, e.g. ``"s3://bucket/train-0.parquet"``.
       options: retries, block size and read-ahead.
-      size: the object's size if known (saves a request).
+      size: the object's size if known (saves a request when ``pin`` is given too).
+      pin: the ``object_info`` of the version to read (as it was when first
+        opened); by default the current one. Reads of another version raise
+        ``ObjectChangedError``.
 
     Example:
         with RemoteFile("s3://bucket/data.parquet", RemoteOptions()) as f:
             magic = f.read(4)
     """
 
-    def __init__(self, url: str, options: RemoteOptions, size: Optional[int] = None):
+    def __init__(
+        self, url: str, options: RemoteOptions, size: Optional[int] = None, pin: Optional[dict] = None
+    ):
         super().__init__()
         self._url = url
         self._options = options
-        self._size = object_size(url, options) if size is None else size
+        if pin is None or size is None:
+            info = object_info(url, options)
+            if pin is not None:
+                check_pin(url, pin, info)
+            pin = pin or info
+        # Every block is read from this version of the object: a change raises
+        # ObjectChangedError instead of mixing two versions.
+        self._pin = pin
+        self._size = pin["size"] if size is None else size
         self._pos = 0
         self._blocks: OrderedDict[int, futures.Future] = OrderedDict()
         self._last_block = -2
@@ -360,6 +596,11 @@ class RemoteFile(io.RawIOBase):
     @property
     def size(self) -> int:
         return self._size
+
+    @property
+    def pin(self) -> dict:
+        """The ``object_info`` of the version this file reads."""
+        return self._pin
 
     def readable(self) -> bool:
         return True
@@ -389,7 +630,7 @@ class RemoteFile(io.RawIOBase):
         if future is None:
             start = block * self._options.block_size
             end = min(start + self._options.block_size, self._size)
-            future = _pool().submit(_read_range, self._url, start, end, self._options)
+            future = _pool().submit(_read_range, self._url, start, end, self._options, self._pin)
             self._blocks[block] = future
         else:
             self._blocks.move_to_end(block)
@@ -449,27 +690,43 @@ class RemoteFile(io.RawIOBase):
 class LocalCache:
     """Whole copies of remote files in a local directory, bounded in bytes.
 
-    A file is fetched by parallel ranged reads into a temporary name and renamed
-    when complete, so processes sharing the directory never read a partial copy;
-    the copy is named by a hash of the URL, size and modification time, so a
-    changed object is fetched again. Beyond ``max_bytes`` the least recently used
-    copies are removed, except those ``pinned`` now by any process sharing the
-    directory (a reader that has one open keeps reading it after its removal).
+    The directory is the user's own: created mode 0700 if missing, and refused
+    with ``UnsafeCacheDirError`` if it is a symlink, owned by another user, or
+    writable by group or others (``default_cache_dir()`` must not be readable by
+    them either), as ssh treats ``~/.ssh``. Every file in it is opened relative to
+    the directory's descriptor with ``O_NOFOLLOW``, mode 0600.
+
+    A file is fetched by parallel ranged reads of one pinned version into a new
+    temporary name (``O_EXCL``) and renamed when complete, so processes sharing
+    the directory never read a partial copy. Next to each copy a sidecar
+    (``.meta-<name>``, written atomically after it) records the object's size and
+    version (ETag or generation) it was fetched at; a copy is used only if both
+    match the object and the copy's own size, else it is fetched again (a copy
+    damaged or truncated later is thus replaced). Every write is checked: a full
+    disk raises ``CacheFullError`` naming the object and the directory, and leaves
+    no partial file. Beyond ``max_bytes`` the least recently used copies are
+    removed, except those ``pinned`` now by any process sharing the directory (a
+    reader that has one open keeps reading it after its removal).
 
     Args:
-      directory: where the copies live; created if missing.
+      directory: where the copies live; created (0700) if missing.
       options: retries and block size of the ranged reads.
       max_bytes: the bound; None for none.
+      private: also refuse a directory that group or others can read (the default
+        directory, whose name anyone can guess, is private).
 
     Example:
         cache = LocalCache("/tmp/shards", RemoteOptions(), max_bytes=10 << 30)
         local = cache.fetch("s3://bucket/train-00000-of-00008.array_record")
     """
 
-    def __init__(self, directory: str, options: RemoteOptions, max_bytes: Optional[int] = None):
-        self._dir = directory
+    def __init__(
+        self, directory: str, options: RemoteOptions, max_bytes: Optional[int] = None, private: bool = False
+    ):
+        self._dir = os.path.abspath(directory)
         self._options = options
         self._max_bytes = max_bytes
+        self._private = private
         self._lock = threading.Lock()
 
     @property
@@ -481,31 +738,44 @@ class LocalCache:
         base = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[-80:]
         return f"{digest}-{base}"
 
+    @contextlib.contextmanager
+    def _opened_dir(self) -> Iterator[int]:
+        fd = secure_directory(self._dir, private=self._private)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
     def fetch(self, url: str, info: Optional[dict] = None) -> str:
         """Returns a local path holding the contents of ``url``, fetching it if needed.
 
         Args:
           url: the remote object.
-          info: its ``object_info``, if known: a file already cached is then found
-            without asking the store.
+          info: its ``object_info``, if known (the version to copy): a file already
+            cached is then found without asking the store.
+
+        Raises:
+          UnsafeCacheDirError: the directory is not the user's own (see the class).
+          CacheFullError: the disk under the directory is full.
+          ObjectChangedError: the object changed from ``info`` while it was copied.
         """
         if info is None:
             info = object_info(url, self._options)
-        size = info["size"]
         name = self._name(url, info)
-        path = os.path.join(self._dir, name)
-        if _touch(path):
-            return path
-        os.makedirs(self._dir, exist_ok=True)
-        # One copy at a time per file, across the processes and threads sharing the
-        # directory: the others wait here, then find it done.
-        with open(self._lock_path(name), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if _touch(path):
-                return path
-            self._copy(url, size, path)
-        self._evict(keep=path)
-        return path
+        with self._opened_dir() as dir_fd:
+            if _valid_copy(dir_fd, name, info):
+                return os.path.join(self._dir, name)
+            # One copy at a time per file, across the processes and threads sharing the
+            # directory: the others wait here, then find it done.
+            lock = _open_private(dir_fd, f".lock-{name}")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not _valid_copy(dir_fd, name, info):
+                    self._copy(url, info, dir_fd, name)
+            finally:
+                os.close(lock)
+            self._evict(dir_fd, keep=name)
+        return os.path.join(self._dir, name)
 
     @contextlib.contextmanager
     def pinned(self, url: str, info: Optional[dict] = None) -> Iterator[str]:
@@ -515,115 +785,260 @@ class LocalCache:
         between ``fetch`` returning and the caller opening it; a pinned copy is
         skipped by every eviction (a shared lock on its lock file).
         """
+        if info is None:
+            info = object_info(url, self._options)
         for _ in range(_PIN_ATTEMPTS):
             path = self.fetch(url, info)
-            with open(self._lock_path(os.path.basename(path)), "a") as lock:
+            name = os.path.basename(path)
+            with self._opened_dir() as dir_fd:
+                lock = _open_private(dir_fd, f".lock-{name}")
+            try:
                 fcntl.flock(lock, fcntl.LOCK_SH)
-                if _touch(path):
+                with self._opened_dir() as dir_fd:
+                    valid = _valid_copy(dir_fd, name, info)
+                if valid:
                     try:
                         yield path
                     finally:
-                        lock.close()
+                        os.close(lock)
+                        lock = -1
                         # Copies kept over the bound while pinned go now (least
                         # recently used first; this one was just used).
-                        self._evict(keep=path)
+                        with self._opened_dir() as dir_fd:
+                            self._evict(dir_fd, keep=name)
                     return
+            finally:
+                if lock >= 0:
+                    os.close(lock)
             # Evicted before the pin: fetched again.
         raise RemoteReadError(
             f"{url!r}: its local copy in {self._dir!r} was evicted {_PIN_ATTEMPTS} times before "
             "it could be opened; raise RemoteOptions.cache_max_bytes (it must hold the files "
-            "read at the same time)"
+            "read at the same time)",
+            url,
         )
 
-    def _lock_path(self, name: str) -> str:
-        return os.path.join(self._dir, f".lock-{name}")
-
-    def _copy(self, url: str, size: int, path: str) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self._dir, prefix=".partial-")
+    def _copy(self, url: str, info: dict, dir_fd: int, name: str) -> None:
+        size = info["size"]
+        tmp = f".partial-{name}-{os.getpid()}-{secrets.token_hex(4)}"
+        fd = _open_private(dir_fd, tmp, create_new=True, write=True)
         try:
             bs = self._options.block_size
             ranges = [(s, min(s + bs, size)) for s in range(0, size, bs)]
 
             def copy(r: tuple[int, int]) -> None:
-                os.pwrite(fd, _read_range(url, r[0], r[1], self._options), r[0])
+                _pwrite_all(fd, _read_range(url, r[0], r[1], self._options, info), r[0])
 
-            # Blocks of one file in parallel: remote latency, not bandwidth, bounds
-            # a single ranged read.
-            for f in [_pool("copy").submit(copy, r) for r in ranges]:
-                f.result()
+            try:
+                # Blocks of one file in parallel: remote latency, not bandwidth, bounds
+                # a single ranged read. Every block is of the pinned version.
+                for f in [_pool("copy").submit(copy, r) for r in ranges]:
+                    f.result()
+                os.fsync(fd)
+            except OSError as e:
+                if e.errno in (errno.ENOSPC, errno.EDQUOT) and not isinstance(e, RemoteReadError):
+                    raise CacheFullError(
+                        e.errno,
+                        f"{url!r}: no space left to cache it ({size} bytes) in {self._dir!r}: {e}. "
+                        "No partial copy was kept. Free space there, lower "
+                        "RemoteOptions.cache_max_bytes, or pass a directory on a larger disk as "
+                        "RemoteOptions(cache_dir=...).",
+                    ) from e
+                raise
             os.close(fd)
             fd = -1
-            os.replace(tmp, path)
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            tmp = None
+            _write_sidecar(dir_fd, name, url, info)
         finally:
             if fd >= 0:
                 os.close(fd)
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dir_fd)
 
-    def _evict(self, keep: str) -> None:
+    def _evict(self, dir_fd: int, keep: str) -> None:
         if self._max_bytes is None:
             return
         with self._lock:
             entries = []
-            for name in os.listdir(self._dir):
-                if name.startswith((".partial-", ".lock-")):
+            for name in os.listdir(dir_fd):
+                if name.startswith("."):
                     continue
-                full = os.path.join(self._dir, name)
                 try:
-                    st = os.stat(full)
+                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                 except OSError:
                     continue
-                entries.append((st.st_mtime, st.st_size, full))
+                entries.append((st.st_mtime, st.st_size, name))
             total = sum(size for _, size, _ in entries)
-            for _, size, full in sorted(entries):
+            for _, size, name in sorted(entries):
                 if total <= self._max_bytes:
                     break
-                if full != keep and self._remove_unpinned(full):
+                if name != keep and _remove_unpinned(dir_fd, name):
                     total -= size
-
-    def _remove_unpinned(self, path: str) -> bool:
-        """Removes a cached copy unless it is pinned or being fetched (never waits)."""
-        try:
-            fd = os.open(self._lock_path(os.path.basename(path)), os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.unlink(path)
-            return True
-        except OSError:
-            return False
-        finally:
-            os.close(fd)  # Releases the lock.
 
 
 # Fetches of one file before its copy could be pinned, when other readers keep
 # evicting it (a cache bound smaller than the files read at the same time).
 _PIN_ATTEMPTS = 20
+_SIDECAR_MAX_BYTES = 1 << 16
 
 
-def _touch(path: str) -> bool:
-    """Marks a cached copy recently used; False if it is gone."""
+def secure_directory(path: str, private: bool = False) -> int:
+    """Opens the cache directory ``path`` (creating it 0700), checked to be the user's own.
+
+    Returns:
+      A descriptor of the directory (the caller closes it); files are opened
+      relative to it so no later path lookup goes through a link.
+
+    Raises:
+      UnsafeCacheDirError: ``path`` is a symlink or not a directory, is owned by
+        another user, or is writable (``private``: accessible) by group or others.
+    """
+    parent = os.path.dirname(path)
+    if parent and not os.path.isdir(parent):
+        os.makedirs(parent, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    fix = (
+        f"Remove it (if it is not yours, ask who made it) or pass a directory of your own as "
+        f"RemoteOptions(cache_dir=...)."
+    )
     try:
-        os.utime(path)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeCacheDirError(
+                f"remote file cache {path!r} is a symlink or not a directory; refusing to use it "
+                f"(another user could redirect it). {fix}"
+            ) from e
+        raise
+    st = os.fstat(fd)
+    problem = None
+    if st.st_uid != os.geteuid():
+        problem = f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    elif st.st_mode & (0o077 if private else 0o022):
+        problem = (
+            f"has mode {stat.S_IMODE(st.st_mode):04o}: "
+            f"{'group or others can reach it' if private else 'group or others can write it'} "
+            f"(it must be {'0700' if private else 'writable by its owner only'})"
+        )
+    if problem is not None:
+        os.close(fd)
+        raise UnsafeCacheDirError(
+            f"remote file cache {path!r} {problem}; refusing to use it (its copies or locks "
+            f"could be another user's). {fix}"
+        )
+    return fd
+
+
+def _open_private(dir_fd: int, name: str, create_new: bool = False, write: bool = False) -> int:
+    """Opens (creating, 0600) ``name`` in the directory, never through a symlink."""
+    flags = os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_WRONLY if write else os.O_RDWR)
+    if create_new:
+        flags |= os.O_EXCL
+    return os.open(name, flags, 0o600, dir_fd=dir_fd)
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Writes all of ``data`` at ``offset``; a short write is continued, a write of 0 is ENOSPC."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, "write made no progress (disk full?)")
+        view = view[n:]
+        offset += n
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, "write made no progress (disk full?)")
+        view = view[n:]
+
+
+def _write_sidecar(dir_fd: int, name: str, url: str, info: dict) -> None:
+    """Records the size and version ``name`` was fetched at, atomically (temp + rename)."""
+    record = {"url": url, "size": info["size"], "version": info["version"], "etag": info.get("etag")}
+    tmp = f".partial-meta-{name}-{os.getpid()}-{secrets.token_hex(4)}"
+    fd = _open_private(dir_fd, tmp, create_new=True, write=True)
+    try:
+        _write_all(fd, json.dumps(record).encode())
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, f".meta-{name}", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        tmp = None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+
+
+def _valid_copy(dir_fd: int, name: str, info: dict) -> bool:
+    """Whether ``name`` is a regular file of the object's size whose sidecar records its version.
+
+    A valid copy is marked recently used.
+    """
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != info["size"]:
+            return False
+        fd = os.open(f".meta-{name}", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            record = json.loads(os.read(fd, _SIDECAR_MAX_BYTES))
+        finally:
+            os.close(fd)
+        if record.get("size") != info["size"] or record.get("version") != info["version"]:
+            return False
+        os.utime(name, dir_fd=dir_fd, follow_symlinks=False)
         return True
-    except OSError:
+    except (OSError, ValueError):
         return False
 
 
+def _remove_unpinned(dir_fd: int, name: str) -> bool:
+    """Removes a cached copy unless it is pinned or being fetched (never waits)."""
+    try:
+        fd = _open_private(dir_fd, f".lock-{name}")
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.unlink(name, dir_fd=dir_fd)
+        with contextlib.suppress(OSError):
+            os.unlink(f".meta-{name}", dir_fd=dir_fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # Releases the lock.
+
 
 def default_cache_dir() -> str:
-    """The cache directory used when ``RemoteOptions.cache_dir`` is None."""
+    """The cache directory used when ``RemoteOptions.cache_dir`` is None.
+
+    ``$TMPDIR/grainlike-remote-cache-<uid>``: a guessable name, so it is used only
+    if it is this user's own, mode 0700 (see ``LocalCache``).
+    """
     return os.path.join(tempfile.gettempdir(), f"grainlike-remote-cache-{os.getuid()}")
 
 
 def cache_for(options: RemoteOptions) -> LocalCache:
     """The cache ``options`` describe (the default directory when it names none)."""
-    return LocalCache(options.cache_dir or default_cache_dir(), options, options.cache_max_bytes)
+    if options.cache_dir is None:
+        return LocalCache(default_cache_dir(), options, options.cache_max_bytes, private=True)
+    return LocalCache(options.cache_dir, options, options.cache_max_bytes)
 
 
 @contextlib.contextmanager
-def pinned_input(path: Any, options: Optional[RemoteOptions] = None) -> Iterator[Any]:
+def pinned_input(
+    path: Any, options: Optional[RemoteOptions] = None, pin: Optional[dict] = None
+) -> Iterator[Any]:
     """``open_input``, with a cached copy kept from eviction until the block ends.
 
     Open the file inside the block; the open file stays readable after it.
@@ -631,22 +1046,24 @@ def pinned_input(path: Any, options: Optional[RemoteOptions] = None) -> Iterator
     options = options or RemoteOptions()
     url = to_url(path)
     if is_remote(url) and options.cache_dir is not None:
-        with cache_for(options).pinned(url) as local:
+        with cache_for(options).pinned(url, pin) as local:
             yield local
     else:
-        yield open_input(url, options)
+        yield open_input(url, options, pin)
 
 
-def open_input(path: Any, options: Optional[RemoteOptions] = None) -> Any:
+def open_input(path: Any, options: Optional[RemoteOptions] = None, pin: Optional[dict] = None) -> Any:
     """Opens ``path`` for reading: a local path, a cached local copy or a ``RemoteFile``.
 
     Returns a path string for local files and for remote ones when
-    ``options.cache_dir`` is set, else a ``RemoteFile``.
+    ``options.cache_dir`` is set, else a ``RemoteFile``. A remote object is read
+    at the version ``pin`` (an ``object_info``) names, by default its current one;
+    a change raises ``ObjectChangedError``.
     """
     options = options or RemoteOptions()
     url = to_url(path)
     if not is_remote(url):
         return local_path(url)
     if options.cache_dir is not None:
-        return cache_for(options).fetch(url)
-    return RemoteFile(url, options)
+        return cache_for(options).fetch(url, pin)
+    return RemoteFile(url, options, None if pin is None else pin["size"], pin)

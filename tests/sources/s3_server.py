@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import struct
 import sys
+import time
 
 from tests.helpers.server_process import ServerProcess
 
@@ -140,3 +142,103 @@ class TcpProxy:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+
+class FaultyHttpProxy:
+    """An HTTP proxy to a storage server that can fail its GETs the ways stores fail.
+
+    ``mode``: None forwards every request; ``"500"`` answers each GET with HTTP 500
+    (S3's ``InternalError``); ``"slow"`` holds each GET ``delay_s`` before
+    forwarding it; ``"reset"`` sends the answer's headers and half its body, then
+    resets the connection. Other requests (HEAD: ``info``) are always forwarded.
+    ``gets`` counts the GETs seen; ``faults`` how many more GETs fail (None: all).
+    """
+
+    def __init__(self, target_port: int):
+        import http.client
+        import http.server
+        import threading
+
+        proxy = self
+        self.mode: str | None = None
+        self.delay_s = 0.0
+        self.faults: int | None = None
+        self.gets = 0
+        self._lock = threading.Lock()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _forward(self, body_limit=None):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                upstream = http.client.HTTPConnection("127.0.0.1", target_port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                headers["Host"] = f"127.0.0.1:{target_port}"
+                upstream.request(self.command, self.path, body=body, headers=headers)
+                answer = upstream.getresponse()
+                data = answer.read()
+                self.send_response(answer.status)
+                head = self.command == "HEAD"  # its Content-Length is the object's size
+                for k, v in answer.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection") and (head or k.lower() != "content-length"):
+                        self.send_header(k, v)
+                if not head:
+                    self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if body_limit is None:
+                    self.wfile.write(data)
+                else:
+                    self.wfile.write(data[:body_limit])
+                    self.wfile.flush()
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.close_connection = True
+                upstream.close()
+
+            def do_HEAD(self):
+                self._forward()
+
+            def do_PUT(self):
+                self._forward()
+
+            def do_POST(self):
+                self._forward()
+
+            def do_GET(self):
+                with proxy._lock:
+                    proxy.gets += 1
+                    fault = proxy.mode is not None and (proxy.faults is None or proxy.faults > 0)
+                    if fault and proxy.faults is not None:
+                        proxy.faults -= 1
+                    mode = proxy.mode if fault else None
+                if mode == "500":
+                    body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InternalError</Code>'
+                            b"<Message>We encountered an internal error. Please try again.</Message></Error>")
+                    self.send_response(500)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                if mode == "slow":
+                    time.sleep(proxy.delay_s)
+                if mode == "reset":
+                    self._forward(body_limit=16)
+                    return
+                self._forward()
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -277,7 +277,8 @@ def test_a_pinned_copy_is_not_evicted_until_released(up, local_files, tmp_path):
 
 def test_a_copy_evicted_before_every_pin_is_a_clear_error(up, tmp_path, monkeypatch):
     cache = remote.LocalCache(str(tmp_path / "cache"), _options(up))
-    monkeypatch.setattr(remote, "_touch", lambda path: False)  # Always gone before the pin.
+    # Always gone (or damaged) before the pin.
+    monkeypatch.setattr(remote, "_valid_copy", lambda dir_fd, name, info: False)
     with pytest.raises(remote.RemoteReadError, match=r"part-0\.parquet.*evicted.*cache_max_bytes"):
         with cache.pinned(_urls("pq")[0]):
             pass
@@ -435,11 +436,11 @@ def test_threads_fetching_one_file_copy_it_once(up, local_files, tmp_path, monke
     copies = []
     original = remote._read_range
 
-    def counting(url, start, end, options):
+    def counting(url, start, end, options, pin=None):
         if url == _urls("pq")[0]:
             copies.append((start, end))
             time.sleep(0.05)  # long enough for the other threads to arrive meanwhile
-        return original(url, start, end, options)
+        return original(url, start, end, options, pin)
 
     monkeypatch.setattr(remote, "_read_range", counting)
     cache = remote.LocalCache(str(tmp_path / "cache"), _options(up))
