@@ -22,7 +22,10 @@ in the sampler's stream, so an operation that holds records back across outputs
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import logging
+import types
 from typing import Any, Callable, Generic, Iterator, Optional, Protocol, Sequence, TypeVar
 
 import numpy as np
@@ -230,6 +233,22 @@ def loader_operation(op: Any, position: int) -> Any:
             drop_remainder=op.drop_remainder,
             batch_fn=getattr(op, "batch_fn", None),
             pad=bool(getattr(op, "pad", False)),
+        )
+    if isinstance(op, (types.FunctionType, types.BuiltinFunctionType, functools.partial)) and not (
+        inspect.isgeneratorfunction(op.func if isinstance(op, functools.partial) else op)
+    ):
+        # A plain function is almost always a per-record map written as one; run as
+        # a legacy Operation it would receive the whole record stream and fail at
+        # the first next() with an unrelated TypeError.
+        name = getattr(op, "__qualname__", None) or repr(op)
+        code = getattr(op, "__code__", None)
+        where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+        raise TypeError(
+            f"operations[{position}] is the function {name}{where}, not a transform. For a "
+            "function of one record, define a MapTransform (grain.transforms.Map) whose "
+            "map(x) calls it, or use the Dataset API's MapDataset.map(fn). A legacy Operation "
+            "(a function of the iterator of Records) must be a generator function or an "
+            "object with __call__."
         )
     if callable(op):
         return op

@@ -1,5 +1,6 @@
 """DataLoader in process: order, batching, length, state, errors, lifecycle."""
 
+import functools
 import json
 import sys
 
@@ -360,3 +361,26 @@ def test_reads_are_batched_by_count_for_small_records_and_by_bytes_for_big_ones(
     # A small first read, to learn the record size before reading many.
     assert source.reads[0] <= largest_read
     assert max(source.reads) == largest_read
+
+
+@pytest.mark.parametrize("op", [lambda x: x * 2, abs, functools.partial(max, 0)])
+def test_a_plain_function_in_operations_is_refused_when_the_loader_is_built(op):
+    with pytest.raises(TypeError, match=r"operations\[1\] is the function .*MapTransform"):
+        grain.DataLoader(
+            data_source=grain.RangeDataSource(0, 4, 1),
+            sampler=grain.IndexSampler(4, grain.NoSharding(), shuffle=False, num_epochs=1),
+            operations=[grain.Batch(2), op],
+        )
+
+
+def test_a_generator_function_is_still_a_legacy_operation():
+    def double_all(records):
+        for r in records:
+            yield grain.Record(r.metadata, r.data * 2)
+
+    loader = grain.DataLoader(
+        data_source=grain.RangeDataSource(0, 4, 1),
+        sampler=grain.IndexSampler(4, grain.NoSharding(), shuffle=False, num_epochs=1),
+        operations=[double_all],
+    )
+    assert [int(x) for x in loader] == [0, 2, 4, 6]
