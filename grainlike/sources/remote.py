@@ -917,6 +917,11 @@ def secure_directory(path: str, private: bool = False) -> int:
     problem = None
     if st.st_uid != os.geteuid():
         problem = f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    elif private and st.st_mode & 0o077 and not st.st_mode & 0o022:
+        # Ours and writable by us alone (as earlier versions made the default
+        # directory, 0755): nobody else could have put anything in it, so it is
+        # made private rather than refused.
+        os.fchmod(fd, 0o700)
     elif st.st_mode & (0o077 if private else 0o022):
         problem = (
             f"has mode {stat.S_IMODE(st.st_mode):04o}: "

@@ -171,6 +171,16 @@ def test_a_given_cache_dir_writable_by_group_is_refused_naming_it(s3, tmp_path):
 
 
 @needs_root
+def test_an_own_default_cache_dir_only_readable_by_others_is_made_private(s3, shared_tmp, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", shared_tmp)
+    cache_dir = remote.default_cache_dir()
+    os.mkdir(cache_dir, 0o755)  # as earlier versions made it
+    os.chmod(cache_dir, 0o755)
+    remote.cache_for(_options(s3)).fetch(_url("blob.bin"))
+    assert stat.S_IMODE(os.lstat(cache_dir).st_mode) == 0o700
+
+
+@needs_root
 def test_a_cache_dir_owned_by_another_user_is_refused(s3, tmp_path):
     cache_dir = tmp_path / "theirs"
     cache_dir.mkdir(mode=0o755)
