@@ -1,0 +1,7 @@
+"""grain's private module paths (``grain._src...``), for code written against them.
+
+Each module only re-exports grainlike objects with the same meaning; a name
+grainlike lacks is left out. Map the paths with ``sys.modules`` or import
+``grainlike._src.python...`` directly; see docs/migrating.md. ``import grainlike``
+does not import this package.
+"""

@@ -1,0 +1,5 @@
+"""``grain._src.core.tree``: grain's private path, re-exported from grainlike."""
+
+from grainlike.core.tree import flatten, map_structure, spec_like, unflatten_as
+
+__all__ = ['flatten', 'map_structure', 'spec_like', 'unflatten_as']

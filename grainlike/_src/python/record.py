@@ -1,0 +1,5 @@
+"""``grain._src.python.record``: grain's private path, re-exported from grainlike."""
+
+from grainlike import Record, RecordMetadata
+
+__all__ = ['Record', 'RecordMetadata']
