@@ -53,11 +53,14 @@ __all__ = [
     "DataCollector",
     "HDF5Collector",
     "MemoryCollector",
+    "NoSaveState",
     "SavingState",
     "dict_to_pytree",
     "load",
+    "no_save",
     "pytree_dict_keys",
     "pytree_to_dict",
+    "register_dictionize_rule",
     "save",
 ]
 
@@ -65,10 +68,49 @@ __all__ = [
 # -- pytrees as dicts ---------------------------------------------------------------------
 
 
+# Rules for node types of the user's: type -> rule(node) -> [(name, child), ...].
+_DICTIONIZE_RULES: dict = {}
+
+
+def register_dictionize_rule(node_type: type) -> Callable[[Callable[[Any], Any]], None]:
+    """Decorator: how a pytree node of ``node_type`` becomes a dict (JaxSGMC's ``io`` API).
+
+    The decorated function takes a node and returns its ``(name, child)`` pairs,
+    in the order of the node's leaves; ``pytree_to_dict``, ``pytree_dict_keys``,
+    ``dict_to_pytree`` and the collectors then name its leaves by them. Dicts,
+    lists, tuples and namedtuples have rules already.
+
+    Example:
+      >>> class Pair:
+      ...     def __init__(self, a, b):
+      ...         self.a, self.b = a, b
+      >>> @register_dictionize_rule(Pair)
+      ... def _pair(node):
+      ...     return [("a", node.a), ("b", node.b)]
+      >>> pytree_to_dict({"p": Pair(1.0, [2.0])})
+      {'p': {'a': 1.0, 'b': {'list_element_0': 2.0}}}
+
+    Raises:
+      ValueError: a rule for ``node_type`` exists already.
+    """
+    if not isinstance(node_type, type):
+        raise TypeError(f"register_dictionize_rule takes a type, got {node_type!r}")
+
+    def register(rule: Callable[[Any], Any]) -> None:
+        if node_type in _DICTIONIZE_RULES:
+            raise ValueError(f"a dictionize rule for {node_type.__name__} is already registered")
+        _DICTIONIZE_RULES[node_type] = rule
+
+    return register
+
+
 def _children(node: Any) -> Optional[list]:
     """``[(name, child), ...]`` of a container node (JaxSGMC's names), None for a leaf."""
     if node is None:
         return []
+    for node_type, rule in _DICTIONIZE_RULES.items():
+        if isinstance(node, node_type):
+            return [(str(k), v) for k, v in rule(node)]
     if isinstance(node, dict):
         # JAX flattens a dict in sorted key order; leaves here follow the same order.
         return [(k, node[k]) for k in sorted(node)]
@@ -405,6 +447,65 @@ def load(checkpoint_dir: str, init_checkpoint: Any = None, *, chain_id: int = 0,
     if meta["data"] is not None and data is not None:
         data_state = data.restore(meta["data"])
     return Checkpoint(meta["step"], meta["saved_samples"], carry, data_state, meta["data"], arrays)
+
+
+class NoSaveState(NamedTuple):
+    """``no_save``'s state: the samples kept so far, on the device (a JAX pytree).
+
+    Attributes:
+      chain_id: always 0 (JaxSGMC's field).
+      saved_samples: samples kept so far (int32 scalar).
+      data: the samples, each leaf with a leading axis of ``samples_collected``.
+    """
+
+    chain_id: Any
+    saved_samples: Any
+    data: Any
+
+
+def no_save() -> tuple:
+    """JaxSGMC's ``io.no_save``: keeps the samples in the device's memory, nothing on the host.
+
+    For samples small enough to hold on the device: no host callback at all. The
+    same three functions as ``save``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> init_save, save_fn, postprocess_save = no_save()
+      >>> state = init_save({"iteration": jnp.array(0)}, None, 3)
+      >>> def update(state, it):
+      ...     return save_fn(state, jnp.mod(it, 2) == 0, {"iteration": it})
+      >>> state, _ = jax.lax.scan(update, state, jnp.arange(5))
+      >>> out = postprocess_save(state, None)
+      >>> int(out["sample_count"]), out["samples"]["iteration"].tolist()
+      (3, [0, 2, 4])
+
+    Returns:
+      ``init_save(init_sample, unused_checkpoint, samples_collected)``,
+      ``save(state, keep, sample, **unused) -> (state, None)`` (jit/scan; a kept
+      sample past ``samples_collected`` is dropped, as JAX drops an
+      out-of-bounds update), and ``postprocess_save(state, unused) ->
+      {'sample_count', 'samples'}``.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    def init_save(init_sample: Any, unused_checkpoint: Any, samples_collected: Any) -> NoSaveState:
+        n = _count(samples_collected)
+        data = jax.tree.map(lambda x: jnp.zeros((n,) + jnp.shape(x), jnp.asarray(x).dtype), init_sample)
+        return NoSaveState(chain_id=0, saved_samples=jnp.int32(0), data=data)
+
+    def save_fn(state: NoSaveState, keep: Any, sample: Any, **unused: Any) -> tuple:
+        def kept(state: NoSaveState) -> NoSaveState:
+            data = jax.tree.map(lambda d, x: d.at[state.saved_samples].set(x), state.data, sample)
+            return NoSaveState(state.chain_id, state.saved_samples + 1, data)
+
+        return jax.lax.cond(keep, kept, lambda state: state, state), None
+
+    def postprocess_save(state: NoSaveState, unused: Any) -> dict:
+        return {"sample_count": state.saved_samples, "samples": state.data}
+
+    return init_save, save_fn, postprocess_save
 
 
 def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int = 0, *,

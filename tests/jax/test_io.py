@@ -166,3 +166,42 @@ def test_checkpoint_holds_carry_samples_and_data_position(tmp_path):
     with pytest.raises(ValueError, match=r"pass that reference_data as io.save\(..., data=...\)"):
         save(init_save({"x": jnp.int32(0)}, None, 1), True, {"x": jnp.int32(1)},
              data_state=data.init())
+
+
+def test_no_save_keeps_the_kept_samples_on_the_device_as_jaxsgmc_does():
+    # JaxSGMC 0.1.5's documented example: keep every second of 5 iterations, room for 3.
+    import jax
+    import jax.numpy as jnp
+
+    from grainlike import io
+
+    init_save, save, postprocess_save = io.no_save()
+    state = init_save({"iteration": jnp.array(0)}, None, 3)
+
+    def update(state, it):
+        return save(state, jnp.mod(it, 2) == 0, {"iteration": it})
+
+    final, _ = jax.jit(lambda s: jax.lax.scan(update, s, jnp.arange(5)))(state)
+    out = postprocess_save(final, None)
+    assert int(out["sample_count"]) == 3
+    assert out["samples"]["iteration"].tolist() == [0, 2, 4]
+
+
+def test_a_dictionize_rule_names_the_leaves_of_a_users_node():
+    from grainlike import io
+
+    class Params:
+        def __init__(self, w, b):
+            self.w, self.b = w, b
+
+    @io.register_dictionize_rule(Params)
+    def _params(node):
+        return [("weights", node.w), ("bias", node.b)]
+
+    tree = {"layer": Params([1.0, 2.0], 3.0)}
+    assert io.pytree_to_dict(tree) == {"layer": {"weights": {"list_element_0": 1.0, "list_element_1": 2.0}, "bias": 3.0}}
+    assert io.pytree_dict_keys(tree) == [
+        ("layer", "weights", "list_element_0"), ("layer", "weights", "list_element_1"), ("layer", "bias"),
+    ]
+    with pytest.raises(ValueError, match="already registered"):
+        io.register_dictionize_rule(Params)(_params)
