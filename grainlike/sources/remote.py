@@ -822,6 +822,7 @@ class LocalCache:
         size = info["size"]
         tmp = f".partial-{name}-{os.getpid()}-{secrets.token_hex(4)}"
         fd = _open_private(dir_fd, tmp, create_new=True, write=True)
+        copied = False
         try:
             bs = self._options.block_size
             ranges = [(s, min(s + bs, size)) for s in range(0, size, bs)]
@@ -829,27 +830,39 @@ class LocalCache:
             def copy(r: tuple[int, int]) -> None:
                 _pwrite_all(fd, _read_range(url, r[0], r[1], self._options, info), r[0])
 
+            # Blocks of one file in parallel: remote latency, not bandwidth, bounds
+            # a single ranged read. Every block is of the pinned version.
+            pending = [_pool("copy").submit(copy, r) for r in ranges]
             try:
-                # Blocks of one file in parallel: remote latency, not bandwidth, bounds
-                # a single ranged read. Every block is of the pinned version.
-                for f in [_pool("copy").submit(copy, r) for r in ranges]:
+                for f in pending:
                     f.result()
-                os.fsync(fd)
-            except OSError as e:
-                if e.errno in (errno.ENOSPC, errno.EDQUOT) and not isinstance(e, RemoteReadError):
-                    raise CacheFullError(
-                        e.errno,
-                        f"{url!r}: no space left to cache it ({size} bytes) in {self._dir!r}: {e}. "
-                        "No partial copy was kept. Free space there, lower "
-                        "RemoteOptions.cache_max_bytes, or pass a directory on a larger disk as "
-                        "RemoteOptions(cache_dir=...).",
-                    ) from e
-                raise
+            finally:
+                # No block may still write to ``fd`` once it is closed (its number
+                # could by then name another file).
+                for f in pending:
+                    f.cancel()
+                futures.wait(pending)
+            os.fsync(fd)
             os.close(fd)
             fd = -1
             os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             tmp = None
+            copied = True
             _write_sidecar(dir_fd, name, url, info)
+        except OSError as e:
+            if copied:
+                # Without its sidecar the copy would be fetched again anyway.
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dir_fd)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT) and not isinstance(e, RemoteReadError):
+                raise CacheFullError(
+                    e.errno,
+                    f"{url!r}: no space left to cache it ({size} bytes) in {self._dir!r}: {e}. "
+                    "No partial copy was kept. Free space there, lower "
+                    "RemoteOptions.cache_max_bytes, or pass a directory on a larger disk as "
+                    "RemoteOptions(cache_dir=...).",
+                ) from e
+            raise
         finally:
             if fd >= 0:
                 os.close(fd)

@@ -356,3 +356,17 @@ def test_a_gcs_object_overwritten_while_open_raises_naming_both_generations(tmp_
                 f.read(1000)
     finally:
         server.stop()
+
+
+def test_a_full_disk_while_writing_the_sidecar_leaves_no_copy(s3, tmp_path, monkeypatch):
+    real = os.write
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    cache_dir = tmp_path / "cache"
+    with pytest.raises(remote.CacheFullError, match=rf"blob\.bin.*{cache_dir}"):
+        remote.cache_for(_options(s3, str(cache_dir), attempts=1)).fetch(_url("blob.bin"))
+    monkeypatch.setattr(os, "write", real)
+    assert [n for n in os.listdir(cache_dir) if not n.startswith(".lock-")] == []
