@@ -193,7 +193,10 @@ def _count_remote_records(url: str, remote_options: Optional[remote.RemoteOption
 
     options = remote_options or remote.RemoteOptions()
     try:
-        size = remote.object_size(url, options)
+        # The version counted here is the one the cached copy is fetched at later
+        # (the source keeps this info): a file changed in between is an error.
+        info = remote.object_info(url, options)
+        size = info["size"]
     except FileNotFoundError as e:
         raise SourceFileNotFoundError(f"ArrayRecordDataSource: file not found: {url!r} ({e})") from e
     tail = min(size, _FIRST_TAIL_BYTES)
@@ -203,7 +206,7 @@ def _count_remote_records(url: str, remote_options: Optional[remote.RemoteOption
             with open(path, "wb") as f:
                 f.truncate(size)
                 f.seek(size - tail)
-                f.write(remote.read_range(url, size - tail, size, options))
+                f.write(remote.read_range(url, size - tail, size, options, info))
             try:
                 reader = array_record_module.ArrayRecordReader(path, options=_BASE_READER_OPTIONS)
                 try:

@@ -370,3 +370,23 @@ def test_a_full_disk_while_writing_the_sidecar_leaves_no_copy(s3, tmp_path, monk
         remote.cache_for(_options(s3, str(cache_dir), attempts=1)).fetch(_url("blob.bin"))
     monkeypatch.setattr(os, "write", real)
     assert [n for n in os.listdir(cache_dir) if not n.startswith(".lock-")] == []
+
+
+def test_an_array_record_shard_overwritten_after_the_source_was_built_is_an_error(s3, tmp_path):
+    ar = pytest.importorskip("array_record.python.array_record_module")
+    from grainlike.sources.array_record import ArrayRecordDataSource
+
+    def shard(name: str, prefix: bytes) -> str:
+        path = str(tmp_path / name)
+        writer = ar.ArrayRecordWriter(path, "group_size:1")
+        for i in range(20):
+            writer.write(prefix + b"%03d" % i)
+        writer.close()
+        return path
+
+    key = "changing.array_record"
+    _overwrite(s3, key, shard("old.array_record", b"old"))
+    source = ArrayRecordDataSource(_url(key), remote_options=_options(s3, str(tmp_path / "cache")))
+    _overwrite(s3, key, shard("new.array_record", b"new-and-longer"))
+    with pytest.raises(remote.ObjectChangedError, match=r"changing\.array_record"):
+        source[0]

@@ -414,9 +414,9 @@ def test_array_record_counts_from_the_tail_without_copying_the_files(up, tmp_pat
     reads = []
     original = remote.read_range
 
-    def recording(url, start, end, options):
+    def recording(url, start, end, options, pin=None):
         reads.append((url, end - start))
-        return original(url, start, end, options)
+        return original(url, start, end, options, pin)
 
     monkeypatch.setattr(remote, "read_range", recording)
     # A tail far smaller than the footer: the count must grow it, never guess from zeros.
