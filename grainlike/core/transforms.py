@@ -165,7 +165,8 @@ class Batch:
     batch_size: int
     drop_remainder: bool = False
     batch_fn: Optional[Callable[[Sequence[Any]], Any]] = None
-    pad: bool = False
+    # Out of the repr: grain's repr of the same Batch has no pad.
+    pad: bool = dataclasses.field(default=False, repr=False)
 
     def __post_init__(self):
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, (int, np.integer)):
@@ -183,6 +184,43 @@ class Batch:
 
 Transformation = Union[Batch, Map, RandomMap, TfRandomMap, Filter, FlatMap, MapWithIndex]
 Transformations = Sequence[Transformation]
+
+
+def display_name(transform: Any) -> str:
+    """A transform's name in a dataset's ``str()``, as grain 0.2.18 writes it.
+
+    A transform object is named by its class (or by its own ``str()`` if its
+    class defines ``__str__`` or ``__repr__``); a function by its name, the last
+    three parts of its file and its line: ``"<lambda> @ .../pkg/mod.py:12"``.
+    Error messages name transforms with ``transform_name`` instead, which gives
+    the full file of a class too.
+
+    Example:
+      >>> class Plus(Map):
+      ...     def map(self, x):
+      ...         return x + 1
+      >>> display_name(Plus())
+      'Plus'
+    """
+    if isinstance(transform, MapWithIndex):
+        # grain's datasets keep (and name) the bound method of these.
+        transform = transform.map_with_index
+    elif isinstance(transform, (Batch, Map, RandomMap, TfRandomMap, Filter, FlatMap)):
+        cls = type(transform)
+        if cls.__str__ is object.__str__ and cls.__repr__ is object.__repr__:
+            return cls.__name__
+        return str(transform)
+    name = getattr(transform, "__name__", None) or repr(transform)
+    try:
+        source = inspect.getsourcefile(transform)
+        if source is None:
+            return name
+        parts = source.split("/")
+        if len(parts) >= 3:
+            source = ".../" + "/".join(parts[-3:])
+        return f"{name} @ {source}:{inspect.getsourcelines(transform)[1]}"
+    except (OSError, TypeError):
+        return name
 
 
 def transform_name(transform: Any) -> str:

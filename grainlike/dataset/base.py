@@ -182,6 +182,15 @@ class _Dataset:
             return None
         return np.random.SeedSequence(aggregated).generate_state(1, dtype=np.uint32)[0]
 
+    def describe(self) -> str:
+        """This stage as error messages name it (grainlike only).
+
+        ``str()`` is grain's text; a stage applying a user transform describes
+        it with the file and line the transform was defined at, e.g.
+        ``MapMapDataset(transform=Plus (/path/train.py:12))``.
+        """
+        return str(self)
+
     def pipe(self, func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Returns ``func(self, *args, **kwargs)``, to chain custom stages.
 

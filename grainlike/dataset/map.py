@@ -18,6 +18,7 @@ from grainlike.core.transforms import (
     MapTransform,
     MapWithIndexTransform,
     RandomMapTransform,
+    display_name,
     transform_name,
 )
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
@@ -136,6 +137,9 @@ class ElementwiseMapDataset(MapDataset):
         return len(self._parent)
 
     def __str__(self) -> str:
+        return f"{type(self).__name__}(transform={display_name(self._transform)})"
+
+    def describe(self) -> str:
         return f"{type(self).__name__}(transform={self._name})"
 
     def __getitem__(self, index):
@@ -317,6 +321,9 @@ class TransformIterDataset(IterDataset):
         self._name = transform_name(transform)
 
     def __str__(self) -> str:
+        return f"{type(self).__name__}(transform={display_name(self._transform)})"
+
+    def describe(self) -> str:
         return f"{type(self).__name__}(transform={self._name})"
 
 

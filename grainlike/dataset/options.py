@@ -71,8 +71,9 @@ class MultiprocessingOptions:
     num_workers: int = 0
     per_worker_buffer_size: int = 1
     enable_profiling: bool = False
-    warm_start: bool = False
-    stall_timeout_s: Optional[float] = 300.0
+    # grainlike-only fields stay out of the repr, which is grain's.
+    warm_start: bool = dataclasses.field(default=False, repr=False)
+    stall_timeout_s: Optional[float] = dataclasses.field(default=300.0, repr=False)
 
     def __post_init__(self):
         _check_non_negative_int("num_workers", self.num_workers)
