@@ -535,6 +535,7 @@ def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int =
     if checkpoint_every and checkpoint_dir is None:
         raise ValueError("save(checkpoint_every=...) needs checkpoint_dir=")
     templates: dict = {}  # chain id -> init_checkpoint
+    received: dict = {}  # chain id -> samples this save's callbacks wrote (and resumed)
     errors = CallbackErrors("io.save")
 
     def init_save(init_sample: Any, init_checkpoint: Any, samples_collected: Any,
@@ -548,10 +549,12 @@ def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int =
         if resume is not None:
             collector.resume(chain_id, resume.saved_samples, resume.arrays)
             saved, step = resume.saved_samples, resume.step
+        received[chain_id] = saved
         return SavingState(jnp.int32(chain_id), jnp.int32(saved), jnp.int32(step))
 
     def host_save(chain_id: Any, index: Any, *leaves: Any) -> np.ndarray:
         collector.save(int(chain_id), int(index), [np.asarray(x) for x in leaves])
+        received[int(chain_id)] = received.get(int(chain_id), 0) + 1
         return np.int32(1)
 
     def host_checkpoint(chain_id: Any, step: Any, saved: Any, data_position: Any, *carry: Any) -> np.ndarray:
@@ -607,7 +610,18 @@ def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int =
         jax.block_until_ready(state)
         jax.effects_barrier()  # a checkpoint's callback has no output to wait on
         errors.raise_pending()
-        return {"sample_count": state.saved_samples, "samples": collector.finished(int(state.chain_id))}
+        chain_id, counted = int(state.chain_id), int(state.saved_samples)
+        if counted > received.get(chain_id, 0):
+            # JAX caches a traced function with the callbacks it was traced with: a
+            # jitted update traced with an earlier io.save(...)'s save wrote there.
+            raise RuntimeError(
+                f"postprocess_save: the state counts {counted} saved samples of chain {chain_id}, "
+                f"but this io.save(...) received {received.get(chain_id, 0)}: the jitted function "
+                "that called save(...) was traced with the save of another io.save(...) call, and "
+                "JAX reused that trace. Define (and jit) the update function after io.save(...), "
+                "or pass save into it as an argument of a fresh jax.jit."
+            )
+        return {"sample_count": state.saved_samples, "samples": collector.finished(chain_id)}
 
     return init_save, save_step, postprocess_save
 

@@ -205,3 +205,29 @@ def test_a_dictionize_rule_names_the_leaves_of_a_users_node():
     ]
     with pytest.raises(ValueError, match="already registered"):
         io.register_dictionize_rule(Params)(_params)
+
+
+def test_an_update_traced_with_an_earlier_save_is_reported_not_silently_empty():
+    # A module-level update function that calls whatever `save` currently is: jit
+    # traces it once, with the first io.save(...)'s callbacks.
+    import jax
+    import jax.numpy as jnp
+
+    from grainlike import io
+
+    current = {}
+
+    def update(state, it):
+        return current["save"](state, True, {"x": it})
+
+    run = jax.jit(lambda s: jax.lax.scan(update, s, jnp.arange(3.0))[0])
+
+    def one_run():
+        init_save, current["save"], postprocess_save = io.save(io.MemoryCollector())
+        state = init_save({"x": jnp.float32(0)}, None, 3)
+        return postprocess_save(run(state), None)
+
+    first = one_run()
+    assert first["samples"]["x"].tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(RuntimeError, match="traced with the save of another io.save"):
+        one_run()
