@@ -677,7 +677,9 @@ class DatasetIterator(Iterator[T], abc.ABC):
         raise NotImplementedError(f"{self} cannot move to an index without reading")
 
     def __del__(self):
-        close_dropped(self)
+        closer = close_dropped  # None while the interpreter tears the module down at exit
+        if closer is not None:
+            closer(self)
 
 
 def apply_transformations(ds: Any, transformations: Any) -> Any:

@@ -339,7 +339,9 @@ class DataLoaderIterator(Iterator[Any]):
         self.close()
 
     def __del__(self):
-        close_dropped(self)
+        closer = close_dropped  # None while the interpreter tears the module down at exit
+        if closer is not None:
+            closer(self)
 
     def __str__(self) -> str:
         return f"PyGrainDatasetIterator(state={self.get_state().decode()})"

@@ -348,3 +348,31 @@ def test_a_dropped_iterator_does_not_fill_its_buffer(kind, tmp_path):
     # The reads in flight at the drop: at most 16 threads' reads of about 1 MiB
     # each, and the elements already read; far from the 500 MiB of the buffer.
     assert result["peak_mib"] < 150, result
+
+
+
+@pytest.mark.parametrize("module", ["grainlike.loader.data_loader", "grainlike.dataset.base"])
+def test_a_finalizer_during_interpreter_teardown_stays_silent(monkeypatch, module):
+    """At exit CPython sets module globals to None before the last iterators go:
+    their finalizers must neither raise nor print."""
+    import gc
+    import importlib
+    import sys
+
+    import grainlike as gl
+
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    it = iter(
+        gl.DataLoader(
+            data_source=gl.RangeDataSource(0, 8, 1),
+            sampler=gl.IndexSampler(8, gl.NoSharding(), shuffle=False, num_epochs=1),
+            operations=[gl.Batch(4)],
+        )
+    )
+    ds_it = iter(gl.MapDataset.range(8).to_iter_dataset())
+    next(it), next(ds_it)
+    monkeypatch.setattr(importlib.import_module(module), "close_dropped", None)
+    del it, ds_it
+    gc.collect()
+    assert unraisable == []
