@@ -19,7 +19,8 @@ RECORDS, OLD, NEW, WORKERS, DONE = 1_000_000, 4, 3, 2, 0.48
 
 
 def _loader(index: int, count: int) -> grain.DataLoader:
-    sampler = grain.IndexSampler(RECORDS, grain.ShardOptions(index, count), shuffle=True, num_epochs=1, seed=1)
+    shard = grain.ShardOptions(index, count, drop_remainder=True)
+    sampler = grain.IndexSampler(RECORDS, shard, shuffle=True, num_epochs=1, seed=1)
     return grain.DataLoader(data_source=grain.RangeDataSource(0, RECORDS, 1), sampler=sampler, worker_count=WORKERS)
 
 

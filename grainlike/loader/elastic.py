@@ -23,7 +23,7 @@ Guarantees and limits are in "Elastic restore" in ``docs/checkpointing.md``.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -162,7 +162,101 @@ def sampler_process_states(
         )
         positions = old_codec.decode(data)
         olds.append((old_sampler, old_codec, *frontier(old_codec, positions)))
-    return assign(codec, *_new_frontier(sampler, codec, olds))
+    if codec.shard_count == 1:
+        return assign(codec, *_new_frontier(sampler, codec, olds))
+    return _equal_shares(sampler, codec, olds, process_count)
+
+
+def _equal_shares(sampler: Any, codec: state_lib.LegacyState, olds: list, process_count: int) -> state_lib.Positions:
+    """This process's positions, with every new process delivering equal shares.
+
+    The delivered records fall unevenly on the ``M`` new shards, so each new
+    process would have another number of records left: another number of
+    batches, or a last batch of another shape, from which no global array can be
+    built. Every process computes all ``M`` shares alone from the same old
+    states. Equal shares (per worker, and the same worker first) go on as they
+    are. Otherwise, with ``drop_remainder=True`` sharding each worker of each
+    process drops its last records of the epoch under way down to the smallest
+    share among the processes (as ``drop_remainder`` drops records so that all
+    shards are equal); without it the restore is refused.
+
+    Raises:
+      InvalidStateError: the shares differ and the sharding keeps remainders.
+    """
+    from grainlike.core import sharding
+    from grainlike.core.samplers import IndexSampler
+
+    m = codec.shard_count
+    w = max(codec.worker_count, 1)
+    drop = sampler.shard_options.drop_remainder
+    shares = []
+    seen_by_epoch: dict = {}
+    for j in range(m):
+        if j == codec.shard_index:
+            sampler_j, codec_j = sampler, codec
+        else:
+            sampler_j = IndexSampler(
+                sampler.num_records,
+                sharding.ShardOptions(j, m, drop),
+                shuffle=sampler.shuffle,
+                num_epochs=sampler.num_epochs,
+                seed=sampler.seed,
+            )
+            codec_j = state_lib.LegacyState(
+                worker_count=codec.worker_count,
+                shard_index=j,
+                shard_count=m,
+                sampler_repr=repr(sampler_j),
+                data_source_repr=codec.data_source_repr,
+                worker_lengths=tuple(state_lib.worker_lengths(len(sampler_j) // m, codec.worker_count)),
+            )
+        f, above = _new_frontier(sampler_j, codec_j, olds, seen_by_epoch)
+        shares.append((sampler_j, codec_j, f, above, _worker_counts(codec_j, f, above)))
+    counts = np.asarray([share[4] for share in shares])
+    first = [share[2] % w if codec.worker_count else 0 for share in shares]
+    _, _, f, above, mine = shares[codec.shard_index]
+    positions = assign(codec, f, above)
+    if (counts == counts[0]).all() and len(set(first)) == 1:
+        return positions
+    if not drop:
+        totals = " / ".join(f"{int(c):,}" for c in counts.sum(axis=1))
+        raise InvalidStateError(
+            f"restoring the states of {process_count} processes on {m}: the new processes "
+            f"would deliver different numbers of records ({totals}), so different numbers "
+            "or shapes of batches, and no global array could be built from them. Shard with "
+            "drop_remainder=True (grain.ShardByJaxProcess(drop_remainder=True)) to drop each "
+            "process's extra records of the epoch under way, as drop_remainder drops records "
+            "to make shards equal"
+        )
+    target = counts.min(axis=0)
+    n = sampler._shard_size
+    skip = [np.asarray(above, dtype=np.int64)]
+    end = min(codec.local_length, (max([f, *above]) // n + 1) * n) if n > 0 else codec.local_length
+    for worker in range(w):
+        extra = int(mine[worker] - target[worker])
+        if extra <= 0:
+            continue
+        # The worker's last positions not delivered, in the epoch(s) under way.
+        start = f + (worker - f) % w
+        ahead = np.arange(start, end, w, dtype=np.int64)[::-1]
+        ahead = ahead[~np.isin(ahead, skip[0])]
+        skip.append(ahead[:extra])
+    positions = assign(codec, f, np.unique(np.concatenate(skip)).tolist())
+    positions.next_worker = min(first)
+    return positions
+
+
+def _worker_counts(codec: state_lib.LegacyState, f: int, above: Sequence[int]) -> list[int]:
+    """Per worker of ``codec``, the positions it has left from ``f`` on, less ``above``."""
+    w = max(codec.worker_count, 1)
+    counts = []
+    for worker, length in enumerate(codec.worker_lengths):
+        first = max(0, -(-(f - worker) // w))
+        counts.append(max(0, length - first))
+    for p in above:
+        if p < codec.local_length:
+            counts[p % w] -= 1
+    return counts
 
 
 def _epoch_keys(sampler: Any, codec: state_lib.LegacyState, positions: np.ndarray) -> np.ndarray:
@@ -170,8 +264,16 @@ def _epoch_keys(sampler: Any, codec: state_lib.LegacyState, positions: np.ndarra
     return np.asarray(sampler.locate(global_indices).keys, dtype=np.int64)
 
 
-def _new_frontier(sampler: Any, codec: state_lib.LegacyState, olds: list) -> tuple[int, list[int]]:
-    """This shard's frontier and delivered positions above it, from the old shards'."""
+def _new_frontier(
+    sampler: Any, codec: state_lib.LegacyState, olds: list, seen_by_epoch: Optional[dict] = None
+) -> tuple[int, list[int]]:
+    """This shard's frontier and delivered positions above it, from the old shards'.
+
+    ``seen_by_epoch`` keeps the records the old shards delivered per epoch (the
+    same for every new shard) between calls for several new shards.
+    """
+    if seen_by_epoch is None:
+        seen_by_epoch = {}
     n_new = sampler._shard_size
     if n_new <= 0:
         return 0, []
@@ -188,16 +290,9 @@ def _new_frontier(sampler: Any, codec: state_lib.LegacyState, olds: list) -> tup
     start = min(done * n_new, codec.local_length)
     delivered: list[np.ndarray] = []
     for epoch in range(done, last + 1):
-        seen = np.zeros(sampler.num_records, dtype=bool)
-        for (old_sampler, old_codec, f, above), n in zip(olds, sizes):
-            if n <= 0:
-                continue
-            lo, hi = epoch * n, min((epoch + 1) * n, old_codec.local_length)
-            prefix = np.arange(lo, max(lo, min(f, hi)), dtype=np.int64)
-            extra = np.asarray([p for p in above if lo <= p < hi], dtype=np.int64)
-            mine = np.concatenate([prefix, extra])
-            if mine.size:
-                seen[_epoch_keys(old_sampler, old_codec, mine)] = True
+        seen = seen_by_epoch.get(epoch)
+        if seen is None:
+            seen = seen_by_epoch[epoch] = _delivered_in_epoch(sampler.num_records, olds, sizes, epoch)
         lo, hi = epoch * n_new, min((epoch + 1) * n_new, codec.local_length)
         if lo >= hi:
             break
@@ -208,6 +303,21 @@ def _new_frontier(sampler: Any, codec: state_lib.LegacyState, olds: list) -> tup
     while f in done_positions:
         f += 1
     return f, sorted(p for p in done_positions if p > f)
+
+
+def _delivered_in_epoch(num_records: int, olds: list, sizes: list, epoch: int) -> np.ndarray:
+    """Per record key, whether an old shard delivered it in ``epoch``."""
+    seen = np.zeros(num_records, dtype=bool)
+    for (old_sampler, old_codec, f, above), n in zip(olds, sizes):
+        if n <= 0:
+            continue
+        lo, hi = epoch * n, min((epoch + 1) * n, old_codec.local_length)
+        prefix = np.arange(lo, max(lo, min(f, hi)), dtype=np.int64)
+        extra = np.asarray([p for p in above if lo <= p < hi], dtype=np.int64)
+        mine = np.concatenate([prefix, extra])
+        if mine.size:
+            seen[_epoch_keys(old_sampler, old_codec, mine)] = True
+    return seen
 
 
 # -- pipelines whose fast path reads without a skipping stage ---------------------------

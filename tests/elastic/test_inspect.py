@@ -51,8 +51,10 @@ def test_process_count_change_shows_the_records_each_new_process_delivers(checkp
             it.set_state(dumps(loader._codec.encode(elastic.process_states(loader, states, 2))))
             delivered.append(sum(np.asarray(b).size for b in it))
     assert _remaining(text) == delivered
-    # 12 records delivered of 48: the rest, once.
-    assert sum(delivered) == RECORDS * EPOCHS - 12
+    # 12 records delivered of 48; the 3 new processes deliver equal shares of the
+    # rest (drop_remainder sharding drops the extra ones of the epoch under way).
+    assert len(set(delivered)) == 1
+    assert RECORDS * EPOCHS - 12 - 3 <= sum(delivered) <= RECORDS * EPOCHS - 12
 
 
 @pytest.mark.timeout(60)

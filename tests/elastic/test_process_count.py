@@ -21,10 +21,15 @@ TIMEOUT_S = 90
 
 
 def _job(tmp_path, ckpt, n, mode, steps=0, workers=0) -> list[int]:
-    """Runs an n-process job; returns the records all its processes delivered."""
+    """Runs an n-process job; returns the records all its processes delivered.
+
+    After a restore every process delivers as many records as the others (the
+    ``drop_remainder=True`` sharding drops the extra ones of the epoch under way).
+    """
     ckpt.mkdir(exist_ok=True)  # Orbax makes the item's directory before save().
     results = run_job(SCRIPT, n, [ckpt, mode, steps, workers], tmp_path, TIMEOUT_S)
     assert [r["process"] for r in results] == list(range(n))
+    assert len({len(r["delivered"]) for r in results}) == 1, [len(r["delivered"]) for r in results]
     return [v for r in results for v in r["delivered"]]
 
 
@@ -49,7 +54,12 @@ def test_checkpoint_of_two_processes_restores_on_one_and_on_three(tmp_path, no_l
     copy = tmp_path / "two_copy"
     shutil.copytree(ckpt, copy)
     _assert_every_record_once(before, _job(tmp_path, ckpt, 1, "restore"))
-    _assert_every_record_once(before, _job(tmp_path, copy, 3, "restore", workers=2))
+    # On 3: equal shares, so a few records of the epoch under way are dropped.
+    after = _job(tmp_path, copy, 3, "restore", workers=2)
+    got = collections.Counter(before) + collections.Counter(after)
+    expected = collections.Counter(list(range(RECORDS)) * EPOCHS)
+    assert not got - expected, "a record came twice"
+    assert 0 < sum((expected - got).values()) <= 3 * 2 * 3  # processes x workers x batch
 
 
 @pytest.mark.timeout(3 * TIMEOUT_S)

@@ -51,21 +51,29 @@ def _save(records: int, n: int, steps: int, shuffle: bool, workers: int = 0) -> 
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_processes_states_merge_into_another_process_count(no_leaks, records, old, new, steps, shuffle):
     before, states = _save(records, old, steps, shuffle)
-    after = []
+    after, shapes = [], []
     for j in range(new):
         loader = _loader(records, j, new, shuffle)
         with iter(loader) as it:
             it.set_state(dumps(loader._codec.encode(elastic.process_states(loader, states, old))))
-            after += _values(it)
+            batches = list(it)
+        after += _values(batches)
+        shapes.append([np.shape(b) for b in batches])
     got = collections.Counter(before + after)
-    # Every record the new split covers, each epoch, once; records the old split
-    # dropped but the new one covers are delivered by the new job.
+    # Every new process delivers batches of the same shapes (the sharding drops
+    # each one's extra records of the epoch under way, as drop_remainder does).
+    assert all(s == shapes[0] for s in shapes), shapes
+    # No record twice; every record the new split covers in every epoch, except
+    # the few dropped in the epoch under way; records the old split dropped but
+    # the new one covers are delivered by the new job.
     covered = set()
     for j in range(new):
         start, end = even_split(records, grain.ShardOptions(j, new, drop_remainder=True))
         covered |= set(range(start, end))
     assert not got - collections.Counter(list(range(records)) * EPOCHS), "a record came twice"
-    assert all(got[r] == EPOCHS for r in covered), sorted(r for r in covered if got[r] != EPOCHS)
+    assert all(got[r] >= EPOCHS - 1 for r in covered), sorted(r for r in covered if got[r] < EPOCHS - 1)
+    if new == 1:
+        assert all(got[r] == EPOCHS for r in covered), sorted(r for r in covered if got[r] != EPOCHS)
 
 
 @pytest.mark.timeout(60)
@@ -98,9 +106,10 @@ def test_state_after_a_restore_onto_other_processes_stays_a_few_kb(no_leaks, shu
     records, old, new = 100_000, 4, 3
 
     def loader(index, count):
+        shard = grain.ShardOptions(index, count, drop_remainder=True)
         return grain.DataLoader(
             data_source=grain.RangeDataSource(0, records, 1),
-            sampler=grain.IndexSampler(records, grain.ShardOptions(index, count), shuffle=shuffle, num_epochs=1, seed=3),
+            sampler=grain.IndexSampler(records, shard, shuffle=shuffle, num_epochs=1, seed=3),
             operations=[grain.Batch(1000)],
         )
 
@@ -123,9 +132,13 @@ def test_state_after_a_restore_onto_other_processes_stays_a_few_kb(no_leaks, shu
             assert "skip_indices" not in json.loads(it.get_state())
     got = collections.Counter(before + after)
     assert max(got.values()) == 1, "a record came twice"
-    # Every record the 3-process split delivers (100k // 3 per shard) is delivered.
-    covered = {v for j in range(new) for v in _values(loader(j, new))}
-    assert covered <= set(got)
+    # Equal shares: each process's extra records of the epoch are dropped. Shuffled,
+    # the delivered records spread evenly and few are dropped; in order, whole
+    # blocks of a new shard were delivered, and the shares differ by thousands.
+    assert len(after) % new == 0
+    if shuffle:
+        covered = {v for j in range(new) for v in _values(loader(j, new))}
+        assert len(covered - set(got)) < 0.01 * records
 
 
 @pytest.mark.timeout(60)
@@ -140,3 +153,61 @@ def test_a_plain_skip_list_of_earlier_states_still_restores(no_leaks):
         it.set_state(dumps(data))
         after = _values(it)
     assert collections.Counter(before + after) == collections.Counter(list(range(24)) * EPOCHS)
+
+
+def _shard_loader(records, index, count, drop, workers):
+    return grain.DataLoader(
+        data_source=grain.RangeDataSource(0, records, 1),
+        sampler=grain.IndexSampler(
+            records, grain.ShardOptions(index, count, drop_remainder=drop), shuffle=True, num_epochs=1, seed=9
+        ),
+        operations=[grain.Batch(7)],
+        worker_count=workers,
+    )
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_after_a_restore_on_other_processes_every_process_has_the_same_batch_shapes(no_leaks, workers):
+    # 4 processes deliver 20 batches each of 1,000 records; 3 go on. Unequal shares
+    # (the records delivered fall unevenly on the new shards) would give each
+    # process another number of batches and another last batch: DeviceIterator
+    # could then build global arrays of different shapes on each process.
+    records = 1000
+    before, states = [], {}
+    for i in range(4):
+        with iter(_shard_loader(records, i, 4, True, workers)) as it:
+            before += _values(next(it) for _ in range(20 // max(workers, 1)))
+            states[i] = it.get_state()
+    shapes, after = [], []
+    for j in range(3):
+        loader = _shard_loader(records, j, 3, True, workers)
+        with iter(loader) as it:
+            it.set_state(dumps(loader._codec.encode(elastic.process_states(loader, states, 4))))
+            batches = list(it)
+        shapes.append([np.shape(b) for b in batches])
+        after += _values(batches)
+    assert shapes[0] == shapes[1] == shapes[2], [s[-3:] for s in shapes]
+    got = collections.Counter(before + after)
+    assert max(got.values()) == 1, "a record came twice"
+    # Dropped: each process's extra records of the epoch, at most the spread of shares.
+    assert records - 1 - 3 * 7 * max(workers, 1) * 4 <= len(got) <= records
+
+
+@pytest.mark.timeout(60)
+def test_unequal_shares_without_drop_remainder_are_refused_before_the_first_step(no_leaks):
+    records = 1000
+    states = {}
+    for i in range(4):
+        with iter(_shard_loader(records, i, 4, False, 0)) as it:
+            for _ in range(20):
+                next(it)
+            states[i] = it.get_state()
+    loader = _shard_loader(records, 0, 3, False, 0)
+    with pytest.raises(InvalidStateError, match=r"would deliver different numbers of records \([\d,]+ / [\d,]+ / [\d,]+\).*drop_remainder=True"):
+        elastic.process_states(loader, states, 4)
+    # On one process there is nothing to match: every record once.
+    one = _shard_loader(records, 0, 1, False, 0)
+    with iter(one) as it:
+        it.set_state(dumps(one._codec.encode(elastic.process_states(one, states, 4))))
+        assert len(_values(it)) == records - 4 * 20 * 7
