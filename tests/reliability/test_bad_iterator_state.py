@@ -28,6 +28,13 @@ def _tokens(x):
     return {"a": np.arange(x % 5 + 1)}
 
 
+class _Twice(grain.experimental.FlatMapTransform):
+    max_fan_out = 2
+
+    def flat_map(self, x):
+        return [x, x]
+
+
 def _mp_prefetch(workers):
     return grain.MapDataset.range(N).to_iter_dataset().mp_prefetch(
         grain.MultiprocessingOptions(num_workers=workers)
@@ -59,6 +66,14 @@ DATASETS = {
         _ds.map(_tokens).to_iter_dataset(), length_struct={"a": 8}
     ),
     "rebatch": lambda: ex.RebatchIterDataset(_ds.to_iter_dataset().batch(3), batch_size=5),
+    "best_fit_pack": lambda: ex.BestFitPackIterDataset(
+        _ds.map(_tokens).to_iter_dataset(), length_struct={"a": 8}, num_packing_bins=2
+    ),
+    "flat_map": lambda: ex.FlatMapIterDataset(_ds.to_iter_dataset(), _Twice()),
+    "cache": lambda: ex.CacheIterDataset(_ds.to_iter_dataset()),
+    "limit": lambda: ex.LimitIterDataset(_ds.to_iter_dataset(), count=30),
+    "map_with_index": lambda: _ds.map_with_index(lambda i, x: (i, x)).to_iter_dataset(),
+    "seed_random_map": lambda: _ds.random_map(lambda x, rng: x + rng.integers(3), seed=3).to_iter_dataset(),
     "elastic": lambda: ex.ElasticIterator(_ds, global_batch_size=4, shard_options=grain.NoSharding()),
     "mp_prefetch0": lambda: _mp_prefetch(0),
 }
