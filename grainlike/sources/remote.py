@@ -112,7 +112,7 @@ class ObjectChangedError(RemoteReadError):
             "reads them (write new data under new names); build the source again to read the "
             "new version.",
             url,
-            412,
+            None,
             1,
         )
         self.old = old
