@@ -139,7 +139,30 @@ CASES = {
     "mix state whose parents are not a list": lambda lib: _restore_dataset(lambda: _mixed(lib), parents=3),
     "mix state whose parent state is not a dict": lambda lib: _restore_dataset(lambda: _mixed(lib), parents=[3, 3]),
     "zip state whose parents are not a list": lambda lib: _restore_dataset(lambda: _zipped(lib), parents=3),
+    # Malformed values (tests/reliability/test_bad_iterator_state.py fuzzes the rest).
+    "Dataset next_index past int64": lambda lib: _restore_dataset(lambda: _range_iter(lib), next_index=10**30),
+    "interleave next_index_in_datasets past int64": lambda lib: _restore_dataset(
+        lambda: _interleaved(lib), next_index_in_datasets=10**30),
+    "interleave exhausted that is an int": lambda lib: _restore_dataset(lambda: _interleaved(lib), exhausted=3),
+    "interleave iterators_in_use_states that is None": lambda lib: _restore_dataset(
+        lambda: _interleaved(lib), iterators_in_use_states=None),
+    "window shuffle state without window_index": lambda lib: iter(_window_shuffled(lib)).set_state(
+        {"parent_window_start_state": {"next_index": 0}, "pos_in_window": 0}),
+    "ElasticIterator state that is None": lambda lib: iter(_elastic(lib)).set_state(None),
+    "ElasticIterator state without global_next_index": lambda lib: iter(_elastic(lib)).set_state({}),
 }
+
+
+def _interleaved(lib):
+    return lib.experimental.InterleaveIterDataset(lib.MapDataset.source([_range_iter(lib)] * 2), cycle_length=2)
+
+
+def _window_shuffled(lib):
+    return lib.experimental.WindowShuffleIterDataset(_range_iter(lib), window_size=2, seed=1)
+
+
+def _elastic(lib):
+    return lib.experimental.ElasticIterator(lib.MapDataset.range(8), global_batch_size=2, shard_options=lib.NoSharding())
 
 
 # grain's InMemoryDataSource.__del__ fails on an object its __init__ refused.
