@@ -87,22 +87,32 @@ def test_a_process_file_copied_in_with_its_record_from_a_later_step_is_refused_n
     old, new = two_steps / "1" / "data_iter", two_steps / "2" / "data_iter"
     for name in ("process_1-of-2.json", "process_1-of-2.save.json"):
         shutil.copy(new / name, old / name)
-    for index in range(2):  # every process refuses, not only the one whose file moved
+    # Each process compares its file with process 0's and the next one's.
+    for index in range(2):
         with pytest.raises(InvalidStateError, match=r"process_0-of-2\.json from save '1'; process_1-of-2\.json from save '2'"):
+            _restore(old, monkeypatch, index)
+
+
+def test_process_0s_file_from_another_step_is_refused_by_every_process(two_steps, monkeypatch):
+    old, new = two_steps / "1" / "data_iter", two_steps / "2" / "data_iter"
+    for name in ("process_0-of-2.json", "process_0-of-2.save.json"):
+        shutil.copy(new / name, old / name)
+    for index in range(2):
+        with pytest.raises(InvalidStateError, match=r"come from different saves"):
             _restore(old, monkeypatch, index)
 
 
 def test_a_process_file_copied_in_alone_from_a_later_step_is_refused_naming_it(two_steps, monkeypatch):
     old, new = two_steps / "1" / "data_iter", two_steps / "2" / "data_iter"
     shutil.copy(new / "process_1-of-2.json", old / "process_1-of-2.json")
-    it = iter(_loader(0, 2))
+    it = iter(_loader(1, 2))
     before = next(it)
     with pytest.raises(InvalidStateError, match=r"process_1-of-2\.json is not the state file its save record process_1-of-2\.save\.json"):
-        _as_process(monkeypatch, 0, 2)
+        _as_process(monkeypatch, 1, 2)
         grain.checkpoint.CheckpointHandler().restore(old, args=grain.checkpoint.CheckpointRestore(it))
     # Refused before anything changed.
-    assert _rest(it)[:2] == _rest(iter(_loader(0, 2)))[2:4]
-    assert np.asarray(before).tolist() == _rest(iter(_loader(0, 2)))[:2]
+    assert _rest(it)[:2] == _rest(iter(_loader(1, 2)))[2:4]
+    assert np.asarray(before).tolist() == _rest(iter(_loader(1, 2)))[:2]
 
 
 def test_mixed_files_are_refused_when_restoring_onto_another_process_count(two_steps, monkeypatch):
