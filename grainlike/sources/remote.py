@@ -10,10 +10,19 @@ Three ways a source reads a remote object, all with the same retries and errors:
   parallel ranged reads, bounded in bytes (least recently used files go first).
   ArrayRecord files are read this way (their reader opens local paths only), and
   Parquet files too when a cache directory is given.
-* ``with_retries``: transient failures (lost connections, timeouts, throttling) are
-  retried with exponential backoff; then ``RemoteReadError`` names the object.
-  Missing objects raise ``FileNotFoundError`` and missing or refused credentials
-  ``RemoteAccessError`` (a ``PermissionError``) at once, naming the object.
+* ``with_retries``: transient failures (lost or reset connections, timeouts of
+  ``RemoteOptions.timeout_s``, throttling, HTTP 5xx) are retried with exponential
+  backoff; then ``RemoteReadError`` names the object, the HTTP status and the
+  tries. Missing objects raise ``FileNotFoundError`` and missing or refused
+  credentials ``RemoteAccessError`` (a ``PermissionError``) at once, naming the
+  object.
+
+Each object is pinned to the version (ETag, S3 VersionId, GCS generation) seen
+when it is first opened: every ranged read asks for that version and checks the
+one that answered, so an object overwritten while it is read raises
+``ObjectChangedError`` instead of mixing two versions. The cache directory must
+be the user's own (``UnsafeCacheDirError`` otherwise) and its files are opened
+without following links; see ``LocalCache`` and docs/security.md.
 
 Filesystems are created lazily, once per process (never pickled): a source sent
 to a worker process opens its own connections there. ``fsspec`` and the
