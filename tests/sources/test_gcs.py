@@ -210,8 +210,9 @@ def test_remote_file_reads_ranges_like_the_local_file(up, local_files):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_server_stopped_mid_epoch_is_a_clear_error_then_resume_after_restart(server, up, local_files, workers):
     url = f"gs://{BUCKET}/big/big.parquet"
-    # Requests time out after 1 s: each read fails in about 2 s (two attempts).
-    options = _options(up, requests_timeout=1, block_size=1024, read_ahead=0)
+    # Requests time out after 3 s: each read fails in about 6 s (two attempts); a
+    # worker's first requests on a loaded machine can take over a second.
+    options = _options(up, requests_timeout=3, block_size=1024, read_ahead=0)
     expected = _ids(_loader(ParquetDataSource(local_files["big/big.parquet"]), workers, batch=8))
     it = iter(_loader(ParquetDataSource(url, remote_options=options, cached_row_groups=1), workers, batch=8))
     head = _ids([next(it) for _ in range(2)])
@@ -225,7 +226,10 @@ def test_server_stopped_mid_epoch_is_a_clear_error_then_resume_after_restart(ser
     finally:
         server.restart()  # a fresh, empty server on the same port
     server.upload(BUCKET, local_files)
-    again = iter(_loader(ParquetDataSource(url, remote_options=options), workers, batch=8))
+    # The resumed run is about the position, not about timeouts: a loaded machine
+    # may take more than 1 s to answer the fresh server's first requests.
+    patient = _options(up, requests_timeout=10, block_size=1024, read_ahead=0)
+    again = iter(_loader(ParquetDataSource(url, remote_options=patient), workers, batch=8))
     again.set_state(state)
     assert head + _ids(again) == expected
     assert leaks.wait_until(lambda: leaks.worker_children() <= {server.proc.pid})
