@@ -216,13 +216,30 @@ class DeviceIterator(Iterator[Any]):
                     start()
 
     def get_state(self) -> Any:
-        """The wrapped iterator's state right after the last batch you received."""
-        with self._lock:
-            get_state = wrapped_method(self._iterator, "get_state", "DeviceIterator")
-            if self._holder[0] is None:
-                self._state = None
-                return get_state()
-            return self._state
+        """The wrapped iterator's state right after the last batch you received.
+
+        From another thread it does not wait behind a blocked ``next()``.
+        """
+        get_state = wrapped_method(self._iterator, "get_state", "DeviceIterator")
+        if self._prefetch == 0:
+            return get_state()  # Nothing runs ahead: the wrapped iterator is where the user is.
+        if self._lock.acquire(blocking=False):
+            try:
+                if self._holder[0] is None:
+                    self._state = None
+                    return get_state()
+                return self._state
+            finally:
+                self._lock.release()
+        # A next() runs in another thread. self._state is replaced whole after
+        # each batch; it is set before a read-ahead thread starts, so a state
+        # read while it is unset was read before anything ran ahead.
+        state = self._state
+        if state is None:
+            state = get_state()
+            if self._state is not None:
+                state = self._state
+        return state
 
     def set_state(self, state: Any) -> None:
         """Restores the wrapped iterator; prefetched batches are dropped.
@@ -249,13 +266,22 @@ class DeviceIterator(Iterator[Any]):
         return await checkpoint.load_state_async(self, directory)
 
     def close(self) -> None:
-        """Stops the prefetch thread and closes the wrapped iterator. Idempotent."""
+        """Stops the prefetch thread and closes the wrapped iterator. Idempotent.
+
+        From another thread it ends a blocked ``next()`` first, without waiting
+        for it.
+        """
+        self._closed = True
+        prefetcher = self._holder[0]
+        stop_holder(self._holder, wait=False)  # Wakes a next() waiting for a batch.
+        close = getattr(self._iterator, "close", None)
+        if close is not None:
+            close()  # Ends a next() waiting in the wrapped iterator (workers).
+        if prefetcher is not None:
+            prefetcher.stop()  # Returns once its thread has ended.
         with self._lock:
-            self._closed = True
+            # A read-ahead thread started by a next() that ran meanwhile.
             stop_holder(self._holder)
-            close = getattr(self._iterator, "close", None)
-            if close is not None:
-                close()
 
     def __enter__(self) -> "DeviceIterator":
         return self

@@ -214,6 +214,9 @@ class PrefetchDatasetIterator(NextIndexState, DatasetIterator):
         self._window_end = WINDOW
         self._dropped = 0
         self._chunk_bytes = _CHUNK_BYTES
+        # next() and set_state() from several threads take turns (the state is
+        # one int, read without it).
+        self._consumer_lock = threading.Lock()
         if threads:
             self._chunk_cap = max(1, min(_MAX_THREAD_CHUNK, read_options.prefetch_buffer_size // threads))
             self._chunk_bytes = _THREAD_CHUNK_BYTES
@@ -270,6 +273,10 @@ class PrefetchDatasetIterator(NextIndexState, DatasetIterator):
         self._error = error
 
     def __next__(self):
+        with self._consumer_lock:
+            return self._next()
+
+    def _next(self):
         if self._closed:  # Tested here, not by a call: this runs once per element.
             self._assert_not_closed()
         while True:
@@ -313,9 +320,14 @@ class PrefetchDatasetIterator(NextIndexState, DatasetIterator):
         self._next_index = self._read_until = index
         self._chunk = 1
 
+    def set_state(self, state: dict) -> None:
+        with self._consumer_lock:
+            super().set_state(state)
+
     def start_prefetch(self) -> None:
-        if self._threads and not self._closed and not self._tasks.pending and not self._ready:
-            self._submit()
+        with self._consumer_lock:
+            if self._threads and not self._closed and not self._tasks.pending and not self._ready:
+                self._submit()
 
     def close(self) -> None:
         """Stops the read threads without waiting for a read in progress."""

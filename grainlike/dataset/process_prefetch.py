@@ -25,6 +25,7 @@ delivered output (before its first, the parent iterator's initial state).
 from __future__ import annotations
 
 import copy
+import threading
 from typing import Any, Callable, Iterator, Optional
 
 import cloudpickle
@@ -343,6 +344,9 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
         self._next_worker = 0
         self._pool: Optional[WorkerPool] = None
         self._start_state: Any = None
+        # next(), set_state() and start_prefetch() from several threads take
+        # turns; get_state() and close() never wait behind a blocked next().
+        self._consumer_lock = threading.RLock()
 
     # -- running ---------------------------------------------------------------
 
@@ -365,29 +369,34 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
 
     def _drop_pool(self, dropped: bool = False) -> None:
         """Stops the workers (``dropped``: see ``WorkerPool.close``), keeping their states as the iterator's."""
-        pool, self._pool = self._pool, None
+        pool = self._pool
         if pool is not None:
-            self._states, self._next_worker, self._exhausted = pool.states, pool.next_worker, pool.exhausted
+            # The states first, then the pool goes: get_state() in another thread
+            # sees one or the other.
+            self._states, self._next_worker, self._exhausted = pool.delivered()
+            self._pool = None
             pool.close(dropped=dropped)
 
     def __next__(self) -> Any:
-        self._assert_not_closed()
-        pool = self._ensure_pool()
-        try:
-            return next(pool)
-        except StopIteration:
-            raise
-        except BaseException:
-            if pool.broken:
-                # Interrupted mid-message: the next call restarts the workers from
-                # the last delivered outputs.
-                self._drop_pool()
-            raise
+        with self._consumer_lock:
+            self._assert_not_closed()
+            pool = self._ensure_pool()
+            try:
+                return next(pool)
+            except StopIteration:
+                raise
+            except BaseException:
+                if pool.broken and not self._closed:
+                    # Interrupted mid-message: the next call restarts the workers from
+                    # the last delivered outputs.
+                    self._drop_pool()
+                raise
 
     def start_prefetch(self) -> None:
         """Starts the workers now, so the first outputs are ready sooner."""
-        self._assert_not_closed()
-        self._ensure_pool().start()
+        with self._consumer_lock:
+            self._assert_not_closed()
+            self._ensure_pool().start()
 
     def close(self) -> None:
         """Stops the workers. Idempotent; outputs already returned stay valid.
@@ -415,7 +424,8 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
     def get_state(self) -> dict:
         pool = self._pool
         if pool is not None:
-            states, next_worker, exhausted = pool.states, pool.next_worker, pool.exhausted
+            # Consistent without waiting for a next() running in another thread.
+            states, next_worker, exhausted = pool.delivered()
         else:
             states, next_worker, exhausted = self._states, self._next_worker, self._exhausted
         return {
@@ -437,6 +447,10 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
             this many workers, or a worker state does not fit the parent
             dataset (then also ``KeyError`` / ``IndexError`` as the parent raises).
         """
+        with self._consumer_lock:
+            self._set_state(state)
+
+    def _set_state(self, state: dict) -> None:
         w = self._w
         where = f"{self}.set_state"
         interleave_state(state, where, _STATE_KEYS)

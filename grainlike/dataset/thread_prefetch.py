@@ -58,6 +58,9 @@ class ThreadPrefetchDatasetIterator(DatasetIterator):
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
         self._buffer: queue.Queue = queue.Queue(maxsize=prefetch_buffer_size)
+        # next() and set_state() from several threads take turns; get_state()
+        # and close() do not wait behind a blocked next().
+        self._consumer_lock = threading.RLock()
 
     def start_prefetch(self) -> None:
         """Starts the thread (idempotent).
@@ -78,20 +81,34 @@ class ThreadPrefetchDatasetIterator(DatasetIterator):
         self._thread.start()
 
     def __next__(self):
-        self._assert_not_closed()
-        if self._buffer_size > 0:
-            self.start_prefetch()
-            element, state, error = self._buffer.get()
-        else:
-            element = next(self._parent)
-            state, error = copy.deepcopy(self._parent.get_state()), None
-        if error is not None:
-            self._stop_thread(join=True)
-            raise error
-        self._state = state
-        if self._next_index is not None:
-            self._next_index += 1
-        return element
+        with self._consumer_lock:
+            self._assert_not_closed()
+            if self._buffer_size > 0:
+                self.start_prefetch()
+                element, state, error = self._take()
+            else:
+                element = next(self._parent)
+                state, error = copy.deepcopy(self._parent.get_state()), None
+            if error is not None:
+                self._stop_thread(join=True)
+                if isinstance(error, StopIteration):
+                    # A later next() asks the parent again (as a plain iterator
+                    # would be asked), so every thread waiting here sees the end.
+                    error = StopIteration()
+                raise error
+            self._state = state
+            if self._next_index is not None:
+                self._next_index += 1
+            return element
+
+    def _take(self) -> tuple:
+        """The next buffered item; ends if ``close()`` is called from another thread meanwhile."""
+        buffer = self._buffer
+        while True:
+            try:
+                return buffer.get(timeout=_POLL_S)
+            except queue.Empty:
+                self._assert_not_closed()
 
     def _clear(self) -> None:
         while True:
@@ -117,11 +134,19 @@ class ThreadPrefetchDatasetIterator(DatasetIterator):
         self._thread = None
 
     def get_state(self) -> dict:
-        if self._state is None:
-            self._state = self._parent.get_state()
-        return self._state
+        state = self._state  # Replaced whole after each element: consistent from any thread.
+        if state is None:
+            with self._consumer_lock:
+                if self._state is None:
+                    self._state = self._parent.get_state()
+                state = self._state
+        return state
 
     def set_state(self, state: dict) -> None:
+        with self._consumer_lock:
+            self._set_state(state)
+
+    def _set_state(self, state: dict) -> None:
         previous = self.get_state()
         self._stop_thread(join=True)
         try:

@@ -546,6 +546,10 @@ class WorkerPool:
         # here, so from then on every next() raises rather than end the
         # iteration short.
         self._dead: Optional[tuple[int, BaseException]] = None
+        # For delivered() from other threads: odd while a next() runs, and the
+        # position it started from (the state after the last delivered output).
+        self._calls = 0
+        self._call_start: tuple = ()
         self._payload, shipped = pickle_task(task)
         self._started = False
         self._released = [collections.deque() for _ in range(worker_count)]
@@ -734,9 +738,29 @@ class WorkerPool:
                 "then set_state() to continue from a position): it starts workers of its own."
             )
 
+    def delivered(self) -> tuple[list, int, list]:
+        """``(states, next_worker, exhausted)`` after the last delivered output, from any thread.
+
+        Does not wait for a ``next()`` running in another thread (which may be
+        blocked on a worker): while one runs, the position it started from is
+        returned. Calls of ``next()`` itself must not overlap (their owner
+        serialises them).
+        """
+        while True:
+            calls = self._calls
+            if calls % 2:
+                states, next_worker, exhausted = self._call_start
+            else:
+                states, next_worker, exhausted = self.states, self.next_worker, self.exhausted
+            position = (list(states), next_worker, list(exhausted))
+            if self._calls == calls:
+                return position
+
     def __next__(self) -> Any:
         self._check_owner()
         before = (list(self.states), self.next_worker, list(self.exhausted))
+        self._call_start = before
+        self._calls += 1
         try:
             self.start(hold=self._warm_start)
             return self._next_output()
@@ -752,6 +776,8 @@ class WorkerPool:
                 self.states, self.next_worker, self.exhausted = before
                 self.close()
             raise
+        finally:
+            self._calls += 1
 
     def _advance(self, w: int) -> None:
         self.next_worker = (w + 1) % self._w
