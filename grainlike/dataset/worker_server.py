@@ -14,6 +14,7 @@ import functools
 import multiprocessing
 import multiprocessing.context
 import os
+import signal
 import sys
 import threading
 import types
@@ -118,7 +119,59 @@ def running_server(start: bool = True) -> Any:
             _servers[preload] = server
     if start:
         server.ensure_running()
+        install_exit_on_signals()  # Its socket's folder must not outlive the process.
     return server
+
+
+# Signals whose default action ends the process without running exit handlers,
+# which would leave multiprocessing's temporary folder (``$TMPDIR/pymp-*``, with
+# the worker servers' sockets in it) behind. SIGINT raises KeyboardInterrupt,
+# after which exit handlers run anyway.
+_EXIT_SIGNALS = ("SIGTERM", "SIGHUP")
+# The process whose handlers are installed (a forked child inherits them).
+_handlers_pid = None
+# What grainlike closes before multiprocessing's exit handler runs (its pools).
+exit_cleanups: list = []
+
+
+def install_exit_on_signals() -> None:
+    """Cleans up, then ends the process as the signal would, on SIGTERM and SIGHUP.
+
+    Only where the signal's disposition is the default (a handler the user
+    installed is left alone), only from the main thread, once per process. The
+    handler closes grainlike's worker pools and runs multiprocessing's exit
+    handler (which removes its temporary folder), then restores the default
+    disposition and sends the signal again, so the exit status is unchanged.
+    """
+    global _handlers_pid
+    if _handlers_pid == os.getpid() or threading.current_thread() is not threading.main_thread():
+        return
+    _handlers_pid = os.getpid()
+    for name in _EXIT_SIGNALS:
+        sig = getattr(signal, name, None)
+        if sig is None:
+            continue
+        try:
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, _exit_on_signal)
+        except (OSError, ValueError):
+            pass  # Not settable here (an embedded interpreter): nothing to change.
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    try:
+        if os.getpid() == _handlers_pid:
+            for cleanup in list(exit_cleanups):
+                try:
+                    cleanup()
+                except Exception:
+                    pass  # The signal still ends the process.
+            from multiprocessing import util
+
+            util._exit_function()
+    finally:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
 
 def server_fds() -> set:
@@ -158,8 +211,9 @@ def start_server_early() -> None:
 
 def _after_fork_in_child() -> None:
     """A forked child starts a server of its own when it needs one: the parent's is the parent's."""
-    global _lock
+    global _lock, _handlers_pid
     _lock = threading.Lock()
+    _handlers_pid = None  # The inherited handlers only re-raise; the child installs its own when it needs them.
     for server in _servers.values():
         alive_fd = getattr(server, "_forkserver_alive_fd", None)
         if alive_fd is not None:

@@ -445,6 +445,10 @@ def _close_all_at_exit() -> None:
             pool.close()
 
 
+# Also on SIGTERM / SIGHUP (worker_server.install_exit_on_signals).
+worker_server.exit_cleanups.append(_close_all_at_exit)
+
+
 def _after_fork_in_child() -> None:
     """Makes a forked child independent of its parent's workers.
 
@@ -602,6 +606,7 @@ class WorkerPool:
         if hasattr(os, "memfd_create"):
             sd.progress = _Progress(self._w)
         _live.add(self)
+        worker_server.install_exit_on_signals()
         self._held = [hold and not e for e in self.exhausted]
         launch = functools.partial(
             _launch,

@@ -1,0 +1,84 @@
+"""A job's main process ended by a signal leaves nothing behind.
+
+The script runs in its own session with its own ``TMPDIR``; once it has workers
+it is sent the signal. Afterwards its ``TMPDIR`` must hold only what the script
+made, no process of its session may remain, and ``/dev/shm`` no segment of it.
+(Before: SIGTERM and SIGHUP left multiprocessing's ``pymp-*`` folder, with the
+worker server's socket in it.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from tests.helpers import leaks
+from tests.helpers.processes import in_session
+
+pytestmark = pytest.mark.timeout(120)
+
+_SCRIPT = r"""
+import os, sys, time
+import grainlike as grain
+from grainlike.dataset import MapDataset
+
+open(os.path.join(os.environ["TMPDIR"], "mine.txt"), "w").write("the script's own file")
+{install}
+ds = MapDataset.range(10**9).to_iter_dataset().map(lambda x: x + 1)
+it = iter(ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=2)))
+next(it)
+print("ready", flush=True)
+while True:
+    next(it)
+    time.sleep(0.001)
+"""
+
+_USER_HANDLER = r"""
+import signal
+def _mine(signum, frame):
+    open(os.path.join(os.environ["TMPDIR"], "handled.txt"), "w").write(str(signum))
+    sys.exit(3)
+signal.signal(signal.SIGTERM, _mine)
+"""
+
+
+def _run(tmp_path, sig, group=False, install=""):
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    script = tmp_path / "job.py"
+    script.write_text(_SCRIPT.replace("{install}", install))
+    env = {**os.environ, "TMPDIR": str(tmpdir), "PYTHONPATH": os.getcwd(), "JAX_PLATFORMS": "cpu"}
+    with in_session([sys.executable, str(script)], env=env) as proc:
+        line = proc.stdout.readline()
+        assert line.strip() == "ready", (line, proc.stderr.read() if proc.poll() is not None else "")
+        sid = proc.pid
+        if group:
+            os.killpg(sid, sig)
+        else:
+            os.kill(proc.pid, sig)
+        code = proc.wait(30)
+        assert leaks.wait_until(lambda: not leaks.session_processes(sid), timeout=10), leaks.session_processes(sid)
+        err = proc.stderr.read()
+    shm = {n for n in leaks.shm_entries() if n.startswith((f"grainlike_{sid}_", f"grainlike_src_{sid}_"))}
+    assert not shm
+    return code, sorted(os.listdir(tmpdir)), err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_to_the_main_process_leaves_nothing_behind(tmp_path, sig):
+    code, left, err = _run(tmp_path, sig)
+    assert left == ["mine.txt"], err
+    if sig != signal.SIGINT:
+        # Still ended by the signal, as without grainlike.
+        assert code == -sig, (code, err)
+
+
+def test_the_users_own_signal_handler_is_kept(tmp_path):
+    code, left, err = _run(tmp_path, signal.SIGTERM, install=_USER_HANDLER)
+    assert code == 3, err
+    assert "handled.txt" in left
+    assert [n for n in left if n.startswith("pymp-")] == [], left
