@@ -66,6 +66,13 @@ class MultiprocessingOptions:
         far longer than any single step of a healthy pipeline and short enough
         that a stuck job fails before a scheduler's usual time limits. ``None``
         or 0 turns the check off. grainlike only.
+      restart_dead_workers: ``mp_prefetch`` only: when a worker process dies
+        (killed, crashed, out of memory), start the workers again from the
+        state after the last delivered element and go on, each element still
+        delivered exactly once; up to 3 times in a row without an element
+        delivered in between, then ``WorkerDiedError`` is raised. Off (the
+        default), the death is raised by every later ``next()``. (The
+        DataLoader always restarts its workers at the next call.) grainlike only.
     """
 
     num_workers: int = 0
@@ -74,6 +81,7 @@ class MultiprocessingOptions:
     # grainlike-only fields stay out of the repr, which is grain's.
     warm_start: bool = dataclasses.field(default=False, repr=False)
     stall_timeout_s: Optional[float] = dataclasses.field(default=300.0, repr=False)
+    restart_dead_workers: bool = dataclasses.field(default=False, repr=False)
 
     def __post_init__(self):
         _check_non_negative_int("num_workers", self.num_workers)
@@ -86,6 +94,8 @@ class MultiprocessingOptions:
                 f"stall_timeout_s must be a number of seconds >= 0, or None to turn the "
                 f"check off; got {timeout!r}"
             )
+        if not isinstance(self.restart_dead_workers, bool):
+            raise ValueError(f"restart_dead_workers must be True or False, got {self.restart_dead_workers!r}")
 
 
 class ExecutionTrackingMode(enum.Enum):

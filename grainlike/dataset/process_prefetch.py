@@ -34,7 +34,11 @@ from grainlike.core.errors import InvalidStateError, add_note
 from grainlike.core.tree import Allocator
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset, MultiprocessingContext, closing_dropped
 from grainlike.dataset.state import interleave_state
-from grainlike.dataset.workers import DEFAULT_STALL_TIMEOUT_S, WorkerPool
+from grainlike.dataset.workers import DEFAULT_STALL_TIMEOUT_S, WorkerDiedError, WorkerPool
+
+# Restarts of the workers (restart_dead_workers) within one next() before the
+# death is raised: a worker that dies on the same element again would loop.
+_MAX_RESTARTS = 3
 
 _STATE_KEYS = (
     "next_index_in_cycle",
@@ -284,6 +288,7 @@ class MultiprocessPrefetchIterDataset(IterDataset):
             worker_init_fn=self._worker_init_fn,
             error_ends_worker=self._error_ends_worker,
             stall_timeout_s=_options_value(self._options, "stall_timeout_s", DEFAULT_STALL_TIMEOUT_S),
+            restart_dead_workers=bool(_options_value(self._options, "restart_dead_workers", False)),
         )
 
 
@@ -315,6 +320,7 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
         instead, and the next ``next()`` restarts them all from their last
         delivered outputs.
       stall_timeout_s: see ``MultiprocessingOptions.stall_timeout_s``.
+      restart_dead_workers: see ``MultiprocessingOptions.restart_dead_workers``.
     """
 
     def __init__(
@@ -328,9 +334,11 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
         worker_init_fn: Optional[Callable[[int, int], None]] = None,
         error_ends_worker: bool = True,
         stall_timeout_s: Optional[float] = DEFAULT_STALL_TIMEOUT_S,
+        restart_dead_workers: bool = False,
     ):
         super().__init__()
         self._parent_ds = parent
+        self._restart_dead_workers = restart_dead_workers
         self._stall_timeout_s = stall_timeout_s
         self._task = _WorkerSliceTask(parent, worker_init_fn)
         self._w = num_workers
@@ -379,18 +387,29 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
 
     def __next__(self) -> Any:
         with self._consumer_lock:
-            self._assert_not_closed()
-            pool = self._ensure_pool()
-            try:
-                return next(pool)
-            except StopIteration:
-                raise
-            except BaseException:
-                if pool.broken and not self._closed:
-                    # Interrupted mid-message: the next call restarts the workers from
-                    # the last delivered outputs.
-                    self._drop_pool()
-                raise
+            restarts = 0
+            while True:
+                self._assert_not_closed()
+                pool = self._ensure_pool()
+                try:
+                    return next(pool)
+                except StopIteration:
+                    raise
+                except WorkerDiedError:
+                    if self._restart_dead_workers and not self._closed and restarts < _MAX_RESTARTS:
+                        # Every worker starts again from the last delivered element.
+                        restarts += 1
+                        self._drop_pool()
+                        continue
+                    if pool.broken and not self._closed:
+                        self._drop_pool()
+                    raise
+                except BaseException:
+                    if pool.broken and not self._closed:
+                        # Interrupted mid-message: the next call restarts the workers from
+                        # the last delivered outputs.
+                        self._drop_pool()
+                    raise
 
     def start_prefetch(self) -> None:
         """Starts the workers now, so the first outputs are ready sooner."""

@@ -67,3 +67,29 @@ def test_a_dead_worker_state_restores_onto_two_workers(no_leaks):
     rest = list(fresh)
     fresh.close()
     assert sorted(got + rest) == list(range(N))
+
+
+def test_restart_dead_workers_delivers_every_element_once_through_kills_at_many_points(no_leaks):
+    options = MultiprocessingOptions(num_workers=3, restart_dead_workers=True)
+    it = iter(MapDataset.range(N).to_iter_dataset().mp_prefetch(options))
+    kills = {0: 0, 1: 1, 7: 2, 100: 0, 101: 1, 1500: 2, 2990: 0, 2999: 1}
+    got, killed, seen = [], set(), set()
+    for i in range(N):
+        if i in kills:
+            pids = it._pool.pids if it._pool is not None and it._pool.pids else None
+            if pids:
+                os.kill(pids[kills[i]], signal.SIGKILL)
+                killed.add(pids[kills[i]])
+        got.append(next(it))
+        seen.update(it._pool.pids)
+    with pytest.raises(StopIteration):
+        next(it)
+    it.close()
+    assert got == list(range(N))
+    assert len(killed) >= 6 and len(seen) >= 3 + 6  # the killed workers were replaced
+
+
+def test_restart_dead_workers_stays_out_of_the_repr_as_in_grain():
+    assert repr(MultiprocessingOptions(2, restart_dead_workers=True)) == repr(MultiprocessingOptions(2))
+    with pytest.raises(ValueError, match="restart_dead_workers must be True or False, got 1"):
+        MultiprocessingOptions(2, restart_dead_workers=1)
