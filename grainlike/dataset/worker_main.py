@@ -362,6 +362,14 @@ def run(
     # Ctrl-C goes to the whole process group; the consumer decides what happens,
     # and stops the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A worker forked from the consumer inherits its cleanup handler for these
+    # (worker_server.install_exit_on_signals); a worker ends on them at once.
+    from grainlike.dataset import worker_server
+
+    for name in ("SIGTERM", "SIGHUP"):
+        sig = getattr(signal, name, None)
+        if sig is not None and signal.getsignal(sig) is worker_server.exit_on_signal:
+            signal.signal(sig, signal.SIG_DFL)
     shm.raise_fd_limit()
     keep_freed_memory()
     memfd.receive(shipped or {})

@@ -153,12 +153,13 @@ def install_exit_on_signals() -> None:
             continue
         try:
             if signal.getsignal(sig) is signal.SIG_DFL:
-                signal.signal(sig, _exit_on_signal)
+                signal.signal(sig, exit_on_signal)
         except (OSError, ValueError):
             pass  # Not settable here (an embedded interpreter): nothing to change.
 
 
-def _exit_on_signal(signum: int, frame: Any) -> None:
+def exit_on_signal(signum: int, frame: Any) -> None:
+    """The handler ``install_exit_on_signals`` installs: cleanup, then the default action."""
     try:
         if os.getpid() == _handlers_pid:
             for cleanup in list(exit_cleanups):
