@@ -203,7 +203,8 @@ class _WorkerSliceTask:
         """The stages that made an output (nearest first) and the worker's states around it."""
         stages, ds = [], getattr(self, "_worker_dataset", None) or self._parent
         while ds is not None and len(stages) < 4:
-            stages.append(str(ds))
+            describe = getattr(ds, "describe", None)  # grainlike's stages: with the transform's file:line
+            stages.append(describe() if describe is not None else str(ds))
             parents = getattr(ds, "_parents", ())
             ds = parents[0] if len(parents) == 1 else None
         return (
