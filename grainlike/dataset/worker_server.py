@@ -210,6 +210,46 @@ def start_server_early() -> None:
         pass  # Starting workers later reports the problem with its context.
 
 
+def _remove_own_socket_at_exit() -> None:
+    """In a worker server: removes its socket (and its folder, if then empty) when it exits.
+
+    The server exits when the process that started it has gone; if that process
+    was killed (SIGKILL), nothing else would remove the ``pymp-*`` folder that
+    holds the socket. A server killed with it (its whole process group) cannot
+    do this either.
+    """
+    import atexit
+    import re
+    import socket
+
+    argv = getattr(sys, "orig_argv", sys.argv)
+    found = re.match(r"from multiprocessing\.forkserver import main; main\((\d+), ", argv[-1] if argv else "")
+    if found is None:
+        return
+    try:
+        with socket.fromfd(int(found.group(1)), socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+            path = listener.getsockname()
+    except OSError:
+        return
+    if not isinstance(path, str) or not path:
+        return  # An abstract socket: nothing on disk.
+
+    def remove() -> None:
+        try:
+            os.unlink(path)
+            folder = os.path.dirname(path)
+            if os.path.basename(folder).startswith("pymp-"):
+                os.rmdir(folder)  # Only if empty: the parent's other files stay.
+        except OSError:
+            pass
+
+    atexit.register(remove)
+
+
+if _started_by_multiprocessing() and multiprocessing.parent_process() is None:
+    _remove_own_socket_at_exit()
+
+
 def _after_fork_in_child() -> None:
     """A forked child starts a server of its own when it needs one: the parent's is the parent's."""
     global _lock, _handlers_pid
