@@ -183,8 +183,11 @@ def test_local_tfds_splits_are_read_in_the_calling_thread_by_default(tfds_dir, w
     source = from_tfds(raw) if wrap else raw
     assert source_waits(source) is False
     assert grainlike.MapDataset.source(source).to_iter_dataset().read_threads() == 0
+    from tests.helpers.threads import new_read_threads, read_threads
+
+    before = read_threads()
     for _ in loader(source):
-        assert not [t for t in threading.enumerate() if t.name.startswith("grainlike-read")]
+        assert not new_read_threads(before)
 
 
 def test_rejects_what_is_not_one_tfds_array_record_split(tfds_dir):

@@ -74,9 +74,11 @@ class SplitTwo(grainlike.experimental.FlatMapTransform):
 
 
 def _read_threads_seen(ds) -> set:
-    seen = set()
+    from tests.helpers.threads import new_read_threads, read_threads
+
+    seen, before = set(), read_threads()
     for _ in ds:
-        seen |= {t.name for t in threading.enumerate() if t.name.startswith("grainlike-read")}
+        seen |= new_read_threads(before)
     return seen
 
 

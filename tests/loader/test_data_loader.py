@@ -260,11 +260,11 @@ def _local_source(kind, tmp_path, n=600):
 
 
 def _read_threads_seen_and_outputs(loader) -> tuple[set, list]:
-    import threading
+    from tests.helpers.threads import new_read_threads, read_threads
 
-    seen, outputs = set(), []
+    seen, outputs, before = set(), [], read_threads()
     for b in loader:
-        seen |= {t.name for t in threading.enumerate() if t.name.startswith("grainlike-read")}
+        seen |= new_read_threads(before)
         leaves = b.values() if isinstance(b, dict) else [b]
         outputs.append([np.asarray(x).tolist() for x in leaves])
     return seen, outputs

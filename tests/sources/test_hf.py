@@ -64,8 +64,11 @@ def test_reads_local_arrow_in_the_calling_thread_by_default(mnist_like):
         data_source=source, sampler=gl.IndexSampler(N, gl.NoSharding(), shuffle=True, num_epochs=1, seed=1),
         operations=[gl.Batch(4)],
     )
+    from tests.helpers.threads import new_read_threads, read_threads
+
+    before = read_threads()
     for _ in loader:
-        assert not [t for t in threading.enumerate() if t.name.startswith("grainlike-read")]
+        assert not new_read_threads(before)
 
 
 def test_a_batched_read_indexes_the_dataset_once(mnist_like, monkeypatch):

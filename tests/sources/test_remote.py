@@ -220,9 +220,11 @@ def test_parquet_from_s3_in_map_dataset(up, local_files, workers, no_worker_leak
 
 
 def _read_threads_and_ids(loader) -> tuple[set, list]:
-    seen, ids = set(), []
+    from tests.helpers.threads import new_read_threads, read_threads
+
+    seen, ids, before = set(), [], read_threads()
     for b in loader:
-        seen |= {t.name for t in threading.enumerate() if t.name.startswith("grainlike-read")}
+        seen |= new_read_threads(before)
         ids.extend(_ids([b]))
     return seen, ids
 
