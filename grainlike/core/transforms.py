@@ -233,8 +233,11 @@ def transform_name(transform: Any) -> str:
     is_function = inspect.isfunction(transform)
     name = getattr(transform, "__qualname__", None) if is_function else cls.__qualname__
     try:
-        defined = transform if is_function else cls
-        where = f"{inspect.getsourcefile(defined)}:{inspect.getsourcelines(defined)[1]}"
-    except (OSError, TypeError):
+        if is_function:  # Its code object knows its line: no source to parse.
+            code = transform.__code__
+            where = f"{code.co_filename}:{code.co_firstlineno}"
+        else:
+            where = f"{inspect.getsourcefile(cls)}:{inspect.getsourcelines(cls)[1]}"
+    except Exception:  # noqa: BLE001 - a name is only decoration (inspect parses files; it can fail oddly)
         where = None
     return f"{name} ({where})" if where else str(name)
