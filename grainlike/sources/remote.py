@@ -873,11 +873,7 @@ class LocalCache:
                 ) from e
             raise
         finally:
-            if fd >= 0:
-                os.close(fd)
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp, dir_fd=dir_fd)
+            _discard(fd, tmp, dir_fd)
 
     def _evict(self, dir_fd: int, keep: str) -> None:
         if self._max_bytes is None:
@@ -999,12 +995,17 @@ def _write_sidecar(dir_fd: int, name: str, url: str, info: dict) -> None:
         os.replace(tmp, f".meta-{name}", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         tmp = None
     finally:
-        if fd >= 0:
-            os.close(fd)
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dir_fd)
+        _discard(fd, tmp, dir_fd)
 
+
+
+def _discard(fd: int, tmp: Optional[str], dir_fd: int) -> None:
+    """Closes ``fd`` (if still open, >= 0) and removes the temporary file ``tmp`` (if not renamed into place)."""
+    if fd >= 0:
+        os.close(fd)
+    if tmp is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
 
 def _valid_copy(dir_fd: int, name: str, info: dict) -> bool:
     """Whether ``name`` is a regular file of the object's size whose sidecar records its version.
