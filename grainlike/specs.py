@@ -12,12 +12,19 @@ result is the *configured* batch, not whatever the loader happens to yield first
   ``Batch`` gives one observation (no leading batch axis);
 - ``batch_size=n``: a leading axis of ``n`` (JaxSGMC's ``initializer_batch(mb_size)``).
 
-jax is imported inside ``element_spec``; ``zeros_batch`` needs numpy only.
+The dtypes are those the batches have on the device: JAX's canonical dtypes
+(``jax.dtypes.canonicalize_dtype``), so without ``jax_enable_x64`` a float64 leaf is
+described as float32 and an int64 leaf as int32, as ``jax.device_put``, a jitted
+function's arguments and ``reference_data``'s batches have them; a model initialised
+from ``zeros_batch`` is traced with the dtypes it is later called with. jax is
+imported inside these functions (``import grainlike`` does not); where jax is not
+installed, ``zeros_batch`` keeps the host (numpy) dtypes.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import importlib.util
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -31,6 +38,20 @@ __all__ = ["element_spec", "first_output", "zeros_batch"]
 
 # Numeric kinds a device holds: bool, signed, unsigned, float, complex.
 _DEVICE_KINDS = frozenset("biufc")
+
+
+def _device_dtype() -> Callable[[np.dtype], np.dtype]:
+    """The function giving a numeric host dtype's dtype on the device.
+
+    JAX's canonical dtype (it follows ``jax_enable_x64`` when called), or the
+    dtype itself where jax is not installed (nothing will put it on a device).
+    """
+    # find_spec answers from sys.modules when jax is imported (or blocked by None).
+    if importlib.util.find_spec("jax") is None:
+        return np.dtype
+    import jax
+
+    return jax.dtypes.canonicalize_dtype
 
 
 def _first(loader: Any, operations: list) -> Any:
@@ -128,7 +149,9 @@ def element_spec(loader: Any, batch_size: Optional[int] = None, *, sharding: Any
     Returns:
       The batch's pytree (dicts, tuples, lists, namedtuples) with each numeric leaf
       replaced by ``jax.ShapeDtypeStruct(shape, dtype)`` and each non-numeric
-      leaf (strings, objects: they never reach a device) by ``None``.
+      leaf (strings, objects: they never reach a device) by ``None``. ``dtype`` is
+      the leaf's dtype on the device (JAX's canonical dtype: float64 and int64
+      leaves are float32 and int32 without ``jax_enable_x64``).
 
     Example:
       spec = element_spec(loader)          # {"image": ShapeDtypeStruct((32, 28, 28), float32), ...}
@@ -136,18 +159,33 @@ def element_spec(loader: Any, batch_size: Optional[int] = None, *, sharding: Any
     """
     import jax
 
+    device_dtype = _device_dtype()
+
     def spec(x: np.ndarray) -> Any:
         if x.dtype.kind not in _DEVICE_KINDS:
             return None
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+        return jax.ShapeDtypeStruct(x.shape, device_dtype(x.dtype), sharding=sharding)
 
     return tree.map_structure(lambda x: spec(np.asarray(x)), example_batch(loader, batch_size))
 
 
 def zeros_batch(loader: Any, batch_size: Optional[int] = None) -> Any:
-    """An all-zero batch of the loader's structure, shapes and dtypes (numpy).
+    """An all-zero batch of the loader's structure, shapes and device dtypes (numpy).
 
-    Non-numeric leaves are zero-valued too (empty strings). A padded loader's
-    ``mask`` is all False. See ``element_spec`` for ``batch_size``.
+    Numeric leaves have the dtypes the batches have on the device, as in
+    ``element_spec`` (JAX's canonical dtypes: float64 and int64 leaves are float32
+    and int32 without ``jax_enable_x64``; the host dtypes where jax is not
+    installed), so ``model.init(key, zeros_batch(loader))`` traces the model with
+    the dtypes of the batches it will be called with. Non-numeric leaves are
+    zero-valued too (empty strings). A padded loader's ``mask`` is all False. See
+    ``element_spec`` for ``batch_size``.
     """
-    return tree.zeros_like(example_batch(loader, batch_size))
+    device_dtype = _device_dtype()
+
+    def zeros(x: Any) -> np.ndarray:
+        x = np.asarray(x)
+        if x.dtype.kind not in _DEVICE_KINDS:
+            return np.zeros_like(x)
+        return np.zeros(x.shape, device_dtype(x.dtype))
+
+    return tree.map_structure(zeros, example_batch(loader, batch_size))

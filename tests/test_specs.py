@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import jax
 import numpy as np
 import pytest
@@ -41,19 +46,20 @@ def test_element_spec_describes_every_leaf_without_starting_workers(worker_count
     spec = element_spec(make_loader(worker_count))
     assert worker_children() <= before
     S = jax.ShapeDtypeStruct
+    # The float64 leaf is described as it reaches the device: float32 without x64.
     assert spec == {
         "image": S((4, 2, 3), np.uint8), "label": S((4,), np.int32),
-        "pair": (S((4,), np.float32), S((4, 4), np.float64)),
+        "pair": (S((4,), np.float32), S((4, 4), np.float32)),
     }
 
 
-def test_element_spec_matches_the_batches_a_padded_loader_yields():
+def test_element_spec_matches_the_batches_a_padded_loader_puts_on_the_device():
     loader = make_loader(0, pad=True)
     spec = element_spec(loader)
     assert spec["mask"] == jax.ShapeDtypeStruct((4,), np.bool_)
     it = iter(loader)
     for _ in range(4):  # past the end of an epoch: same shapes
-        batch = next(it)
+        batch = jax.device_put(next(it))
         shapes = jax.tree.map(lambda x: (x.shape, x.dtype), batch)
         assert shapes == jax.tree.map(lambda s: (s.shape, s.dtype), spec)
 
@@ -189,3 +195,68 @@ def test_maps_after_the_batch_are_applied_to_the_described_batch():
     spec = element_spec(loader)
     assert spec == {"flat": jax.ShapeDtypeStruct((12,), np.float32), "x": jax.ShapeDtypeStruct((4,), np.int32)}
     assert jax.tree.map(lambda x: x.shape, next(iter(loader))) == {"flat": (12,), "x": (4,)}
+
+
+def arrays_loader(dtype):
+    values = np.arange(6).astype(dtype)
+    return grain.DataLoader(
+        data_source=grain.ArraysSource({"v": values, "pair": np.stack([values, values], 1)}),
+        sampler=grain.IndexSampler(6, grain.NoSharding(), num_epochs=None),
+        operations=[grain.Batch(2)],
+    )
+
+
+def dtypes_inside_jit(loader):
+    """The dtypes of the batch reference_data(loader) delivers to a jitted function."""
+    with grain.reference_data(loader, cache_size=1) as data:
+        _, batch, _ = jax.jit(data.next)(data.init())
+        return jax.tree.map(lambda x: x.dtype, batch)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int64, np.float32, np.uint8, np.bool_])
+def test_zeros_batch_has_the_dtypes_of_the_batches_inside_jit(dtype):
+    loader = arrays_loader(dtype)
+    want = dtypes_inside_jit(loader)
+    assert jax.tree.map(lambda x: x.dtype, zeros_batch(loader)) == want
+    assert jax.tree.map(lambda s: s.dtype, element_spec(loader)) == want
+    if dtype in (np.float64, np.int64):  # x64 is off in the tests: the 32-bit kind
+        assert want["v"] == {np.float64: np.float32, np.int64: np.int32}[dtype]
+
+
+def run_python(code, env=None):
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, **(env or {})})
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_with_x64_the_64_bit_dtypes_stay_as_inside_jit():
+    # Enabling x64 in this process would change every later test's dtypes.
+    out = run_python("""
+        import jax, numpy as np
+        from tests.test_specs import arrays_loader, dtypes_inside_jit
+        from grainlike.specs import zeros_batch
+        for dtype in (np.float64, np.int64):
+            loader = arrays_loader(dtype)
+            got = {k: str(v.dtype) for k, v in zeros_batch(loader).items()}
+            want = {k: str(v) for k, v in dtypes_inside_jit(loader).items()}
+            print(dtype.__name__, got == want, got["v"])
+    """, env={"JAX_ENABLE_X64": "1", "JAX_PLATFORMS": "cpu"})
+    assert out.split() == ["float64", "True", "float64", "int64", "True", "int64"]
+
+
+def test_without_jax_zeros_batch_keeps_the_host_dtypes():
+    out = run_python("""
+        import sys
+        sys.modules["jax"] = None  # as if jax were not installed
+        import numpy as np
+        import grainlike as grain
+        from grainlike.specs import zeros_batch
+        loader = grain.DataLoader(
+            data_source=grain.ArraysSource({"v": np.arange(4.0), "i": np.arange(4)}),
+            sampler=grain.IndexSampler(4, grain.NoSharding(), num_epochs=1),
+            operations=[grain.Batch(2)],
+        )
+        print(zeros_batch(loader)["v"].dtype, zeros_batch(loader)["i"].dtype)
+    """)
+    assert out.split() == ["float64", "int64"]
