@@ -14,13 +14,18 @@ With workers, batches are by default made inside each worker from its own record
 the calling process), so their contents depend on the worker count;
 ``batch(..., global_order=True)`` batches after the workers instead, in the
 records' global order: the batches of 0 workers, for any worker count.
+
+``shard(mesh, data_axis="data")`` yields global ``jax.Array`` batches sharded over
+a mesh's data axis: each JAX process reads only its rows of every global batch
+(``core/batch_slice.py``), the same records with any worker count.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import weakref
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
@@ -141,6 +146,8 @@ class LoaderBuilder:
     sampler_: Any = None
     prefetch_: Optional[int] = None
     global_order: bool = False
+    mesh: Any = None
+    data_axis: Union[str, tuple] = "data"
 
     def _with(self, **changes: Any) -> "LoaderBuilder":
         return dataclasses.replace(self, **changes)
@@ -163,11 +170,57 @@ class LoaderBuilder:
         _check_count("epochs", num_epochs, 1, allow_none=True)
         return self._with(num_epochs=num_epochs)
 
-    def shard(self, shard_options: sharding.ShardOptions) -> "LoaderBuilder":
-        """Reads one shard, e.g. ``ShardByJaxProcess(drop_remainder=True)``."""
-        if not isinstance(shard_options, sharding.ShardOptions):
-            raise TypeError(f".shard() takes a ShardOptions, got {shard_options!r}")
-        return self._with(shard_options=shard_options)
+    def shard(self, shard_options: Any, data_axis: Union[str, Sequence[str], None] = None, *,
+              data_axis_name: Union[str, Sequence[str], None] = None) -> "LoaderBuilder":
+        """Reads one shard of the records, or each JAX process's slice of every global batch.
+
+        ``.shard(ShardByJaxProcess(drop_remainder=True))`` (a ``ShardOptions``)
+        reads one shard of the records, as ``IndexSampler(shard_options=...)``.
+
+        ``.shard(mesh, data_axis="data")`` (a ``jax.sharding.Mesh``) makes the
+        loader yield global ``jax.Array`` batches sharded over the mesh along
+        ``data_axis`` (``NamedSharding(mesh, PartitionSpec(data_axis))``). The
+        ``.batch(B)`` size is the global batch size: global batch ``k`` holds
+        the records ``[k * B, (k + 1) * B)`` of the order a loader without
+        sharding reads (shuffle, epochs and seed apply as there), and each JAX
+        process reads and transforms only the rows its devices hold, with or
+        without workers, in the same order. Needs one ``Batch``, as the last
+        operation, no filter, and ``B`` a multiple of the data axis's size.
+
+        Args:
+          shard_options: a ``ShardOptions``, or a ``jax.sharding.Mesh``.
+          data_axis: with a mesh, the axis name (or names) the batch is split
+            over; default ``"data"``.
+          data_axis_name: Loadax's name for ``data_axis``.
+
+        Raises:
+          TypeError: neither a ShardOptions nor a Mesh, a data axis with a
+            ShardOptions, or ``data_axis`` and ``data_axis_name`` that differ.
+          ValueError: a data axis the mesh does not have.
+        """
+        if data_axis is not None and data_axis_name is not None and data_axis != data_axis_name:
+            raise TypeError(
+                f".shard() got data_axis={data_axis!r} and data_axis_name={data_axis_name!r}; "
+                "data_axis_name is Loadax's name for data_axis: pass one"
+            )
+        axis = data_axis if data_axis is not None else data_axis_name
+        if isinstance(shard_options, sharding.ShardOptions):
+            if axis is not None:
+                raise TypeError(
+                    f".shard() got a data axis ({axis!r}) with a ShardOptions; a data axis "
+                    "goes with a jax.sharding.Mesh"
+                )
+            return self._with(shard_options=shard_options, mesh=None)
+        jax = sys.modules.get("jax")  # A Mesh exists only once jax is imported.
+        if jax is None or not isinstance(shard_options, jax.sharding.Mesh):
+            raise TypeError(
+                f".shard() takes a ShardOptions or a jax.sharding.Mesh, got {shard_options!r}"
+            )
+        from grainlike.device import data_axes
+
+        axes = data_axes(shard_options, "data" if axis is None else axis)
+        return self._with(shard_options=sharding.NoSharding(), mesh=shard_options,
+                          data_axis=axes[0] if len(axes) == 1 else axes)
 
     def sampler(self, sampler: Any) -> "LoaderBuilder":
         """Uses ``sampler`` (e.g. ``RandomSampler``) instead of an IndexSampler.
@@ -257,6 +310,8 @@ class LoaderBuilder:
                 seed=self.seed_,
             )
         operations = list(self.operations)
+        if self.mesh is not None:
+            return self._build_on_mesh(sampler, operations)
         batch = None
         if self.global_order and self.worker_count > 0:
             if not operations or not isinstance(operations[-1], Batch) or \
@@ -271,9 +326,7 @@ class LoaderBuilder:
                     "use per-worker batches with it"
                 )
             batch = operations.pop()
-        buffer = self.worker_buffer_size
-        if self.prefetch_ is not None and self.worker_count > 0:
-            buffer = -(-self.prefetch_ // self.worker_count)
+        buffer = self._buffer()
         read_ahead = self.prefetch_ if self.worker_count == 0 else None
         kwargs = dict(
             data_source=self.source,
@@ -288,23 +341,91 @@ class LoaderBuilder:
             return DataLoader(**kwargs)
         return BuiltLoader(batch=batch, read_ahead=read_ahead, **kwargs)
 
+    def _build_on_mesh(self, sampler: Any, operations: list) -> "BuiltLoader":
+        """The loader of ``.shard(mesh)``: this process's rows of each global batch, assembled."""
+        if not operations or not isinstance(operations[-1], Batch) or \
+                sum(isinstance(op, Batch) for op in operations) != 1:
+            raise ValueError(
+                ".shard(mesh) needs one .batch(global_batch_size), as the last operation "
+                f"(global batches are split between the JAX processes); got operations {operations!r:.300}"
+            )
+        filters = [op for op in operations if isinstance(op, FilterTransform)]
+        if filters:
+            raise ValueError(
+                f".shard(mesh) cannot use the filter {filters[0]!r}: a global batch is the next "
+                "batch-size records of the sampler order, split between the processes, and a "
+                "filter would leave each process a different number; filter the source instead"
+            )
+        if isinstance(sampler, IndexSampler) and not isinstance(sampler.shard_options, sharding.NoSharding):
+            raise ValueError(
+                f".shard(mesh) splits every global batch between the processes itself; the sampler "
+                f"{sampler!r} reads one shard already: give it NoSharding()"
+            )
+        from grainlike.core.batch_slice import BatchSliceSampler
+        from grainlike.device import process_data_shards
+
+        import jax
+
+        batch = operations.pop()
+        first, end, count = process_data_shards(self.mesh, self.data_axis)
+        sliced = BatchSliceSampler(sampler, batch.batch_size, count, first, end,
+                                   drop_remainder=batch.drop_remainder)
+        if batch.pad and sliced.last_rows:
+            raise ValueError(
+                f".shard(mesh) with {batch!r}: the last global batch is short and pad=True "
+                "would pad each process's rows apart; use drop_remainder=True"
+            )
+        # Each process batches its rows itself; a short last global batch gives
+        # each as many rows (BatchSliceSampler checks), so nothing is dropped here.
+        local = Batch(sliced.rows, False, batch.batch_fn, batch.pad)
+        spec = jax.sharding.PartitionSpec(self.data_axis)
+        return BuiltLoader(
+            batch=local if self.worker_count > 0 else None,
+            read_ahead=None,
+            device_sharding=jax.sharding.NamedSharding(self.mesh, spec),
+            device_prefetch=self.prefetch_ or 0,
+            data_source=self.source,
+            sampler=sliced,
+            operations=operations if self.worker_count > 0 else operations + [local],
+            worker_count=self.worker_count,
+            worker_buffer_size=self._buffer(),
+            shard_options=sharding.NoSharding(),
+            read_options=self.read_options,
+        )
+
+    def _buffer(self) -> int:
+        if self.prefetch_ is not None and self.worker_count > 0:
+            return -(-self.prefetch_ // self.worker_count)
+        return self.worker_buffer_size
+
     def __iter__(self):
         """Iterating the builder iterates ``build()``."""
         return iter(self.build())
 
 
 class BuiltLoader(DataLoader):
-    """A DataLoader that also batches after its workers and/or reads ahead in a thread.
+    """A DataLoader that also batches after its workers, reads ahead or makes global arrays.
 
     Made by ``LoaderBuilder.build()`` for ``batch(..., global_order=True)`` with
-    workers, or ``prefetch(n)`` without workers; otherwise the builder returns a
-    plain ``DataLoader``. Its iterators' states are the wrapped loader's states.
+    workers, ``prefetch(n)`` without workers, or ``shard(mesh)``; otherwise the
+    builder returns a plain ``DataLoader``. Its iterators' states are the
+    wrapped loader's states.
+
+    Args:
+      batch: batches the workers' records in their global order, in this process.
+      read_ahead: outputs read ahead in a background thread.
+      device_sharding: the sharding of each batch's global ``jax.Array`` leaves,
+        assembled from this process's rows by a ``DeviceIterator``.
+      device_prefetch: batches that ``DeviceIterator`` assembles ahead.
     """
 
-    def __init__(self, *, batch: Optional[Batch], read_ahead: Optional[int], **kwargs: Any):
+    def __init__(self, *, batch: Optional[Batch], read_ahead: Optional[int],
+                 device_sharding: Any = None, device_prefetch: int = 0, **kwargs: Any):
         super().__init__(**kwargs)
         self._global_batch = batch
         self._read_ahead = read_ahead
+        self._device_sharding = device_sharding
+        self._device_prefetch = device_prefetch
 
     def __iter__(self) -> Any:
         it: Any = super().__iter__()
@@ -312,6 +433,10 @@ class BuiltLoader(DataLoader):
             it = _GlobalBatchIterator(it, self._global_batch)
         if self._read_ahead is not None:
             it = _ReadAheadIterator(it, self._read_ahead)
+        if self._device_sharding is not None:
+            from grainlike.device import DeviceIterator
+
+            it = DeviceIterator(it, self._device_sharding, prefetch=self._device_prefetch)
         return it
 
     def __len__(self) -> int:

@@ -68,6 +68,75 @@ def _batch_sharding(sharding: Any) -> Any:
     )
 
 
+def data_axes(mesh: Any, data_axis: Any) -> tuple:
+    """``data_axis`` (a name or a sequence of names) as a tuple of ``mesh``'s axis names.
+
+    Raises:
+      TypeError: ``data_axis`` is neither a str nor a sequence of str.
+      ValueError: a name that is not an axis of ``mesh``.
+    """
+    axes = (data_axis,) if isinstance(data_axis, str) else data_axis
+    if not isinstance(axes, (tuple, list)) or not axes or not all(isinstance(a, str) for a in axes):
+        raise TypeError(f"data_axis must be a mesh axis name or a sequence of them, got {data_axis!r}")
+    missing = [a for a in axes if a not in mesh.axis_names]
+    if missing:
+        raise ValueError(
+            f"data axis {missing[0]!r} is not an axis of the mesh, whose axes are "
+            f"{tuple(mesh.axis_names)}"
+        )
+    return tuple(axes)
+
+
+def process_data_shards(mesh: Any, data_axis: Any, process_index: Optional[int] = None) -> tuple:
+    """The shards of the batch axis that one JAX process's devices hold.
+
+    The batch axis of ``NamedSharding(mesh, PartitionSpec(data_axis))`` is split
+    into ``count`` shards, one per index along ``data_axis`` (several axes: their
+    indices flattened in the order given); devices that differ only along the
+    other axes hold the same shard.
+
+    Args:
+      mesh: a ``jax.sharding.Mesh``.
+      data_axis: the axis name (or names) the batch is split over.
+      process_index: the process; default ``jax.process_index()``.
+
+    Returns:
+      ``(first, end, count)``: the process holds shards ``[first, end)`` of ``count``.
+
+    Raises:
+      ValueError: the process has no device in the mesh; its shards are not
+        consecutive; or processes hold different numbers of shards (a batch
+        could then not be split into equal per-process parts).
+    """
+    axes = data_axes(mesh, data_axis)
+    if process_index is None:
+        import jax
+
+        process_index = jax.process_index()
+    names = list(mesh.axis_names)
+    order = [names.index(a) for a in axes] + [i for i, a in enumerate(names) if a not in axes]
+    devices = np.transpose(np.asarray(mesh.devices), order)
+    count = int(np.prod(devices.shape[: len(axes)]))
+    owners = np.vectorize(lambda d: d.process_index, otypes=[np.int64])(devices).reshape(count, -1)
+    held = {int(p): np.flatnonzero((owners == p).any(axis=1)) for p in np.unique(owners)}
+    mine = held.get(process_index)
+    if mine is None:
+        raise ValueError(f"JAX process {process_index} has no device in the mesh {mesh}")
+    if mine[-1] - mine[0] + 1 != len(mine):
+        raise ValueError(
+            f"JAX process {process_index} holds shards {mine.tolist()} of the batch axis "
+            f"{axes} of the mesh, which are not consecutive; order the mesh's devices so "
+            "that each process's are adjacent along the data axis"
+        )
+    sizes = {p: len(s) for p, s in held.items()}
+    if len(set(sizes.values())) != 1:
+        raise ValueError(
+            f"the JAX processes hold different numbers of shards of the batch axis {axes}: "
+            f"{sizes} (process: shards); each process must hold as many"
+        )
+    return int(mine[0]), int(mine[-1]) + 1, count
+
+
 def _to_device(batch: Any, sharding: Any, copy: Optional[bool], global_batch: bool) -> Any:
     """Puts the numeric leaves of ``batch`` on devices; other leaves stay on the host."""
     import jax
