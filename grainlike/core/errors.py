@@ -39,3 +39,12 @@ class StateTypeError(InvalidStateError, TypeError):
 
 class ClosedIteratorError(ValueError):
     """An iterator was used after ``close()`` (a ``ValueError``, as grain raises)."""
+
+
+class WorkersDropRemaindersWarning(UserWarning):
+    """A pipeline's workers drop more elements than the same pipeline without them.
+
+    Each worker of ``mp_prefetch`` batches its own slice, so a
+    ``batch(..., drop_remainder=True)`` below it drops a partial batch per worker
+    (as grain does). Batching after ``mp_prefetch`` drops only the last one.
+    """

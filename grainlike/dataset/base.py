@@ -574,6 +574,12 @@ class IterDataset(_Dataset, Iterable[T], metaclass=IterDatasetMeta):
 
         Raises:
           NotImplementedError: ``sequential_slice=True``.
+
+        Warns:
+          WorkersDropRemaindersWarning: a ``batch(..., drop_remainder=True)``
+            below makes the workers, each batching its own slice, deliver fewer
+            elements than the pipeline without workers (known from the lengths;
+            the output is grain's either way). Batch after ``mp_prefetch`` instead.
         """
         if sequential_slice:
             raise NotImplementedError(
@@ -585,9 +591,11 @@ class IterDataset(_Dataset, Iterable[T], metaclass=IterDatasetMeta):
         options = options or MultiprocessingOptions(num_workers=10)
         if options.num_workers == 0:
             return self
-        from grainlike.dataset.process_prefetch import MultiprocessPrefetchIterDataset
+        from grainlike.dataset.process_prefetch import MultiprocessPrefetchIterDataset, warn_if_workers_drop_more
 
-        return MultiprocessPrefetchIterDataset(self, options=options, worker_init_fn=worker_init_fn)
+        ds = MultiprocessPrefetchIterDataset(self, options=options, worker_init_fn=worker_init_fn)
+        warn_if_workers_drop_more(self, options.num_workers)
+        return ds
 
     @abc.abstractmethod
     def __iter__(self) -> "DatasetIterator[T]":

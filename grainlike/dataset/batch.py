@@ -45,6 +45,20 @@ def batch_and_pad(values: Sequence[Any], *, batch_size: int, pad_value: Any = 0)
     )
 
 
+def discarding_stage(ds: MapDataset) -> Optional[MapDataset]:
+    """A stage of ``ds``'s pipeline that can leave elements None (filter, flat_map), or None."""
+    from grainlike.dataset.filter import FilterMapDataset
+    from grainlike.dataset.flatmap import FlatMapMapDataset
+
+    to_check = [ds]
+    while to_check:
+        node = to_check.pop()
+        if isinstance(node, (FilterMapDataset, FlatMapMapDataset)):
+            return node
+        to_check.extend(getattr(node, "_parents", ()))
+    return None
+
+
 class _Batcher:
     """Turns a list of elements into a batch: ``batch_fn`` or stacking.
 
@@ -82,19 +96,13 @@ class BatchMapDataset(MapDataset):
     ):
         super().__init__(parent)
         _check_batch_size(batch_size)
-        from grainlike.dataset.filter import FilterMapDataset
-        from grainlike.dataset.flatmap import FlatMapMapDataset
-
-        to_check = [parent]
-        while to_check:
-            node = to_check.pop()
-            if isinstance(node, (FilterMapDataset, FlatMapMapDataset)):
-                raise ValueError(
-                    f"`MapDataset.batch` can not follow {node} because it can discard "
-                    "elements. Convert `MapDataset` to `IterDataset` with "
-                    "`to_iter_dataset()` before calling `batch`."
-                )
-            to_check.extend(getattr(node, "_parents", ()))
+        node = discarding_stage(parent)
+        if node is not None:
+            raise ValueError(
+                f"`MapDataset.batch` can not follow {node} because it can discard "
+                "elements. Convert `MapDataset` to `IterDataset` with "
+                "`to_iter_dataset()` before calling `batch`."
+            )
         self._batch_size = batch_size
         self._drop_remainder = drop_remainder
         self._batcher = _Batcher(batch_fn)

@@ -8,6 +8,8 @@ are spawned processes (seconds each), so grain runs only twice per worker count.
 
 import pytest
 
+from grainlike.core.errors import WorkersDropRemaindersWarning
+
 from tests.compat.dataset_pairs import GRAINLIKE, assert_same, grain_namespace, rest
 from tests.dataset.test_mp_prefetch import FailAt
 from tests.helpers.leaks import no_leaks  # noqa: F401  (a fixture)
@@ -133,3 +135,19 @@ def test_options_set_after_mp_prefetch_reach_the_workers(grain_ref, no_leaks):
     expected = outcome(build(grain_lib, grain_dataset.WithOptionsIterDataset, grain_base.DatasetOptions))
     assert expected == ("ValueError", True)  # the filter in a worker raised
     assert outcome(build(GRAINLIKE, WithOptionsIterDataset, DatasetOptions)) == expected
+
+
+def test_workers_dropping_their_own_remainders_warn_and_match_reference(grain_ref, no_leaks):
+    # 14 records over 2 workers: slices of 7, one batch of 4 each (8 records);
+    # without workers 3 batches (12). grainlike keeps grain's output and states.
+    def build(lib):
+        ds = lib.MapDataset.range(14).to_iter_dataset().batch(4, drop_remainder=True)
+        return ds.mp_prefetch(lib.MultiprocessingOptions(num_workers=2))
+
+    g_values, g_states, g_end = _run(build(grain_namespace(grain_ref)))
+    assert [v.tolist() for v in g_values] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    with pytest.warns(WorkersDropRemaindersWarning, match="delivers 8 of the 14 elements.*without workers delivers 12 in 3"):
+        ds = build(GRAINLIKE)
+    l_values, l_states, l_end = _run(ds)
+    assert_same(g_values, l_values, "elements")
+    assert (l_states, l_end) == (g_states, g_end)

@@ -11,11 +11,12 @@ import os
 import signal
 import sys
 import threading
+import warnings
 
 import numpy as np
 import pytest
 
-from grainlike.core.errors import ClosedIteratorError, InvalidStateError
+from grainlike.core.errors import ClosedIteratorError, InvalidStateError, WorkersDropRemaindersWarning
 from grainlike.dataset import IterDataset, MapDataset
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
 from grainlike.dataset.options import MultiprocessingOptions
@@ -299,3 +300,52 @@ def test_worker_state_snapshots_do_not_change_with_the_iterator():
     nested["buffer"].append(3)
     assert flat_copy == {"next_index": 3, "name": "a", "x": None}
     assert nested_copy == {"parent": {"next_index": 3}, "buffer": [1, 2]}
+
+
+def _batched_then_workers(n, workers, batch=8, drop_remainder=True):
+    ds = MapDataset.range(n).to_iter_dataset().batch(batch, drop_remainder=drop_remainder)
+    return ds.mp_prefetch(_options(workers))
+
+
+def test_workers_dropping_their_own_remainders_warn_with_both_counts(no_leaks):
+    # 100 records over 8 workers: slices of 13 and 12, one batch of 8 each (64
+    # records); without workers 12 batches (96). grain yields the same 64.
+    with pytest.warns(WorkersDropRemaindersWarning) as caught:
+        ds = _batched_then_workers(100, 8)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert "delivers 64 of the 100 elements" in message and "in 8 outputs" in message
+    assert "without workers delivers 96 in 12" in message
+    assert "batch after mp_prefetch" in message and ".batch(8, drop_remainder=True)" in message
+    assert caught[0].filename == __file__  # points at the mp_prefetch call
+    it = iter(ds)
+    batches = _plain(it)
+    it.close()
+    per_worker = [list(range(100))[w::8][:8] for w in range(8)]
+    assert batches == per_worker  # the output is kept (grain's)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: _batched_then_workers(128, 8),  # slices of 16: nothing left over
+        lambda: _batched_then_workers(100, 4),  # slices of 25: 3 batches each, 12 in all
+        lambda: _batched_then_workers(100, 8, drop_remainder=False),
+        lambda: _batched_then_workers(100, 1),
+        lambda: MapDataset.range(100).to_iter_dataset().mp_prefetch(_options(8)).batch(8, drop_remainder=True),
+        lambda: MapDataset.range(100).batch(8, drop_remainder=True).to_iter_dataset().mp_prefetch(_options(8)),
+        lambda: MapDataset.range(100).repeat().to_iter_dataset().batch(8, drop_remainder=True).mp_prefetch(_options(8)),
+    ],
+    ids=["divisible-slices", "same-count", "no-drop", "one-worker", "batch-after", "batch-on-mapdataset", "endless"],
+)
+def test_no_remainder_warning_when_workers_drop_nothing_extra(build):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WorkersDropRemaindersWarning)
+        build()
+
+
+def test_nested_batches_warn_when_fewer_records_reach_the_output():
+    # More outputs with workers (8 against 6) but fewer records (64 against 96).
+    match = r"delivers 64 of the 100 elements of its to_iter_dataset\(\) in 8 outputs.*delivers 96 in 6:"
+    with pytest.warns(WorkersDropRemaindersWarning, match=match):
+        MapDataset.range(100).to_iter_dataset().batch(2).batch(4, drop_remainder=True).batch(2).mp_prefetch(_options(8))
