@@ -126,17 +126,9 @@ class BatchSliceSampler(BaseSampler):
         located = self._sampler.locate(positions)
         if located.metadata is not None:
             return located  # A grain-protocol sampler's own metadata, its index included.
-        # Metadata of our own, so that a record's index is its position in the
-        # order without sharding (MapWithIndex sees what it sees there).
-        keys = located.keys.tolist()
-        if located.seeds is None:
-            metadata = [RecordMetadata(g, k) for g, k in zip(positions.tolist(), keys)]
-        else:
-            metadata = [
-                RecordMetadata(g, k, LazyRng(s))
-                for g, k, s in zip(positions.tolist(), keys, located.seeds.tolist())
-            ]
-        return SampledIndices(located.keys, located.seeds, None, metadata)
+        # A record's index is its position in the order without sharding
+        # (MapWithIndex sees what it sees there).
+        return located._replace(indices=positions if located.indices is None else located.indices)
 
     def __getitem__(self, index: int) -> RecordMetadata:
         index = int(index)
@@ -145,7 +137,11 @@ class BatchSliceSampler(BaseSampler):
                 f"RecordMetadata object index is out of bounds; Got index {index}, "
                 f"allowed indices should be in [0, {self._length}]"
             )
-        return self.locate(np.array([index], np.int64)).metadata[0]
+        located = self.locate(np.array([index], np.int64))
+        if located.metadata is not None:
+            return located.metadata[0]
+        rng = None if located.seeds is None else LazyRng(int(located.seeds[0]))
+        return RecordMetadata(int(located.indices[0]), int(located.keys[0]), rng)
 
     def __repr__(self) -> str:
         # The state of a loader names its sampler: a restore onto another

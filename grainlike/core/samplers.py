@@ -56,12 +56,16 @@ class SampledIndices(NamedTuple):
         ``as_sampler`` made it (its ``rng`` and ``index`` are used as they are);
         None for grainlike's samplers, whose metadata is built from the fields
         above.
+      indices: the ``RecordMetadata.index`` of each position (int64), where it
+        is not the global index asked for: a sampler that reads positions of
+        another sampler reports those (``BatchSliceSampler``); None otherwise.
     """
 
     keys: np.ndarray
     seeds: Optional[np.ndarray] = None
     padding: Optional[np.ndarray] = None
     metadata: Optional[list] = None
+    indices: Optional[np.ndarray] = None
 
 
 @dataclasses.dataclass(frozen=True)

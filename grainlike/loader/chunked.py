@@ -220,7 +220,8 @@ class ChunkedRecordsDatasetIterator(NextIndexState, DatasetIterator):
             metadata = metadata[lo:hi]
             return [m.index for m in metadata], [m.record_key for m in metadata], list(metadata)
         seeds = None if located.seeds is None else located.seeds[lo:hi].tolist()
-        return gidx[lo:hi].tolist(), located.keys[lo:hi].tolist(), seeds
+        indices = gidx if located.indices is None else located.indices
+        return indices[lo:hi].tolist(), located.keys[lo:hi].tolist(), seeds
 
     def _read(self, keys: list, indices: list) -> tuple[list, Optional[BaseException]]:
         """The source's values of ``keys``; on an error, those before it and the error."""

@@ -146,7 +146,7 @@ class SamplerMapDataset(MapDataset):
         located = self._locator.locate(global_indices)
         if located.metadata is not None:
             return located.metadata  # A grain-protocol sampler's own metadata.
-        gs = global_indices.tolist()
+        gs = (global_indices if located.indices is None else located.indices).tolist()
         keys = located.keys.tolist()
         if located.seeds is None:
             return [RecordMetadata(g, k) for g, k in zip(gs, keys)]

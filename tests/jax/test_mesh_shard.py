@@ -64,6 +64,9 @@ def test_a_slice_keeps_the_index_and_rng_of_the_position_without_sharding():
         g = (i // 2) * 4 + 2 + i % 2
         assert (m.index, m.record_key) == (g, order[g].record_key)
         assert m.rng.integers(1 << 30) == order[g].rng.integers(1 << 30)
+    # Many positions at once, vectorised: no RecordMetadata per record.
+    located = sliced.locate(np.arange(4))
+    assert located.metadata is None and located.indices.tolist() == [2, 3, 6, 7]
 
 
 def test_a_last_batch_that_does_not_split_evenly_is_refused_unless_dropped():
