@@ -191,6 +191,14 @@ class _Dataset:
         """
         return str(self)
 
+    def user_transforms(self) -> tuple:
+        """The user's transforms and functions this stage applies, in order (grainlike only).
+
+        Errors about the pipeline name them with ``transform_name`` (class or
+        function and where it was defined); a stage applying none returns ().
+        """
+        return ()
+
     def pipe(self, func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Returns ``func(self, *args, **kwargs)``, to chain custom stages.
 

@@ -119,6 +119,9 @@ class BatchMapDataset(MapDataset):
     def __str__(self) -> str:
         return f"BatchMapDataset(batch_size={self._batch_size}, drop_remainder={self._drop_remainder})"
 
+    def user_transforms(self) -> tuple:
+        return () if self._batcher.batch_fn is None else (self._batcher.batch_fn,)
+
     def _parent_range(self, index: int) -> range:
         epoch, in_epoch = divmod(index, self._length)
         n = len(self._parent)
@@ -206,3 +209,6 @@ class BatchIterDataset(IterDataset):
 
     def __str__(self) -> str:
         return f"BatchIterDataset(batch_size={self._batch_size}, drop_remainder={self._drop_remainder})"
+
+    def user_transforms(self) -> tuple:
+        return () if self._batcher.batch_fn is None else (self._batcher.batch_fn,)

@@ -46,6 +46,9 @@ class FlatMapMapDataset(MapDataset):
     def describe(self) -> str:
         return f"FlatMapMapDataset(transform={self._name})"
 
+    def user_transforms(self) -> tuple:
+        return (self._transform,)
+
     def __getitem__(self, index):
         if isinstance(index, slice):
             return self.slice(index)
@@ -128,3 +131,6 @@ class FlatMapIterDataset(IterDataset):
 
     def describe(self) -> str:
         return f"FlatMapIterDataset(transform={self._name})"
+
+    def user_transforms(self) -> tuple:
+        return (self._transform,)

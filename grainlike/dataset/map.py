@@ -142,6 +142,9 @@ class ElementwiseMapDataset(MapDataset):
     def describe(self) -> str:
         return f"{type(self).__name__}(transform={self._name})"
 
+    def user_transforms(self) -> tuple:
+        return (self._transform,)
+
     def __getitem__(self, index):
         if isinstance(index, slice):
             return self.slice(index)
@@ -325,6 +328,9 @@ class TransformIterDataset(IterDataset):
 
     def describe(self) -> str:
         return f"{type(self).__name__}(transform={self._name})"
+
+    def user_transforms(self) -> tuple:
+        return (self._transform,)
 
 
 class MapIterDataset(TransformIterDataset):

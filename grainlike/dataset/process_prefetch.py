@@ -33,8 +33,16 @@ from typing import Any, Callable, Iterator, Optional
 import cloudpickle
 
 from grainlike.core.errors import InvalidStateError, WorkersDropRemaindersWarning, add_note
+from grainlike.core.transforms import transform_name
 from grainlike.core.tree import Allocator
-from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset, MultiprocessingContext, closing_dropped
+from grainlike.dataset.base import (
+    DatasetIterator,
+    IterDataset,
+    MapDataset,
+    MultiprocessingContext,
+    _Dataset,
+    closing_dropped,
+)
 from grainlike.dataset.state import interleave_state
 from grainlike.dataset.workers import DEFAULT_STALL_TIMEOUT_S, WorkerDiedError, WorkerPool
 
@@ -164,8 +172,27 @@ def _stage_copy(ds: Any) -> Any:
     return out
 
 
+def _user_transforms(ds: Any) -> list:
+    """The user transforms of ``ds``'s pipeline, nearest to its output first, each once."""
+    found, seen, to_visit = [], set(), [ds]
+    while to_visit:
+        node = to_visit.pop()
+        if isinstance(node, _Dataset):
+            for transform in reversed(node.user_transforms()):
+                if id(transform) not in seen:
+                    seen.add(id(transform))
+                    found.append(transform)
+        # Parents in order: the first (an elastic stage's pipeline in use) first.
+        to_visit.extend(reversed(getattr(node, "_parents", ())))
+    return found
+
+
 def _pickling_error(ds: Any, error: Exception) -> Exception:
-    """The error of the first stage (parents first) that cannot be pickled, as grain."""
+    """The error of the first stage (parents first) that cannot be pickled, as grain.
+
+    Where one of the stage's user transforms cannot be pickled by itself, a note
+    names it (class or function and where it was defined).
+    """
     for parent in getattr(ds, "_parents", ()):
         found = _pickling_error(parent, error)
         if found is not error:
@@ -174,6 +201,20 @@ def _pickling_error(ds: Any, error: Exception) -> Exception:
         cloudpickle.dumps(ds)
     except Exception as e:
         add_note(e, f"Dataset: {ds} cannot be pickled!")
+        transforms = ds.user_transforms() if isinstance(ds, _Dataset) else ()
+        for transform in transforms:
+            try:
+                cloudpickle.dumps(transform)
+            except Exception as why:  # noqa: BLE001 - any failure is this transform's
+                add_note(
+                    e,
+                    f"grainlike: the transform {transform_name(transform)} cannot be pickled "
+                    f"({type(why).__name__}: {why}); worker processes receive the pipeline "
+                    "pickled (cloudpickle). Keep locks, open files, generators and similar "
+                    "objects out of its attributes (create them lazily, in the worker), or "
+                    "give its class __getstate__/__reduce__.",
+                )
+                break
         return e
     return error
 
@@ -286,9 +327,14 @@ class _WorkerSliceTask:
             stages.append(describe() if describe is not None else str(ds))
             parents = getattr(ds, "_parents", ())
             ds = parents[0] if len(parents) == 1 else None
+        transforms = _user_transforms(getattr(self, "_worker_dataset", None) or self._parent)
+        made = ""
+        if transforms:
+            names = ", ".join(transform_name(t) for t in transforms)
+            made = f" went through the user transforms {names} (nearest first) and"
         return (
-            f"The output of worker {worker_index} came from {' <- '.join(stages)}, after its "
-            f"iterator state {before!r} (its state after it: {after!r})."
+            f"The output of worker {worker_index}{made} came from {' <- '.join(stages)}, after "
+            f"its iterator state {before!r} (its state after it: {after!r})."
         )
 
     def pickling_error(self, error: Exception) -> BaseException:

@@ -22,7 +22,7 @@ from typing import Any, Optional
 from multiprocessing.reduction import ForkingPickler
 
 import cloudpickle
-import numpy as np  # noqa: F401  (preloaded for the forked workers)
+import numpy as np  # Also preloaded for the forked workers.
 
 from grainlike.core import memfd, tree
 from grainlike.core.errors import add_note
@@ -198,7 +198,16 @@ def _explain_unpicklable(error: BaseException, output: Any, origin: str) -> None
                 ForkingPickler.dumps(leaf)
             except Exception:
                 kind = type(leaf)
-                culprit = f"the leaf at {path or '<root>'} ({kind.__module__}.{kind.__qualname__})"
+                what = f"{kind.__module__}.{kind.__qualname__}"
+                if isinstance(leaf, np.ndarray) and leaf.dtype == object:
+                    # A Batch stacked what a transform returned: name the item's type.
+                    for item in leaf.flat:
+                        try:
+                            ForkingPickler.dumps(item)
+                        except Exception:
+                            what = f"an object array holding {type(item).__module__}.{type(item).__qualname__}"
+                            break
+                culprit = f"the leaf at {path or '<root>'} ({what})"
                 break
     except Exception:
         pass

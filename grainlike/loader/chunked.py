@@ -136,6 +136,10 @@ class ChunkedRecordsIterDataset(IterDataset):
             f"[{ops}{', ' if ops else ''}{stages.describe_op(self._batch)}])"
         )
 
+    def user_transforms(self) -> tuple:
+        ops = [op for _, op, _ in self._steps] + [self._batch]
+        return tuple(f for op in ops for f in stages.operation_functions(op))
+
 
 class ChunkedRecordsDatasetIterator(NextIndexState, DatasetIterator):
     """Iterates a ``ChunkedRecordsIterDataset``; see the module docstring."""

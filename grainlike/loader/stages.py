@@ -51,6 +51,13 @@ def describe_op(op: Any) -> str:
     return transform_name(op)
 
 
+def operation_functions(op: Any) -> tuple:
+    """The user's code an operation runs: the transform, or a Batch's ``batch_fn``."""
+    if isinstance(op, Batch):
+        return () if op.batch_fn is None else (op.batch_fn,)
+    return (op,)
+
+
 def short_repr(obj: Any, limit: int = 200) -> str:
     """``repr(obj)`` cut to ``limit`` characters; never raises."""
     try:
@@ -234,6 +241,9 @@ class _OperationStage(IterDataset):
     def __str__(self) -> str:
         # Names the operation when the stage cannot be sent to the workers.
         return f"{type(self).__name__}(operations[{self._position}] {describe_op(self._op)})"
+
+    def user_transforms(self) -> tuple:
+        return operation_functions(self._op)
 
 
 class _MapRecordsIterator(PassThroughStateIterator):

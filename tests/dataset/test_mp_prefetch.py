@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from grainlike.core.errors import ClosedIteratorError, InvalidStateError, WorkersDropRemaindersWarning
+from grainlike.core.transforms import MapTransform
 from grainlike.dataset import IterDataset, MapDataset
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
 from grainlike.dataset.options import MultiprocessingOptions
@@ -240,6 +241,45 @@ def test_a_dataset_that_cannot_be_pickled_is_named(no_leaks):
         next(it)
     assert any("cannot be pickled" in n and "Map" in n for n in info.value.__notes__)
     it.close()
+
+
+class _HoldsGenerator(MapTransform):
+    def __init__(self):
+        self.numbers = (i for i in range(3))
+
+    def map(self, x):
+        return x
+
+
+class _ReturnsGenerator(MapTransform):
+    def map(self, x):
+        return (x for _ in range(2))
+
+
+def _notes_of_first_error(ds):
+    it = iter(ds)
+    with pytest.raises(TypeError, match="generator") as info:
+        next(it)
+    it.close()
+    return "\n".join(info.value.__notes__)
+
+
+@pytest.mark.parametrize("on", ["map_dataset", "iter_dataset"])
+def test_a_transform_that_cannot_be_pickled_is_named_with_its_definition(no_leaks, on):
+    ds = MapDataset.range(4)
+    ds = ds.map(_HoldsGenerator()).to_iter_dataset() if on == "map_dataset" else ds.to_iter_dataset().map(_HoldsGenerator())
+    notes = _notes_of_first_error(ds.mp_prefetch(_options(2)))
+    assert f"the transform _HoldsGenerator ({__file__}:" in notes
+    assert "cannot be pickled (TypeError: cannot pickle 'generator' object)" in notes
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_an_output_holding_a_generator_names_the_transform_it_went_through(no_leaks, batch):
+    ds = MapDataset.range(4).to_iter_dataset().map(_ReturnsGenerator())
+    notes = _notes_of_first_error((ds.batch(2) if batch else ds).mp_prefetch(_options(2)))
+    assert f"went through the user transforms _ReturnsGenerator ({__file__}:" in notes
+    if batch:  # batch stacked the generators into an object array
+        assert "the leaf at <root> (an object array holding builtins.generator)" in notes
 
 
 def test_a_source_iterdataset_that_cannot_be_sliced_is_named(no_leaks):

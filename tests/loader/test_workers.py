@@ -193,6 +193,42 @@ def test_unpicklable_transform_error_names_it(no_leaks):
     it.close()
 
 
+class HoldsGenerator(grain.MapTransform):
+    def __init__(self):
+        self.numbers = (i for i in range(3))
+
+    def map(self, x):
+        return x
+
+
+class ReturnsGenerator(grain.MapTransform):
+    def map(self, x):
+        return (x for _ in range(2))
+
+
+def _notes_of_first_error(loader):
+    it = iter(loader)
+    with pytest.raises(TypeError, match="generator") as info:
+        next(it)
+    it.close()
+    return "\n".join(info.value.__notes__)
+
+
+@pytest.mark.parametrize("ops", [[HoldsGenerator()], [HoldsGenerator(), grain.Batch(2)]], ids=["map", "map-batch"])
+def test_a_transform_that_cannot_be_pickled_is_named_with_its_definition(no_leaks, ops):
+    notes = _notes_of_first_error(_loader(4, ops, workers=2))
+    assert f"the transform HoldsGenerator ({__file__}:" in notes
+    assert "cannot be pickled (TypeError: cannot pickle 'generator' object)" in notes
+
+
+@pytest.mark.parametrize("ops", [[ReturnsGenerator()], [ReturnsGenerator(), grain.Batch(2)]], ids=["map", "map-batch"])
+def test_an_output_holding_a_generator_names_the_transform_it_went_through(no_leaks, ops):
+    notes = _notes_of_first_error(_loader(4, ops, workers=2))
+    assert f"went through the user transforms ReturnsGenerator ({__file__}:" in notes
+    if len(ops) == 2:  # the Batch stacked the generators into an object array
+        assert "the leaf at <root> (an object array holding builtins.generator)" in notes
+
+
 def test_killed_worker_raises_quickly_and_next_resumes(no_leaks):
     loader = _loader(40, [Slow(0.02)], workers=2, shuffle=False)
     with iter(loader) as reference:
