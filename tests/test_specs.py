@@ -224,8 +224,9 @@ def test_zeros_batch_has_the_dtypes_of_the_batches_inside_jit(dtype):
 
 
 def run_python(code, env=None):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # imports tests.*
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                         text=True, timeout=60, env={**os.environ, **(env or {})})
+                         text=True, timeout=60, cwd=root, env={**os.environ, **(env or {})})
     assert out.returncode == 0, out.stderr
     return out.stdout
 
