@@ -8,6 +8,15 @@ process is killed at once. Mappings are made with ``mmap(2)`` through ctypes,
 not ``mmap.mmap`` (which keeps a descriptor per mapping), so holding any number
 of arrays on a segment costs no descriptors.
 
+Where ``memfd_create`` is missing (macOS, the BSDs), a segment is a POSIX
+shared-memory object opened under a private name (``grainlike-<pid>-<random>``,
+created exclusively with mode 0600, so no other job's segment is ever opened)
+and unlinked at once: from then on it is anonymous too, reached only through
+descriptors, and ends with its last descriptor and mapping. What differs: the
+kernel cannot seal it, so a read-only segment is handed out as a descriptor
+opened read-only (which cannot write it or be mapped writable), and on Linux
+such an object counts against ``/dev/shm``'s size.
+
 Worker shipment: objects pickled inside ``shipping()`` (a worker pool pickling
 the pipeline it sends to its workers) may hand their segment's descriptor to
 ``ship(token, fd)`` and pickle only the token. The pool passes the collected
@@ -22,11 +31,17 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import secrets
 import threading
 import weakref
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 import numpy as np
+
+try:  # POSIX shared-memory objects: the segments where memfd_create is missing.
+    import _posixshmem
+except ImportError:  # pragma: no cover - Windows
+    _posixshmem = None
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _libc: Any = None
@@ -54,7 +69,7 @@ def _lib() -> Any:
 
 def available() -> bool:
     """Whether anonymous segments can be made and mapped on this platform."""
-    if not hasattr(os, "memfd_create"):
+    if not hasattr(os, "memfd_create") and _posixshmem is None:
         return False
     try:
         _lib()
@@ -93,11 +108,57 @@ class Region:
         weakref.finalize(self, lib.munmap, address, size).atexit = False
 
 
-def new_segment(size: int, name: str = "grainlike-batch") -> tuple[int, Region]:
-    """A new anonymous segment of ``size`` bytes: ``(its descriptor, a writable mapping of it)``."""
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+def _unlinked_object(read_only_too: bool) -> tuple[int, Optional[int]]:
+    """A new, empty POSIX shared-memory object whose name is already gone.
+
+    Returns:
+      ``(a read-write descriptor, a read-only one or None)``, both close-on-exec.
+    """
+    for _ in range(16):
+        path = f"/grainlike-{os.getpid()}-{secrets.token_hex(4)}"  # 27 bytes: macOS allows 31.
+        try:
+            # O_EXCL: a name someone else holds is never opened, only skipped.
+            fd = _posixshmem.shm_open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            continue
+        read_only = None
+        try:
+            if read_only_too:
+                read_only = _posixshmem.shm_open(path, os.O_RDONLY, 0o600)
+        except BaseException:
+            os.close(fd)
+            raise
+        finally:
+            _posixshmem.shm_unlink(path)
+        for d in (fd, read_only):
+            if d is not None:
+                os.set_inheritable(d, False)
+        return fd, read_only
+    raise FileExistsError(f"no free shared-memory name of the form /grainlike-{os.getpid()}-<random> after 16 tries")
+
+
+def new_fd(size: int, name: str) -> int:
+    """The read-write descriptor of a new anonymous segment of ``size`` bytes (zeros).
+
+    ``name`` names a memfd segment (``/proc/<pid>/fd`` shows it); the
+    fallback's name is private and gone by the time this returns.
+    """
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    else:
+        fd, _ = _unlinked_object(read_only_too=False)
     try:
         os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def new_segment(size: int, name: str = "grainlike-batch") -> tuple[int, Region]:
+    """A new anonymous segment of ``size`` bytes: ``(its descriptor, a writable mapping of it)``."""
+    fd = new_fd(size, name)
+    try:
         return fd, Region(fd, size)
     except BaseException:
         os.close(fd)
@@ -111,21 +172,18 @@ def sealed_segment(size: int, fill: Callable[[np.ndarray], None], name: str) -> 
     keep it. The segment is then sealed where the kernel allows it (no process
     holding its descriptor can write, grow or shrink it) and mapped read-only.
 
+    Without ``memfd_create`` there are no seals: the descriptor returned is
+    one opened read-only (the writable one is closed once ``fill`` is done),
+    so no process it reaches can write the segment or map it writable.
+
     Returns:
       ``(its descriptor, a read-only mapping)``; the caller closes the descriptor.
     """
+    if not hasattr(os, "memfd_create"):
+        return _sealed_unlinked_object(size, fill)
     fd = os.memfd_create(name, os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 0))
     try:
-        os.ftruncate(fd, size)
-        # mmap.mmap rather than a Region: close() unmaps now, and a write seal
-        # is refused while any writable mapping exists.
-        writable = mmap.mmap(fd, size)
-        try:
-            view = np.frombuffer(writable, np.uint8)
-            fill(view)
-            del view
-        finally:
-            writable.close()
+        _fill(fd, size, fill)
         try:
             import fcntl
 
@@ -135,6 +193,34 @@ def sealed_segment(size: int, fill: Callable[[np.ndarray], None], name: str) -> 
         return fd, Region(fd, size, writable=False)
     except BaseException:
         os.close(fd)
+        raise
+
+
+def _fill(fd: int, size: int, fill: Callable[[np.ndarray], None]) -> None:
+    """Sizes the segment of ``fd`` and writes it through a mapping unmapped before returning."""
+    os.ftruncate(fd, size)
+    # mmap.mmap rather than a Region: close() unmaps now, and a write seal
+    # is refused while any writable mapping exists.
+    writable = mmap.mmap(fd, size)
+    try:
+        view = np.frombuffer(writable, np.uint8)
+        fill(view)
+        del view
+    finally:
+        writable.close()
+
+
+def _sealed_unlinked_object(size: int, fill: Callable[[np.ndarray], None]) -> tuple[int, Region]:
+    """``sealed_segment`` where there is no memfd_create (see there)."""
+    fd, read_only = _unlinked_object(read_only_too=True)
+    try:
+        try:
+            _fill(fd, size, fill)
+        finally:
+            os.close(fd)
+        return read_only, Region(read_only, size, writable=False)
+    except BaseException:
+        os.close(read_only)
         raise
 
 

@@ -2,7 +2,9 @@
 
 The only named segments grainlike makes are those of an ``InMemoryDataSource``
 created with ``name=`` (grain's attach-by-name API); everything else lives in
-anonymous memory (``core.memfd``), which ``/dev/shm``'s size does not limit.
+anonymous memory (``core.memfd``), which ``/dev/shm``'s size does not limit
+(where ``memfd_create`` is missing, it is a POSIX object unlinked at once,
+which on Linux does count there; macOS has no ``/dev/shm``).
 """
 
 from __future__ import annotations
@@ -61,12 +63,16 @@ def reserve(fd: int, size: int, what: str) -> None:
     """Allocates the pages of a segment now, so that a full ``/dev/shm`` raises here.
 
     Without it, the first write to a page that does not fit kills the process
-    with SIGBUS.
+    with SIGBUS. Nothing is reserved where there is no ``posix_fallocate``
+    (macOS, whose shared memory is not a size-limited ``/dev/shm``).
     """
     import errno
 
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is None:
+        return
     try:
-        os.posix_fallocate(fd, 0, size)
+        fallocate(fd, 0, size)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EFBIG):
             raise full_error(what, size, free_bytes()) from e

@@ -6,6 +6,10 @@ that has preloaded ``worker_main``, booted when grainlike is imported
 (``start_server_early``) so that it is ready by the first ``iter()``. A worker it
 forks receives preparation data that names no main module, so it never re-runs
 the user's ``__main__``. Importing this module costs the standard library only.
+
+Where there is no server (``server_supported``: no ``os.fork``, or macOS,
+where Python spawns by default), workers are spawned (``SpawnedWorkerProcess``):
+each a fresh interpreter, with the same preparation data naming no main module.
 """
 
 from __future__ import annotations
@@ -48,6 +52,17 @@ class _SpawnWithoutMain(types.ModuleType):
         self.get_preparation_data = lambda name: _strip_main(spawn.get_preparation_data(name))
 
 
+def _rebound_popen(base: type, method: str, module: types.ModuleType, name: str, **replaced: Any) -> type:
+    """A subclass of ``base`` whose ``method`` is the standard library's own code run with some of its module's globals replaced."""
+    function = getattr(base, method)
+    namespace = dict(vars(module))
+    namespace.update(replaced)
+    rebound = types.FunctionType(
+        function.__code__, namespace, function.__name__, function.__defaults__, function.__closure__
+    )
+    return type(name, (base,), {method: rebound, "__module__": __name__})
+
+
 @functools.lru_cache(maxsize=None)
 def _worker_popen(server: Any) -> type:
     """The forkserver ``Popen`` that launches through ``server``, with preparation data naming no main module.
@@ -61,17 +76,27 @@ def _worker_popen(server: Any) -> type:
     """
     from multiprocessing import forkserver, popen_forkserver
 
-    base = popen_forkserver.Popen
-    launch = base._launch
-    namespace = dict(vars(popen_forkserver))
-    namespace["spawn"] = _SpawnWithoutMain()
-    namespace["forkserver"] = types.SimpleNamespace(
-        connect_to_new_process=server.connect_to_new_process, read_signed=forkserver.read_signed
+    return _rebound_popen(
+        popen_forkserver.Popen, "_launch", popen_forkserver, "WorkerPopen",
+        spawn=_SpawnWithoutMain(),
+        forkserver=types.SimpleNamespace(
+            connect_to_new_process=server.connect_to_new_process, read_signed=forkserver.read_signed
+        ),
     )
-    stripped = types.FunctionType(
-        launch.__code__, namespace, launch.__name__, launch.__defaults__, launch.__closure__
-    )
-    return type("WorkerPopen", (base,), {"_launch": stripped, "__module__": __name__})
+
+
+@functools.lru_cache(maxsize=None)
+def _spawn_popen() -> type:
+    """The spawn ``Popen`` of this platform, with preparation data naming no main module."""
+    if sys.platform == "win32":  # pragma: no cover - untested platform
+        from multiprocessing import popen_spawn_win32 as module
+
+        method = "__init__"
+    else:
+        from multiprocessing import popen_spawn_posix as module
+
+        method = "_launch"
+    return _rebound_popen(module.Popen, method, module, "SpawnedWorkerPopen", spawn=_SpawnWithoutMain())
 
 
 class WorkerProcess(multiprocessing.context.ForkServerProcess):
@@ -85,6 +110,28 @@ class WorkerProcess(multiprocessing.context.ForkServerProcess):
 
 
 server_of: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+class SpawnedWorkerProcess(multiprocessing.context.SpawnProcess):
+    """A worker spawned as a fresh interpreter (no worker server here), without importing the main module."""
+
+    @staticmethod
+    def _Popen(process_obj):
+        return _spawn_popen()(process_obj)
+
+
+def server_supported() -> bool:
+    """Whether workers can start from a worker server on this platform.
+
+    The server is a forkserver: it needs ``os.fork`` (Windows has none). On
+    macOS, where forking a process that has used the system's libraries can
+    crash the child and Python spawns by default, workers are spawned too.
+    """
+    return (
+        hasattr(os, "fork")
+        and sys.platform != "darwin"
+        and "forkserver" in multiprocessing.get_all_start_methods()
+    )
 
 
 # grainlike's worker servers, by the modules each preloaded. Its own instances of
@@ -184,8 +231,12 @@ def _started_by_multiprocessing() -> bool:
     """Whether this interpreter is one multiprocessing started (its forkserver, a spawned child)."""
     if multiprocessing.parent_process() is not None:
         return True
-    argv = getattr(sys, "orig_argv", sys.argv)
-    # The forkserver and spawned children run ``python -c "from multiprocessing.X import ..."``.
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    # The forkserver and spawned children run ``python -c "from multiprocessing.X import ..."``,
+    # spawned ones with ``--multiprocessing-fork`` after it (and import grainlike
+    # while unpickling their process object, before parent_process() is set).
+    if argv and argv[-1] == "--multiprocessing-fork":
+        argv.pop()
     return len(argv) >= 2 and argv[-2] == "-c" and argv[-1].startswith("from multiprocessing.")
 
 
@@ -200,9 +251,10 @@ def start_server_early() -> None:
     delaying the first batch. Starting it costs the importing process one
     ``fork_exec`` (a few ms); the server exits with the process. Not in the
     server itself nor in processes multiprocessing starts (they would each
-    start another), and nowhere the platform has no forkserver.
+    start another), and nowhere workers do not start from a server
+    (``server_supported``).
     """
-    if "forkserver" not in multiprocessing.get_all_start_methods() or _started_by_multiprocessing():
+    if not server_supported() or _started_by_multiprocessing():
         return
     try:
         running_server()

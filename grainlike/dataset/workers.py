@@ -10,7 +10,10 @@ dataset iterator states), for the Dataset API and the DataLoader alike.
 Workers fork from the calling process while that is safe (``fork_is_safe``: no
 other thread, no JAX backend), as torch's do; otherwise from the worker server
 (``worker_server``), booted when grainlike is imported, so a worker starts in
-milliseconds either way and never re-runs the user's ``__main__``. The task
+milliseconds either way and never re-runs the user's ``__main__``. Where
+there is no server (``worker_server.server_supported``: no ``os.fork``, or
+macOS) workers are spawned, each a fresh interpreter that does not re-run
+``__main__`` either (docs/platforms.md: its start cost). The task
 travels as cloudpickle bytes, so lambdas and classes defined in a notebook or an
 unguarded script work. Batch leaves come back through shared memory (``shm``).
 
@@ -110,9 +113,8 @@ class _Progress:
 
     def __init__(self, worker_count: int):
         size = max(worker_count * self._SLOT.size, mmap.PAGESIZE)
-        self.fd = os.memfd_create("grainlike-progress", os.MFD_CLOEXEC)
+        self.fd = memfd.new_fd(size, "grainlike-progress")
         try:
-            os.ftruncate(self.fd, size)
             self.mm = mmap.mmap(self.fd, size)
         except BaseException:
             os.close(self.fd)
@@ -302,7 +304,7 @@ def prestart() -> None:
     server imports the main module only if the user preloads ``"__main__"``.
     Not while workers would fork from this process directly (``fork_is_safe``).
     """
-    if fork_is_safe():
+    if fork_is_safe() or not worker_server.server_supported():
         return
     try:
         worker_server.running_server()
@@ -603,7 +605,7 @@ class WorkerPool:
         self._shutdown.owner_pid = os.getpid()
         shm.raise_fd_limit()
         sd = self._shutdown
-        if hasattr(os, "memfd_create"):
+        if memfd.available():
             sd.progress = _Progress(self._w)
         _live.add(self)
         worker_server.install_exit_on_signals()
@@ -971,13 +973,16 @@ def _launch(
     ``sd.launch_error`` for the consumer to raise (it may run in a thread).
     """
     forked = not hold and fork_is_safe()
+    served = not forked and worker_server.server_supported()
     if forked:
         from grainlike.dataset import worker_main  # noqa: F401  (imported once, here, not in each child)
 
         ctx = multiprocessing.get_context("fork")
-    else:
+    elif served:
         ctx = multiprocessing.get_context("forkserver")
         server = worker_server.running_server()
+    else:
+        ctx = multiprocessing.get_context("spawn")
     try:
         for w in range(worker_count):
             if sd.done:
@@ -1001,11 +1006,15 @@ def _launch(
                     name=f"grainlike-worker-{w}",
                     daemon=True,
                 )
-            else:
+            elif served:
                 proc = worker_server.WorkerProcess(
                     target=_worker_entry, args=args, name=f"grainlike-worker-{w}", daemon=True
                 )
                 worker_server.server_of[proc] = server
+            else:
+                proc = worker_server.SpawnedWorkerProcess(
+                    target=_worker_entry, args=args, name=f"grainlike-worker-{w}", daemon=True
+                )
             try:
                 proc.start()
             except BaseException:

@@ -4,6 +4,9 @@ Without ``name=``, the data lives in anonymous shared memory (``core.memfd``):
 a segment with no name in ``/dev/shm``, written once and sealed read-only. No
 other job can see or delete it, ``/dev/shm``'s size does not limit it, and it
 ends with the last process using it, so a killed process group leaves nothing.
+Where ``memfd_create`` is missing (macOS), the segment is a POSIX
+shared-memory object with a private name that is unlinked as soon as it is
+opened; the owner keeps a descriptor opened read-only in place of the seals.
 Worker processes of a loader get the segment's descriptor with the pipeline
 they are sent (``memfd.shipping``) and map the same pages; a process forked
 from the owner inherits the mapping. Any other pickle (to a file, to a
@@ -458,7 +461,8 @@ class InMemoryDataSource:
             raise OSError(
                 errno.ENOSYS,
                 "InMemoryDataSource without name= keeps its data in anonymous shared memory "
-                "(memfd_create, Linux), which this platform lacks; pass name='<a segment "
+                "(memfd_create on Linux, an unlinked POSIX shared-memory object elsewhere), "
+                "which this platform lacks; pass name='<a segment "
                 "name>' to use a named POSIX shared-memory segment instead.",
             )
         fd, region = memfd.sealed_segment(size, fill, "grainlike-source")

@@ -1,7 +1,8 @@
 """Checks that a test left no worker process, thread, fd or shared-memory segment.
 
 Shared memory is both named (``/dev/shm`` entries) and anonymous (``memfd``
-segments, which only this process's descriptors and mappings show).
+segments, which only this process's descriptors and mappings show; without
+``memfd_create``, POSIX objects unlinked at once, ``grainlike-<pid>-<random>``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ def own_shm_entries() -> set:
     Other test runs on the machine create and remove their own segments meanwhile.
     """
     pid = os.getpid()
-    return shm_entries(f"grainlike_{pid}_") | shm_entries(f"grainlike_src_{pid}_")
+    return (
+        shm_entries(f"grainlike_{pid}_")
+        | shm_entries(f"grainlike_src_{pid}_")
+        | shm_entries(f"grainlike-{pid}-")  # core.memfd's unlinked objects, were one left
+    )
 
 
 def _helper_process(p: psutil.Process) -> bool:
@@ -112,20 +117,27 @@ def new_fds(before: dict) -> dict:
 
 
 # grainlike names every anonymous segment it makes ``grainlike-...``; the kernel
-# shows them as ``/memfd:grainlike-... (deleted)``.
+# shows them as ``/memfd:grainlike-... (deleted)``, or, without memfd_create,
+# as ``/dev/shm/grainlike-<pid>-<random> (deleted)``.
 _MEMFD_MARK = "/memfd:grainlike"
+_UNLINKED_MARK = "/dev/shm/grainlike-"
+
+
+def is_anonymous_segment(target: str) -> bool:
+    """Whether a descriptor's target or a ``/proc/<pid>/maps`` line is one of grainlike's anonymous segments."""
+    return _MEMFD_MARK in target or (_UNLINKED_MARK in target and target.endswith("(deleted)"))
 
 
 def memfd_fds() -> int:
-    """How many descriptors of anonymous (memfd) segments this process holds."""
-    return sum(target.startswith(_MEMFD_MARK) for target in open_fds().values())
+    """How many descriptors of anonymous segments this process holds."""
+    return sum(is_anonymous_segment(target) for target in open_fds().values())
 
 
 def memfd_mappings() -> int:
-    """How many mappings of anonymous (memfd) segments this process has."""
+    """How many mappings of anonymous segments this process has."""
     try:
         with open("/proc/self/maps") as f:
-            return sum(_MEMFD_MARK in line for line in f)
+            return sum(is_anonymous_segment(line.rstrip("\n")) for line in f)
     except OSError:
         return 0
 
