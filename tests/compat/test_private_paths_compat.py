@@ -10,136 +10,85 @@ name, so the alias means what grain's does.
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 
 import pytest
 
-# grain._src.<module> -> {name: "<public module under grain/grainlike>:<attribute>"}.
-# A target without a grain counterpart (grain has it only privately, or not at
-# all in 0.2.18) starts with "grainlike." and is checked in grainlike only.
-ALIASES = {
-    "python.dataset.dataset": {
-        "MapDataset": ":MapDataset",
-        "IterDataset": ":IterDataset",
-        "DatasetIterator": ":DatasetIterator",
-        "apply_transformations": "experimental:apply_transformations",
-        "WithOptionsIterDataset": "experimental:WithOptionsIterDataset",
-    },
-    "python.dataset.base": {
-        "DatasetOptions": "experimental:DatasetOptions",
-        "ExecutionTrackingMode": "experimental:ExecutionTrackingMode",
-        "RandomAccessDataSource": "sources:RandomAccessDataSource",
-    },
-    "python.dataset.transformations.zip": {
-        "ZipIterDataset": "experimental:ZipIterDataset",
-        "ZipMapDataset": "experimental:ZipMapDataset",
-    },
-    "python.dataset.transformations.flatmap": {
-        "FlatMapIterDataset": "experimental:FlatMapIterDataset",
-        "FlatMapMapDataset": "experimental:FlatMapMapDataset",
-    },
-    "python.dataset.transformations.interleave": {"InterleaveIterDataset": "experimental:InterleaveIterDataset"},
-    "python.dataset.transformations.limit": {"LimitIterDataset": "experimental:LimitIterDataset"},
-    "python.dataset.transformations.map": {"RngPool": "experimental:RngPool"},
-    "python.dataset.transformations.packing": {"FirstFitPackIterDataset": "experimental:FirstFitPackIterDataset"},
-    "python.dataset.transformations.packing_concat_then_split": {
-        "BOSHandling": "experimental:BOSHandling",
-        "ConcatThenSplitIterDataset": "experimental:ConcatThenSplitIterDataset",
-    },
-    "python.dataset.transformations.prefetch": {"ThreadPrefetchIterDataset": "experimental:ThreadPrefetchIterDataset"},
-    "python.dataset.transformations.shuffle": {
-        "WindowShuffleIterDataset": "experimental:WindowShuffleIterDataset",
-        "WindowShuffleMapDataset": "experimental:WindowShuffleMapDataset",
-    },
-    "python.dataset.sources.parquet_dataset": {"ParquetIterDataset": "experimental:ParquetIterDataset"},
-    "python.dataset.sources.tfrecord_dataset": {
-        "TFRecordIterDataset": "experimental:TFRecordIterDataset",
-        "_TFRecordDatasetIterator": "grainlike.dataset.tfrecord:_TFRecordDatasetIterator",
-        "_TFRecordReader": "grainlike.dataset.tfrecord:_TFRecordReader",
-    },
-    "python.dataset.elastic_iterator": {"ElasticIterator": "experimental:ElasticIterator"},
-    "core.sharding": {
-        "NoSharding": "sharding:NoSharding",
-        "ShardByJaxProcess": "sharding:ShardByJaxProcess",
-        "ShardOptions": "sharding:ShardOptions",
-    },
-    "core.transforms": {
-        "Batch": "transforms:Batch",
-        "Filter": "transforms:Filter",
-        "Map": "transforms:Map",
-        "MapWithIndex": "transforms:MapWithIndex",
-        "RandomMap": "transforms:RandomMap",
-    },
-    "core.constants": {
-        name: f"constants:{name}" for name in ["DATASET_INDEX", "EPOCH", "INDEX", "RECORD", "RECORD_KEY", "SEED"]
-    },
-    # grain 0.2.18 calls it tree_lib; older releases (and code written for them) tree.
-    "core.tree": {name: f"grainlike.core.tree:{name}" for name in ["flatten", "map_structure", "spec_like", "unflatten_as"]},
-    "core.tree_lib": {
-        name: f"grainlike.core.tree:{name}" for name in ["flatten", "map_structure", "spec_like", "unflatten_as"]
-    },
-    "python.options": {"MultiprocessingOptions": ":MultiprocessingOptions", "ReadOptions": ":ReadOptions"},
-    "python.data_sources": {
-        "ArrayRecordDataSource": "sources:ArrayRecordDataSource",
-        "RangeDataSource": "sources:RangeDataSource",
-        "SharedMemoryDataSource": "sources:SharedMemoryDataSource",
-    },
-    "python.samplers": {
-        "IndexSampler": "samplers:IndexSampler",
-        "Sampler": "samplers:Sampler",
-        "SequentialSampler": "samplers:SequentialSampler",
-    },
-    "python.data_loader": {"DataLoader": ":DataLoader", "DataLoaderIterator": ":DataLoaderIterator"},
-    "python.load": {"load": ":load"},
-    "python.record": {"Record": ":Record", "RecordMetadata": ":RecordMetadata"},
-    "python.testing.experimental": {
-        "assert_equal_output_after_checkpoint": "experimental:assert_equal_output_after_checkpoint"
-    },
-    "python.experimental.index_shuffle.python.index_shuffle_module": {"index_shuffle": "experimental:index_shuffle"},
-    "python.checkpoint.handler": {
-        "CheckpointHandler": "checkpoint:CheckpointHandler",
-        "CheckpointRestore": "checkpoint:CheckpointRestore",
-        "CheckpointSave": "checkpoint:CheckpointSave",
-    },
-    # Older grain releases' module (MaxText-era code imports it); gone in 0.2.18.
-    "python.checkpoint_handlers": {
-        "PyGrainCheckpointHandler": "grainlike.checkpoint:PyGrainCheckpointHandler",
-        "PyGrainCheckpointRestore": "grainlike.checkpoint:PyGrainCheckpointRestore",
-        "PyGrainCheckpointSave": "grainlike.checkpoint:PyGrainCheckpointSave",
-    },
-}
+import grainlike
+
+_SRC = os.path.join(os.path.dirname(grainlike.__file__), "_src")
+# Every alias module under grainlike/_src (packages hold no names).
+ALIAS_MODULES = sorted(
+    os.path.relpath(os.path.join(folder, name), _SRC)[:-3].replace(os.sep, ".")
+    for folder, _, names in os.walk(_SRC)
+    for name in names
+    if name.endswith(".py") and name != "__init__.py"
+)
+# grain's public faces: a private object exposed there must be grainlike's
+# object of the same public name.
+PUBLIC = ["", "experimental", "python", "python.experimental", "sources", "transforms", "samplers", "sharding",
+          "constants", "checkpoint", "multiprocessing"]
+# Older grain releases' paths (code written for them imports these); gone in 0.2.18.
+OLDER_GRAIN = {"core.tree", "python.checkpoint_handlers"}
+
+
+def _public_names(root: str, obj) -> list[str]:
+    out = []
+    for face in PUBLIC:
+        module = importlib.import_module(f"{root}.{face}" if face else root)
+        out += [f"{face}:{n}" for n, v in vars(module).items() if v is obj and not n.startswith("_")]
+    return out
 
 
 def _resolve(root: str, target: str):
     module, attribute = target.split(":")
-    if not module.startswith("grainlike."):
-        module = f"{root}.{module}" if module else root
-    return getattr(importlib.import_module(module), attribute)
+    return getattr(importlib.import_module(f"{root}.{module}" if module else root), attribute)
 
 
-@pytest.mark.parametrize("private", sorted(ALIASES))
-def test_alias_module_re_exports_the_documented_grainlike_objects(private):
+@pytest.mark.parametrize("private", ALIAS_MODULES)
+def test_alias_module_only_re_exports_grainlike_objects(private):
     module = importlib.import_module(f"grainlike._src.{private}")
-    assert sorted(module.__all__) == sorted(ALIASES[private])
     # Only imports: no name beyond the re-exported ones and module dunders.
-    assert {n for n in vars(module) if not n.startswith("__")} == set(ALIASES[private])
-    for name, target in ALIASES[private].items():
-        assert getattr(module, name) is _resolve("grainlike", target), (private, name)
+    assert {n for n in vars(module) if not n.startswith("__")} == set(module.__all__)
+    for name in module.__all__:
+        obj = getattr(module, name)
+        assert getattr(obj, "__module__", "grainlike").startswith("grainlike"), (private, name)
+        assert not getattr(obj, "__module__", "").startswith("grainlike._src"), (private, name)
 
 
-@pytest.mark.parametrize("private", sorted(ALIASES))
+@pytest.mark.parametrize("private", ALIAS_MODULES)
 def test_alias_means_what_grains_private_name_means(grain_ref, private):
     del grain_ref  # absl flags parsed before grain is imported
-    differential = {n: t for n, t in ALIASES[private].items() if not t.startswith("grainlike.")}
-    if not differential:
-        # grain 0.2.18 has no such path (or only private objects there); the
-        # grainlike objects are checked by the test above.
-        assert private in {"core.tree", "core.tree_lib", "python.checkpoint_handlers"}
+    module = importlib.import_module(f"grainlike._src.{private}")
+    if private in OLDER_GRAIN:
         return
     grain_module = importlib.import_module(f"grain._src.{private}")
-    for name, target in differential.items():
-        assert getattr(grain_module, name) is _resolve("grain", target), (private, name)
+    for name in module.__all__:
+        theirs = getattr(grain_module, name)  # grain 0.2.18 has the name at that path
+        ours = getattr(module, name)
+        public = _public_names("grain", theirs)
+        if public:
+            # grain exposes it publicly: the alias is grainlike's object of that public name.
+            assert any(ours is _resolve("grainlike", p) for p in public), (private, name, public)
+        else:
+            # grain-internal: a class of the same name, a function, or the same kind of value.
+            if isinstance(theirs, type):
+                assert isinstance(ours, type) and ours.__name__ == theirs.__name__, (private, name)
+            elif callable(theirs):
+                assert callable(ours), (private, name)
+            else:
+                assert type(ours).__name__ == type(theirs).__name__, (private, name)
+
+
+def test_migrating_lists_every_alias_module():
+    text = open(os.path.join(os.path.dirname(_SRC), "..", "docs", "migrating.md")).read()
+    for private in ALIAS_MODULES:
+        names = importlib.import_module(f"grainlike._src.{private}").__all__
+        row = next((line for line in text.splitlines() if line.startswith(f"| `grain._src.{private}`")), None)
+        assert row is not None, private
+        assert all(f"`{n}`" in row for n in names), (private, [n for n in names if f"`{n}`" not in row])
 
 
 def test_tree_aliases_behave_as_grains_tree_lib(grain_ref):

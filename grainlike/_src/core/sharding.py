@@ -1,5 +1,6 @@
 """``grain._src.core.sharding``: grain's private path, re-exported from grainlike."""
 
 from grainlike.sharding import NoSharding, ShardByJaxProcess, ShardOptions
+from grainlike.core.sharding import even_split
 
-__all__ = ['NoSharding', 'ShardByJaxProcess', 'ShardOptions']
+__all__ = ['NoSharding', 'ShardByJaxProcess', 'ShardOptions', 'even_split']

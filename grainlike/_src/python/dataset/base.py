@@ -2,5 +2,7 @@
 
 from grainlike.experimental import DatasetOptions, ExecutionTrackingMode
 from grainlike.sources import RandomAccessDataSource
+from grainlike.dataset.base import DatasetSelectionMap, IteratorContext, MultiprocessingContext
+from grainlike.dataset.element_spec import ShapeDtypeStruct, ShapeDtypeStructProtocol
 
-__all__ = ['DatasetOptions', 'ExecutionTrackingMode', 'RandomAccessDataSource']
+__all__ = ['DatasetOptions', 'DatasetSelectionMap', 'ExecutionTrackingMode', 'IteratorContext', 'MultiprocessingContext', 'RandomAccessDataSource', 'ShapeDtypeStruct', 'ShapeDtypeStructProtocol']

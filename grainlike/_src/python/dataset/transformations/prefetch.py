@@ -1,5 +1,8 @@
 """``grain._src.python.dataset.transformations.prefetch``: grain's private path, re-exported from grainlike."""
 
 from grainlike.experimental import ThreadPrefetchIterDataset
+from grainlike.dataset.prefetch import PrefetchDatasetIterator, PrefetchIterDataset
+from grainlike.dataset.thread_prefetch import ThreadPrefetchDatasetIterator
+from grainlike.dataset.multithread import multithread_prefetch
 
-__all__ = ['ThreadPrefetchIterDataset']
+__all__ = ['PrefetchDatasetIterator', 'PrefetchIterDataset', 'ThreadPrefetchDatasetIterator', 'ThreadPrefetchIterDataset', 'multithread_prefetch']

@@ -1,0 +1,1 @@
+"""``grain._src.python.experimental.device_put``."""

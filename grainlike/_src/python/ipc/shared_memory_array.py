@@ -1,0 +1,5 @@
+"""``grain._src.python.ipc.shared_memory_array``: grain's private path, re-exported from grainlike."""
+
+from grainlike.core.shared_memory_array import SharedMemoryArray, SharedMemoryArrayMetadata
+
+__all__ = ['SharedMemoryArray', 'SharedMemoryArrayMetadata']

@@ -1,0 +1,67 @@
+"""pytest plugin for running grain's own test files against grainlike.
+
+Loaded with ``-p grain_alias`` in a separate pytest process (see
+``test_grain_own_tests.py``). ``import grain...`` then resolves, in order, to
+
+1. a file copied from grain's wheel beside the tests (``GRAIN_SUITE_ROOT``): the
+   tests' own helpers (``transformations/testing_util.py``, ``core/pytest.py``)
+   and test modules that other test modules import. ``from grain._src.x import
+   helper`` looks the name up under the module's own name (``grainlike._src.x``),
+   so such a file is found under that name too;
+2. grainlike's module of the same path (``grain._src.x`` -> ``grainlike._src.x``,
+   ``grain.python`` -> ``grainlike.python``), the module object itself.
+
+A path that neither has fails to import, as it would for a user.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+_ROOT = os.environ["GRAIN_SUITE_ROOT"]
+
+
+class _AliasLoader(importlib.abc.Loader):
+    def __init__(self, target: str) -> None:
+        self._target = target
+
+    def create_module(self, spec):
+        module = importlib.import_module(self._target)
+        self._spec = module.__spec__
+        return module
+
+    def exec_module(self, module) -> None:
+        # The import system stamped the alias's spec on grainlike's module: give
+        # it back its own, so that grainlike's imports and pickling see no change.
+        module.__spec__ = self._spec
+
+
+class _GrainToGrainlike(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.startswith("grainlike._src."):
+            copied = os.path.join(_ROOT, *fullname.split(".")[1:]) + ".py"
+            if os.path.isfile(copied):
+                return importlib.util.spec_from_file_location(fullname, copied)
+            return None
+        if fullname != "grain" and not fullname.startswith("grain."):
+            return None
+        parts = fullname.split(".")[1:]
+        copied = os.path.join(_ROOT, *parts) + ".py"
+        if parts and os.path.isfile(copied):
+            return importlib.util.spec_from_file_location(fullname, copied)
+        mirror = "grainlike" + fullname[len("grain") :]
+        try:
+            found = importlib.util.find_spec(mirror)
+        except ModuleNotFoundError:
+            return None
+        if found is None:
+            return None
+        is_package = found.submodule_search_locations is not None
+        return importlib.util.spec_from_loader(fullname, _AliasLoader(mirror), is_package=is_package)
+
+
+sys.meta_path.insert(0, _GrainToGrainlike())
