@@ -1,27 +1,21 @@
-"""``pick_performance_config``: worker and read-ahead settings from measurements.
+"""``pick_performance_config``: worker and read-ahead settings from a RAM budget.
 
-grain 0.2.18's function sizes the settings from the elements' sizes and a RAM
-budget. grainlike's takes the same arguments and returns the same types, and
-decides from what it measures on this machine when it is called:
+grain 0.2.18's rule, from the elements' sizes and the RAM budget only (nothing is
+timed, so the same pipeline and arguments give the same settings on every run):
 
-* the pipeline's cost per element, timed in this process over a few elements
-  (``samples_to_check``, after one first element that may pay for opening files);
-* what handing one element to a worker process costs (pickled, through a pipe,
-  unpickled);
-* whether reading the source waits (the reads under each ``to_iter_dataset()``
-  block, and take longer than their CPU time);
-* the number of CPUs this process may use, and the elements' sizes (as grain).
+* **workers**: the mean size of the first ``samples_to_check`` elements of
+  ``ds``; ``num_workers = int(ram_budget_mb / size_mb)``, at most ``max_workers``
+  (``None``: the CPU count). When ``ds`` has fewer elements than that, or they
+  have no size, ``max_workers``.
+* **read-ahead**: the mean size of elements read under each
+  ``to_iter_dataset()`` in ``ds`` (``ceil(samples_to_check / n)`` from each of
+  the ``n`` of them); ``prefetch_buffer_size = int(ram_budget_mb / (size_mb *
+  n))``, at most ``max_buffer_size`` (``None``: 1000). Without such reads, or with
+  too few elements, ``max_buffer_size``. ``num_threads`` stays ``ReadOptions``'s
+  default (16).
 
-Workers are chosen when an element costs more to compute than to hand over:
-as many as there are CPUs, at most ``max_workers`` and at most what the RAM
-budget holds (grain's rule). Read threads are chosen when reading waits (files,
-remote storage): about ``wall / cpu`` of them, at most 16. The read-ahead buffer
-is grain's: the RAM budget over the elements' size, at most ``max_buffer_size``.
-
-The result holds what was measured (``config.measurements``) and is logged on
-the ``grainlike`` logger. Timings vary from run to run: a program configures the
-same way every run only if it saves the returned config and reuses it. Nothing
-else in grainlike times anything to decide how to run.
+Sizes are grain's: an array's ``nbytes``, summed through dicts, lists and tuples,
+``sys.getsizeof`` of any other leaf; a megabyte is ``2**20`` bytes.
 """
 
 from __future__ import annotations
@@ -31,9 +25,7 @@ import itertools
 import logging
 import math
 import os
-import pickle
 import sys
-import time
 from typing import Any, Optional
 
 import numpy as np
@@ -42,13 +34,8 @@ from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
 
 _logger = logging.getLogger("grainlike")
 
-_MAX_READ_THREADS = 16
-# Reading waits this many times longer than it computes before threads are used.
-_WAIT_RATIO_FOR_THREADS = 1.5
-# Measuring stops after this long, even with fewer elements than asked for.
-_MEASURE_BUDGET_S = 5.0
-# Fits a pipe's buffer, so one thread can write and then read it back.
-_PIPE_CHUNK = 1 << 15
+_DEFAULT_MAX_BUFFER_SIZE = 1000
+_BYTES_PER_MB = 1 << 20
 
 
 @dataclasses.dataclass(slots=True)
@@ -58,7 +45,8 @@ class PerformanceConfig:
     Attributes:
       multiprocessing_options: for ``ds.mp_prefetch(...)``.
       read_options: for ``to_iter_dataset(...)``.
-      measurements: what was measured, and why these settings (grainlike only).
+      measurements: the sizes found and the arithmetic behind the settings
+        (grainlike only).
     """
 
     multiprocessing_options: Optional[MultiprocessingOptions] = None
@@ -77,82 +65,42 @@ def _element_size_bytes(element: Any) -> int:
     return sys.getsizeof(element)
 
 
-@dataclasses.dataclass
-class _Timing:
-    elements: list
-    first_s: float
-    per_element_s: float
-    per_element_cpu_s: float
+def _first_elements(ds: Any, count: int) -> list:
+    """The first ``count`` elements of a fresh iterator of ``ds`` (fewer if it ends).
 
+    A MapDataset is read in this thread, without read-ahead, so that no more
+    than ``count`` elements are computed; ``None`` (filtered) elements are skipped.
+    """
+    from grainlike.dataset.base import MapDataset
 
-def _time_elements(ds: Any, count: int) -> _Timing:
-    """Iterates a fresh iterator of ``ds`` for up to ``1 + count`` elements, timing each."""
+    if isinstance(ds, MapDataset):
+        ds = ds.to_iter_dataset(ReadOptions(num_threads=0))
     it = iter(ds)
-    elements: list = []
-    first_s = 0.0
-    wall = cpu = 0.0
-    timed = 0
-    deadline = time.perf_counter() + _MEASURE_BUDGET_S
     try:
-        for i in range(count + 1):
-            w0, c0 = time.perf_counter(), time.process_time()
-            try:
-                element = next(it)
-            except StopIteration:
-                break
-            w1, c1 = time.perf_counter(), time.process_time()
-            elements.append(element)
-            if i == 0:
-                first_s = w1 - w0
-            else:
-                wall += w1 - w0
-                cpu += c1 - c0
-                timed += 1
-            if w1 > deadline:
-                break
+        return list(itertools.islice(it, count))
     finally:
         close = getattr(it, "close", None)
         if close is not None:
             close()
-    if not timed:  # One element only: its time is all there is.
-        return _Timing(elements, first_s, first_s, first_s)
-    return _Timing(elements, first_s, wall / timed, cpu / timed)
 
 
-def _handover_s(elements: list) -> float:
-    """Seconds to hand one element to another process, as grainlike's workers do.
+def _mean_size_mb(datasets: list, samples_to_check: int) -> float:
+    """Mean size in MB of ``ceil(samples_to_check / len(datasets))`` elements of each.
 
-    Array data is copied once (workers write it into shared memory); the rest is
-    pickled, sent through a pipe and unpickled.
+    0 when there are no datasets or fewer elements than ``samples_to_check``.
     """
-    if not elements:
+    if not datasets:
         return 0.0
-    read_fd, write_fd = os.pipe()
-    try:
-        start = time.perf_counter()
-        for e in elements:
-            buffers: list = []
-            data = memoryview(pickle.dumps(e, protocol=5, buffer_callback=buffers.append))
-            copies = [np.array(b.raw(), copy=True) for b in buffers]
-            received = bytearray()
-            for offset in range(0, len(data), _PIPE_CHUNK):
-                os.write(write_fd, data[offset : offset + _PIPE_CHUNK])
-                received += os.read(read_fd, _PIPE_CHUNK)
-            pickle.loads(received, buffers=copies)
-        return (time.perf_counter() - start) / len(elements)
-    finally:
-        os.close(read_fd)
-        os.close(write_fd)
-
-
-def _blocking_switches() -> int:
-    """Times this thread has blocked so far (voluntary context switches)."""
-    try:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
-    except (ImportError, AttributeError, OSError):
-        return 0
+    per_dataset = math.ceil(samples_to_check / len(datasets))
+    elements = [e for ds in datasets for e in _first_elements(ds, per_dataset)]
+    if len(elements) < samples_to_check:
+        _logger.warning(
+            "pick_performance_config: %d elements to size, fewer than samples_to_check=%d",
+            len(elements),
+            samples_to_check,
+        )
+        return 0.0
+    return float(np.mean([_element_size_bytes(e) for e in elements])) / _BYTES_PER_MB
 
 
 def _read_parents(ds: Any) -> list:
@@ -162,29 +110,9 @@ def _read_parents(ds: Any) -> list:
     if isinstance(ds, PrefetchIterDataset):
         return [ds._parent]
     found = []
-    for parent in getattr(ds, "_parents", ()):
+    for parent in ds.parents:
         found.extend(_read_parents(parent))
     return found
-
-
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def _available_ram_mb() -> float:
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
-    except (ValueError, OSError, AttributeError):
-        return 4096.0
-
-
-def _mean_size_mb(elements: list) -> float:
-    if not elements:
-        return 0.0
-    return float(np.mean([_element_size_bytes(e) for e in elements])) / (1 << 20)
 
 
 def pick_performance_config(
@@ -195,95 +123,74 @@ def pick_performance_config(
     max_buffer_size: Optional[int],
     samples_to_check: int = 5,
 ) -> PerformanceConfig:
-    """Chooses worker processes, read threads and read-ahead for ``ds`` by measuring it.
+    """Chooses worker processes and read-ahead for ``ds`` from a RAM budget (grain's rule).
 
     Pass the pipeline as it will run before ``mp_prefetch``; its first
-    ``samples_to_check + 1`` elements are computed here, in this process.
+    ``samples_to_check`` elements, and as many from the reads under its
+    ``to_iter_dataset()`` stages, are computed here, in this process, to be sized.
 
     Args:
       ds: the dataset (an ``IterDataset``).
-      ram_budget_mb: memory the buffered elements may use; ``None``: half of
-        the memory available now.
-      max_workers: at most this many workers; ``None``: the usable CPUs.
-      max_buffer_size: at most this read-ahead; ``None``: 1000 (grain's).
-      samples_to_check: elements timed and sized.
+      ram_budget_mb: megabytes the buffered elements may use.
+      max_workers: at most this many workers; ``None``: ``os.cpu_count()``.
+      max_buffer_size: at most this read-ahead; ``None``: 1000.
+      samples_to_check: elements sized.
 
     Returns:
-      A ``PerformanceConfig``; ``measurements`` says what was measured.
+      A ``PerformanceConfig``; ``measurements`` gives the sizes and arithmetic.
 
     Raises:
       ValueError: ``samples_to_check < 1`` or ``ram_budget_mb <= 0``.
+      TypeError: ``ram_budget_mb`` is not a number (grain raises it too).
 
     Example:
+      >>> import numpy as np
       >>> from grainlike.dataset import MapDataset
-      >>> config = pick_performance_config(
-      ...     MapDataset.range(100).to_iter_dataset().map(lambda x: x + 1),
-      ...     ram_budget_mb=64, max_workers=4, max_buffer_size=None)
-      >>> config.multiprocessing_options.num_workers  # too cheap to hand to a worker
-      0
+      >>> ds = MapDataset.source([np.zeros(10 << 20, np.uint8)] * 10).to_iter_dataset()
+      >>> config = pick_performance_config(ds, ram_budget_mb=1024, max_workers=8, max_buffer_size=None)
+      >>> config.multiprocessing_options.num_workers  # int(1024 / 10), at most 8
+      8
+      >>> config.read_options.prefetch_buffer_size  # int(1024 / 10)
+      102
     """
     if samples_to_check < 1:
         raise ValueError(f"samples_to_check must be at least 1, got {samples_to_check}")
-    if ram_budget_mb is not None and ram_budget_mb <= 0:
+    if isinstance(ram_budget_mb, bool) or not isinstance(ram_budget_mb, (int, float)):
+        raise TypeError(f"ram_budget_mb must be a number of megabytes, got {ram_budget_mb!r}")
+    if ram_budget_mb <= 0:
         raise ValueError(f"ram_budget_mb must be positive, got {ram_budget_mb}")
-    budget_mb = float(ram_budget_mb) if ram_budget_mb is not None else _available_ram_mb() / 2
-    cpus = _usable_cpus()
-    max_workers = cpus if max_workers is None else max_workers
-    max_buffer_size = 1000 if max_buffer_size is None else max_buffer_size
+    if max_workers is None:
+        max_workers = os.cpu_count() or 1
+    if max_buffer_size is None:
+        max_buffer_size = _DEFAULT_MAX_BUFFER_SIZE
 
-    timing = _time_elements(ds, samples_to_check)
-    handover_s = _handover_s(timing.elements)
-    size_mb = _mean_size_mb(timing.elements)
-
-    # Workers: only if computing an element costs more than handing it over.
-    ram_workers = int(budget_mb / size_mb) if size_mb > 0 else max_workers
-    worth_workers = timing.per_element_s > handover_s
-    num_workers = min(cpus, max_workers, ram_workers) if worth_workers else 0
-    num_workers = max(num_workers, 0)
-
-    # Read threads and read-ahead, from the reads under to_iter_dataset().
-    parents = _read_parents(ds)
-    read_wall = read_cpu = 0.0
-    read_elements: list = []
-    per_parent = math.ceil(samples_to_check / len(parents)) if parents else 0
-    blocked = _blocking_switches()
-    for parent in parents:
-        n = min(per_parent, len(parent))
-        w0, c0 = time.perf_counter(), time.thread_time()
-        read_elements.extend(parent[i] for i in range(n))
-        read_wall += time.perf_counter() - w0
-        read_cpu += time.thread_time() - c0
-    blocked = _blocking_switches() - blocked
-    wait_ratio = read_wall / read_cpu if read_cpu > 0 else (math.inf if read_wall > 0 else 1.0)
-    # Reads wait if they block (I/O, sleeps): a read that is only slowed down by
-    # other busy processes is preempted instead, and threads would not help it.
-    reads_block = blocked >= max(1, len(read_elements) // 2)
-    if reads_block and wait_ratio >= _WAIT_RATIO_FOR_THREADS:
-        threads = _MAX_READ_THREADS if not math.isfinite(wait_ratio) else min(_MAX_READ_THREADS, math.ceil(wait_ratio))
+    size_mb = _mean_size_mb([ds], samples_to_check)
+    if size_mb > 0:
+        num_workers = min(int(ram_budget_mb / size_mb), max_workers)
+        why_workers = f"int({ram_budget_mb} / {size_mb:.4g}) capped at max_workers={max_workers}"
     else:
-        threads = 0
-    read_size_mb = _mean_size_mb([e for e in read_elements if e is not None])
-    if parents and read_size_mb > 0:
-        buffer_size = min(int(budget_mb / (read_size_mb * len(parents))), max_buffer_size)
+        num_workers = max_workers
+        why_workers = "no size found: max_workers"
+
+    parents = _read_parents(ds)
+    read_size_mb = _mean_size_mb(parents, samples_to_check)
+    if read_size_mb > 0:
+        buffer_size = min(int(ram_budget_mb / (read_size_mb * len(parents))), max_buffer_size)
+        why_buffer = (
+            f"int({ram_budget_mb} / ({read_size_mb:.4g} * {len(parents)} reads)) "
+            f"capped at max_buffer_size={max_buffer_size}"
+        )
     else:
         buffer_size = max_buffer_size
+        why_buffer = f"no read size found under {len(parents)} to_iter_dataset(): max_buffer_size"
 
-    why_workers = (
-        "compute costs more than the handover" if worth_workers else "cheaper to compute here than to hand over"
-    )
     measurements = (
-        f"{len(timing.elements)} elements computed: first {timing.first_s * 1e3:.3f} ms, then "
-        f"{timing.per_element_s * 1e6:.1f} us each ({timing.per_element_cpu_s * 1e6:.1f} us CPU); "
-        f"handing one to a worker {handover_s * 1e6:.1f} us; {size_mb * 1024:.1f} KiB each; "
-        f"{cpus} usable CPUs; RAM budget {budget_mb:.0f} MB -> num_workers={num_workers} "
-        f"({why_workers}). "
-        f"Reads under {len(parents)} to_iter_dataset(): wall/CPU time {wait_ratio:.2f}, blocked {blocked} "
-        f"times in {len(read_elements)} reads -> "
-        f"num_threads={threads}, prefetch_buffer_size={buffer_size}."
+        f"elements of {size_mb:.4g} MB -> num_workers={num_workers} ({why_workers}); "
+        f"reads of {read_size_mb:.4g} MB -> prefetch_buffer_size={buffer_size} ({why_buffer})."
     )
     _logger.info("pick_performance_config: %s", measurements)
     return PerformanceConfig(
         multiprocessing_options=MultiprocessingOptions(num_workers=num_workers),
-        read_options=ReadOptions(num_threads=threads, prefetch_buffer_size=buffer_size),
+        read_options=ReadOptions(prefetch_buffer_size=buffer_size),
         measurements=measurements,
     )
