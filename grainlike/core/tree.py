@@ -30,11 +30,15 @@ import numpy as np
 __all__ = [
     "Allocator",
     "StructureError",
+    "assert_same_structure",
+    "estimate_byte_size",
     "estimate_nbytes",
     "flatten",
+    "flatten_with_key_path",
     "flatten_with_path",
     "is_namedtuple",
     "map_structure",
+    "map_structure_with_key_path",
     "map_structure_with_path",
     "shape_spec",
     "spec_like",
@@ -252,10 +256,57 @@ def map_structure_with_path(fn: Callable[..., Any], *trees: Any) -> Any:
     return _map(leaf, trees, (), None)
 
 
-def _visit(x: Any, path: tuple, out: list, with_path: bool) -> None:
+def map_structure_with_key_path(fn: Callable[..., Any], *trees: Any) -> Any:
+    """Like ``map_structure``, calling ``fn(key_path, *leaves)``; grain's ``map_structure_with_path``.
+
+    The key path is a tuple of the keys that lead to the leaf: dict keys,
+    sequence indices (namedtuples too, as in grain without jax; with jax, grain
+    names the field) and dataclass field names, e.g. ``('image', 0)``; ``()``
+    for a tree that is one leaf. (``map_structure_with_path`` gives the same
+    path as a printable string.)
+
+    Example:
+      >>> map_structure_with_key_path(lambda p, x: p, {"a": [5, 6]})
+      {'a': [('a', 0), ('a', 1)]}
+    """
+    if not trees:
+        raise TypeError("map_structure_with_key_path needs at least one tree")
+
+    def leaf(path: tuple, leaves: Sequence[Any]) -> Any:
+        _check_leaves(path, leaves)
+        return fn(path, *leaves)
+
+    return _map(leaf, trees, (), None)
+
+
+def assert_same_structure(a: Any, b: Any) -> None:
+    """Raises ``StructureError`` unless ``a`` and ``b`` have the same nodes; leaves may differ.
+
+    Nodes agree when they have the same type, the same dict keys (in any order)
+    and the same lengths; a leaf in one where the other has a node is a
+    difference.
+    """
+
+    def leaf(path: tuple, leaves: Sequence[Any]) -> None:
+        _check_leaves(path, leaves)
+
+    _map(leaf, [a, b], (), None)
+    # A leaf of ``a`` against a node of ``b`` is caught above; the other way round
+    # (a node of ``a`` against a leaf of ``b``) is caught by ``_map`` itself.
+
+
+_KEY, _STR = 1, 2
+
+
+def _visit(x: Any, path: tuple, out: list, with_path: int) -> None:
     kind = _kind(x)
     if kind == _LEAF:
-        out.append((_path_str(path), x) if with_path else x)
+        if with_path == _STR:
+            out.append((_path_str(path), x))
+        elif with_path == _KEY:
+            out.append((path, x))
+        else:
+            out.append(x)
     elif kind == _DICT:
         for k, v in x.items():
             _visit(v, path + (k,), out, with_path)
@@ -277,7 +328,7 @@ def flatten(tree: Any) -> list:
     if _kind(tree) == _LEAF:
         return [tree]
     out: list = []
-    _visit(tree, (), out, False)
+    _visit(tree, (), out, 0)
     return out
 
 
@@ -289,7 +340,19 @@ def flatten_with_path(tree: Any) -> list[tuple[str, Any]]:
       [("['a'][0]", 1), ("['a'][1]", 2)]
     """
     out: list = []
-    _visit(tree, (), out, True)
+    _visit(tree, (), out, _STR)
+    return out
+
+
+def flatten_with_key_path(tree: Any) -> list[tuple[tuple, Any]]:
+    """``(key_path, leaf)`` pairs of ``tree`` in ``flatten``'s order; grain's ``flatten_with_path``.
+
+    Example:
+      >>> flatten_with_key_path({"a": [1, 2]})
+      [(('a', 0), 1), (('a', 1), 2)]
+    """
+    out: list = []
+    _visit(tree, (), out, _KEY)
     return out
 
 
@@ -319,11 +382,7 @@ def zeros_like(tree: Any) -> Any:
     return _map(lambda _, leaves: np.zeros_like(np.asarray(leaves[0])), [tree], (), None)
 
 
-def estimate_nbytes(tree: Any) -> int:
-    """Roughly how many bytes ``tree`` holds: its arrays, byte strings and strings.
-
-    Other leaves count 8 bytes each.
-    """
+def _estimate(tree: Any, other_leaf_bytes: int) -> int:
     t = type(tree)
     if t is np.ndarray:
         return tree.nbytes
@@ -336,8 +395,29 @@ def estimate_nbytes(tree: Any) -> int:
         elif isinstance(leaf, (bytes, bytearray, str)):
             total += len(leaf)
         else:
-            total += 8
+            total += other_leaf_bytes
     return total
+
+
+def estimate_nbytes(tree: Any) -> int:
+    """Roughly how many bytes ``tree`` holds: its arrays, byte strings and strings.
+
+    Other leaves count 8 bytes each, so that a record of scalars still costs
+    something when read-ahead chunks are sized by bytes.
+    """
+    return _estimate(tree, 8)
+
+
+def estimate_byte_size(tree: Any) -> int:
+    """grain's ``tree_lib.estimate_byte_size``: the bytes of ``tree``'s arrays, byte strings and strings.
+
+    Other leaves (numbers, objects) count 0, as in grain.
+
+    Example:
+      >>> estimate_byte_size({"a": "v2", "b": 1.5, "c": np.zeros(3, np.float32)})
+      14
+    """
+    return _estimate(tree, 0)
 
 
 def spec_of(tree: Any) -> Any:
@@ -360,12 +440,20 @@ def shape_spec(tree: Any) -> Any:
     return _map(lambda _, leaves: tuple(np.shape(leaves[0])), [tree], (), None)
 
 
+def _attrs_fields(x: Any) -> Optional[list]:
+    """The field names of an ``attrs`` class instance, else None (``attrs`` is not imported)."""
+    attributes = getattr(type(x), "__attrs_attrs__", None)
+    if attributes is None or isinstance(x, type):
+        return None
+    return [a.name for a in attributes]
+
+
 def spec_like(tree: Any) -> Any:
     """grain's ``tree_lib.spec_like``: ``tree`` with leaves replaced by type-and-shape strings.
 
     A list or tuple whose items all have the first item's type is one leaf
-    (``'list<int>[3]'``); an array is ``'<dtype>[<shape>]'``; a dataclass leaf
-    names its type and the spec of its fields; other leaves are
+    (``'list<int>[3]'``); an array is ``'<dtype>[<shape>]'``; a dataclass or
+    ``attrs`` instance names its type and the spec of its fields; other leaves are
     ``'<type name>[<shape>]'`` (``'int[]'``, ``'bytes[]'``). Used to check that
     an iterator's state keeps its shape from step to step.
     """
@@ -378,8 +466,9 @@ def spec_like(tree: Any) -> Any:
             return x.dtype
         if homogeneous(x):
             return f"{type(x).__name__}<{type(x[0]).__name__ if x else ''}>"
-        if _kind(x) == _DATACLASS:
-            fields = {name: getattr(x, name) for name in _fields(x)}
+        names = _fields(x) if _kind(x) == _DATACLASS else _attrs_fields(x)
+        if names is not None:
+            fields = {name: getattr(x, name) for name in names}
             return f"{type(x).__name__}\n{pprint.pformat(spec_like(fields))}"
         return type(x).__name__
 
@@ -391,7 +480,7 @@ def spec_like(tree: Any) -> Any:
 
     def is_leaf(x: Any) -> bool:
         # As in grain: homogeneous sequences and dataclasses are described whole.
-        return homogeneous(x) or _kind(x) == _DATACLASS
+        return homogeneous(x) or _kind(x) == _DATACLASS or _attrs_fields(x) is not None
 
     return _map(lambda _, leaves: f"{type_of(leaves[0])}{shape_of(leaves[0])}", [tree], (), is_leaf)
 

@@ -212,6 +212,43 @@ def test_flatten_and_map_agree_with_grains_on_plain_trees(grain_tree_lib, value)
     assert tree.map_structure(str, value) == grain_tree_lib.map_structure(str, value)
 
 
+def _grain_key(entry):
+    # grain (with jax present) gives jax key entries: DictKey(.key), SequenceKey(.idx).
+    return getattr(entry, "key", getattr(entry, "idx", entry))
+
+
+# Without namedtuples: with jax present grain names a namedtuple's field
+# (GetAttrKey), without jax it gives the index, as grainlike does.
+@pytest.mark.parametrize("value", PLAIN_CASES[:3], ids=range(3))
+def test_key_paths_equal_grains_tree_lib_paths(grain_tree_lib, value):
+    from grainlike.core import tree_lib
+
+    theirs = [(tuple(_grain_key(k) for k in p), x) for p, x in grain_tree_lib.flatten_with_path(value)]
+    assert tree_lib.flatten_with_path(value) == theirs
+    collect = lambda p, x: (tuple(_grain_key(k) for k in p), x)  # noqa: E731
+    assert tree_lib.map_structure_with_path(collect, value) == grain_tree_lib.map_structure_with_path(collect, value)
+    assert tree_lib.flatten_with_path(np.int8(3)) == [((), np.int8(3))]
+
+
+def test_assert_same_structure_accepts_other_leaves_and_names_the_difference():
+    tree.assert_same_structure({"b": [1, 2], "a": None}, {"a": None, "b": ["x", np.zeros(2)]})
+    with pytest.raises(tree.StructureError, match=r"at \['b'\]: expected list of length 2"):
+        tree.assert_same_structure({"b": [1, 2]}, {"b": [1]})
+    with pytest.raises(tree.StructureError, match=r"at \['b'\]\[0\]: expected a leaf, got dict"):
+        tree.assert_same_structure({"b": [1]}, {"b": [{"c": 1}]})
+    with pytest.raises(tree.StructureError, match=r"expected a dict, got a leaf \(int\)"):
+        tree.assert_same_structure({"b": 1}, 1)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"serialized", np.arange(3, dtype=np.int32), 1, {"a": "v2", "b": 1.5, "c": [np.zeros(2, np.float32), b"xy"]}],
+    ids=["bytes", "array", "int", "nested"],
+)
+def test_estimate_byte_size_equals_grains(grain_tree_lib, value):
+    assert tree.estimate_byte_size(value) == grain_tree_lib.estimate_byte_size(value)
+
+
 STACK_CASES = [
     lambda i: {"b": i, "a": np.full((2,), i, np.float32)},
     lambda i: {"x": None, "y": [i, (np.int8(i), b"s")]},
