@@ -18,12 +18,15 @@ import functools
 import multiprocessing
 import multiprocessing.context
 import os
+import re
 import signal
+import stat
 import sys
+import tempfile
 import threading
 import types
 import weakref
-from typing import Any
+from typing import Any, Optional
 
 WORKER_MODULE = "grainlike.dataset.worker_main"
 # Heavy modules the worker server imports too when this process has them loaded:
@@ -165,9 +168,99 @@ def running_server(start: bool = True) -> Any:
             server.set_forkserver_preload(list(preload))
             _servers[preload] = server
     if start:
-        server.ensure_running()
+        _ensure_running(server)
         install_exit_on_signals()  # Its socket's folder must not outlive the process.
     return server
+
+
+# Worker servers' socket folders: ``$TMPDIR/glsrv-<pid of the process that started
+# them>-<random>``, each 0700 (``mkdtemp``); short, as a socket's path is at most
+# 107 bytes.
+_FOLDER_PREFIX = "glsrv-"
+_folder: Optional[str] = None
+
+
+def _sweep_dead_folders(parent: str) -> None:
+    """Removes the socket folders of this user's processes that have gone.
+
+    A server killed together with its program (SIGKILL of the process group)
+    cannot remove its folder; the next program that starts a server does. Only
+    real folders owned by this user, named for a process that no longer exists,
+    holding nothing but sockets; no link is followed.
+    """
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        found = re.fullmatch(re.escape(_FOLDER_PREFIX) + r"(\d+)-\w+", name)
+        if found is None or _pid_alive(int(found.group(1))):
+            continue
+        folder = os.path.join(parent, name)
+        try:
+            st = os.lstat(folder)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                continue
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                for entry in os.listdir(fd):
+                    if stat.S_ISSOCK(os.lstat(entry, dir_fd=fd).st_mode):
+                        os.unlink(entry, dir_fd=fd)
+            finally:
+                os.close(fd)
+            os.rmdir(folder)  # Only if empty: anything else put there stays.
+        except OSError:
+            continue
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # Another user's process of that pid: not ours to judge.
+    return True
+
+
+def _socket_folder() -> str:
+    global _folder
+    if _folder is None or not os.path.isdir(_folder):
+        parent = tempfile.gettempdir()
+        _sweep_dead_folders(parent)
+        _folder = tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}-", dir=parent)
+    return _folder
+
+
+def _ensure_running(server: Any) -> None:
+    """Starts ``server`` if it is not running, its socket in this process's own folder.
+
+    multiprocessing puts a server's socket in its per-process ``pymp-*`` folder,
+    which nothing removes if the program and its server are killed together;
+    grainlike's servers use a folder named for the program's pid instead, which
+    a later program removes once that pid has gone (``_sweep_dead_folders``).
+    """
+    from multiprocessing import process
+
+    config = process.current_process()._config
+    with _lock:
+        previous = config.get("tempdir")
+        config["tempdir"] = _socket_folder()
+        try:
+            server.ensure_running()
+        except OSError:
+            # A socket path too long for AF_UNIX under a deep $TMPDIR: multiprocessing's own folder.
+            _restore(config, previous)
+            server.ensure_running()
+        finally:
+            _restore(config, previous)
+
+
+def _restore(config: dict, previous: Optional[str]) -> None:
+    if previous is None:
+        config.pop("tempdir", None)
+    else:
+        config["tempdir"] = previous
 
 
 # Signals whose default action ends the process without running exit handlers,
@@ -290,7 +383,7 @@ def _remove_own_socket_at_exit() -> None:
         try:
             os.unlink(path)
             folder = os.path.dirname(path)
-            if os.path.basename(folder).startswith("pymp-"):
+            if os.path.basename(folder).startswith(("pymp-", _FOLDER_PREFIX)):
                 os.rmdir(folder)  # Only if empty: the parent's other files stay.
         except OSError:
             pass
@@ -304,8 +397,9 @@ if _started_by_multiprocessing() and multiprocessing.parent_process() is None:
 
 def _after_fork_in_child() -> None:
     """A forked child starts a server of its own when it needs one: the parent's is the parent's."""
-    global _lock, _handlers_pid
+    global _lock, _handlers_pid, _folder
     _lock = threading.Lock()
+    _folder = None  # The parent's; named for the parent's pid.
     _handlers_pid = None  # The inherited handlers only re-raise; the child installs its own when it needs them.
     for server in _servers.values():
         alive_fd = getattr(server, "_forkserver_alive_fd", None)
