@@ -186,7 +186,7 @@ Transformation = Union[Batch, Map, RandomMap, TfRandomMap, Filter, FlatMap, MapW
 Transformations = Sequence[Transformation]
 
 
-def display_name(transform: Any) -> str:
+def get_pretty_transform_name(transform: Any) -> str:
     """A transform's name in a dataset's ``str()``, as grain 0.2.18 writes it.
 
     A transform object is named by its class (or by its own ``str()`` if its
@@ -199,7 +199,7 @@ def display_name(transform: Any) -> str:
       >>> class Plus(Map):
       ...     def map(self, x):
       ...         return x + 1
-      >>> display_name(Plus())
+      >>> get_pretty_transform_name(Plus())
       'Plus'
     """
     if isinstance(transform, MapWithIndex):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Sequence
 
-from grainlike.core.transforms import display_name, transform_name
+from grainlike.core.transforms import get_pretty_transform_name, transform_name
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
 from grainlike.dataset.map import note_element, note_iterator
 from grainlike.dataset.state import non_negative_int, require_keys
@@ -41,7 +41,7 @@ class FlatMapMapDataset(MapDataset):
         return fan_out * len(self._parent)
 
     def __str__(self) -> str:
-        return f"FlatMapMapDataset(transform={display_name(self._transform)})"
+        return f"FlatMapMapDataset(transform={get_pretty_transform_name(self._transform)})"
 
     def describe(self) -> str:
         return f"FlatMapMapDataset(transform={self._name})"
@@ -127,7 +127,7 @@ class FlatMapIterDataset(IterDataset):
         return _FlatMapDatasetIterator(self._parent.__iter__(), self._transform.flat_map, self._name)
 
     def __str__(self) -> str:
-        return f"FlatMapIterDataset(transform={display_name(self._transform)})"
+        return f"FlatMapIterDataset(transform={get_pretty_transform_name(self._transform)})"
 
     def describe(self) -> str:
         return f"FlatMapIterDataset(transform={self._name})"

@@ -18,7 +18,7 @@ from grainlike.core.transforms import (
     MapTransform,
     MapWithIndexTransform,
     RandomMapTransform,
-    display_name,
+    get_pretty_transform_name,
     transform_name,
 )
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
@@ -137,7 +137,7 @@ class ElementwiseMapDataset(MapDataset):
         return len(self._parent)
 
     def __str__(self) -> str:
-        return f"{type(self).__name__}(transform={display_name(self._transform)})"
+        return f"{type(self).__name__}(transform={get_pretty_transform_name(self._transform)})"
 
     def describe(self) -> str:
         return f"{type(self).__name__}(transform={self._name})"
@@ -324,7 +324,7 @@ class TransformIterDataset(IterDataset):
         self._name = transform_name(transform)
 
     def __str__(self) -> str:
-        return f"{type(self).__name__}(transform={display_name(self._transform)})"
+        return f"{type(self).__name__}(transform={get_pretty_transform_name(self._transform)})"
 
     def describe(self) -> str:
         return f"{type(self).__name__}(transform={self._name})"

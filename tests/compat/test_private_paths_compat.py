@@ -105,6 +105,48 @@ def test_tree_aliases_behave_as_grains_tree_lib(grain_ref):
     assert tree.map_structure(np.shape, x) == tree_lib.map_structure(np.shape, x)
 
 
+def _plus(x, y):
+    return x + y
+
+
+def test_pretty_transform_names_equal_grains(grain_ref):
+    import functools
+
+    from grain._src.core import transforms as theirs
+
+    from grainlike._src.core import transforms as ours
+
+    class Named(ours.Map):
+        def map(self, x):
+            return x
+
+        def __str__(self):
+            return "Named!"
+
+    class NamedTheirs(theirs.Map):
+        def map(self, x):
+            return x
+
+        def __str__(self):
+            return "Named!"
+
+    class Plain(ours.Filter):
+        def filter(self, x):
+            return True
+
+    class PlainTheirs(theirs.Filter):
+        def filter(self, x):
+            return True
+
+    # grain names a transform object by its class, or by its own str(); a
+    # callable by its name, the last three parts of its file and its line.
+    for mine, grains in [(_plus, _plus), (lambda x: x,) * 2, (functools.partial(_plus, 1),) * 2, (list, list),
+                         (Named(), NamedTheirs()), (Plain(), PlainTheirs())]:
+        expected = theirs.get_pretty_transform_name(grains).replace("Theirs", "")
+        assert ours.get_pretty_transform_name(mine) == expected
+    assert ours.get_pretty_transform_name(_plus).startswith("_plus @ .../tests/compat/test_private_paths_compat.py:")
+
+
 def test_import_grainlike_does_not_import_the_private_paths():
     code = "import sys, grainlike, grainlike.python, grainlike.experimental; " \
            "print(sorted(m for m in sys.modules if m.startswith('grainlike._src')))"

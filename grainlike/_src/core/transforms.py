@@ -1,6 +1,6 @@
 """``grain._src.core.transforms``: grain's private path, re-exported from grainlike."""
 
 from grainlike.transforms import Batch, Filter, Map, MapWithIndex, RandomMap
-from grainlike.core.transforms import FlatMap, TfRandomMap
+from grainlike.core.transforms import FlatMap, TfRandomMap, get_pretty_transform_name
 
-__all__ = ['Batch', 'Filter', 'FlatMap', 'Map', 'MapWithIndex', 'RandomMap', 'TfRandomMap']
+__all__ = ['Batch', 'Filter', 'FlatMap', 'Map', 'MapWithIndex', 'RandomMap', 'TfRandomMap', 'get_pretty_transform_name']
