@@ -166,13 +166,22 @@ class BatchOperation(Generic[_IN, _OUT]):
 
     def _default_batch_fn(self, elements: Sequence[Any]) -> Any:
         elements = list(elements)
-        try:
-            tree.map_structure(_nothing, *elements)
-        except tree.StructureError as e:
+        first = elements[0] if elements else None
+        positions: list = []
+        differences: list = []
+        for position, element in enumerate(elements[1:], start=1):
+            try:
+                tree.assert_same_structure(first, element)
+            except tree.StructureError as e:
+                positions.append(position)
+                differences.append(f"position {position}: {e}")
+        if positions:
+            # grain's message (its tests match it), then where each record differs.
             raise TypeError(
-                f"Record structures do not match: {e}. Record at position 0 has structure "
-                f"{tree.shape_spec(elements[0])!r}."
-            ) from None
+                f"Record structures do not match. Record at position 0 has structure {first}, while "
+                f"records at positions {positions} have structures {[elements[p] for p in positions]}. "
+                f"Differences from position 0: {'; '.join(differences)}."
+            )
         return tree.stack(elements)
 
     def __call__(self, input_iterator: Iterator[Record]) -> Iterator[Record]:
@@ -195,10 +204,6 @@ class BatchOperation(Generic[_IN, _OUT]):
         return Batch(
             batch_size=self.batch_size, drop_remainder=self.drop_remainder, batch_fn=self.batch_fn
         )
-
-
-def _nothing(*leaves: Any) -> None:
-    return None
 
 
 def loader_operation(op: Any, position: int) -> Any:

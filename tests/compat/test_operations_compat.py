@@ -157,7 +157,9 @@ def test_batch_operation_refuses_different_structures_as_grain(grain_ref):
     theirs = _error(grain_ref, [grain_ref.BatchOperation(2)], data)
     ours = _error(grainlike, [grainlike.BatchOperation(2)], data)
     assert isinstance(ours, type(theirs)) and isinstance(ours, TypeError)
-    assert "Record structures do not match" in str(ours)
+    # grain's message, then where each record differs.
+    assert str(ours).startswith(str(theirs))
+    assert "position 1: the structures differ: dict keys differ: ['a'] and ['b']" in str(ours)
 
 
 def test_batch_operation_outside_a_loader_batches_records(grain_ref):
