@@ -26,14 +26,21 @@ _CYCLE_LENGTH = 16
 
 
 class _ParquetDatasetIterator(DatasetIterator):
-    """Reads one Parquet file's rows; the state counts row groups and rows in them."""
+    """Reads one Parquet file's rows; the state counts row groups and rows in them.
+
+    A remote file is read at the version seen when the iterator was made, and
+    that version (``"object"``: size, ETag or generation, S3 VersionId) is part
+    of the state, so a restore reads the same bytes or fails clearly. Local
+    files' states are grain's, key for key.
+    """
 
     def __init__(self, path: str, options: remote.RemoteOptions, read_kwargs: dict):
         super().__init__()
         self._path = path
         self._options = options
         self._read_kwargs = read_kwargs
-        self._file = _open_parquet(path, options, read_kwargs)
+        self._pin = remote.object_info(path, options) if remote.is_remote(path) else None
+        self._file = _open_parquet(path, options, read_kwargs, self._pin)
         self._row_group = 0
         self._index = 0
         self._columns: dict = {}
@@ -60,7 +67,34 @@ class _ParquetDatasetIterator(DatasetIterator):
         return {name: column[i] for name, column in self._columns.items()}
 
     def get_state(self) -> dict:
-        return {"row_group": self._row_group, "index_within_row_group": self._index}
+        state: dict = {"row_group": self._row_group, "index_within_row_group": self._index}
+        if self._pin is not None:
+            state["object"] = {k: v for k, v in self._pin.items() if v is not None}
+        return state
+
+    def _restore_version(self, saved: Any) -> None:
+        """Reopens the file at the version a checkpoint was taken on, or says why it cannot."""
+        if not isinstance(saved, dict) or not {"size", "version"} <= set(saved):
+            raise ValueError(f"ParquetIterDataset state's 'object' must name the object's size and version, got {saved!r}")
+        if (str(saved["version"]), int(saved["size"])) == (self._pin["version"], self._pin["size"]):
+            return
+        pin = {"size": int(saved["size"]), "version": str(saved["version"])}
+        pin.update({k: saved.get(k) for k in ("etag", "version_id", "generation")})
+        try:
+            self._file = _open_parquet(self._path, self._options, self._read_kwargs, pin)
+        except (remote.ObjectChangedError, FileNotFoundError) as e:
+            error = remote.ObjectChangedError(
+                self._path, f"{pin['version']} ({pin['size']} bytes)",
+                f"{self._pin['version']} ({self._pin['size']} bytes)",
+            )
+            error.add_note(
+                f"The state being restored was saved while reading version {pin['version']} of "
+                f"{self._path!r}; the object has been overwritten since and the store does not keep "
+                "that version (an S3 bucket with versioning or GCS generations would). Restore onto "
+                "the data the checkpoint was taken on, or start the epoch again."
+            )
+            raise error from e
+        self._pin = pin
 
     def set_state(self, state: dict) -> None:
         try:
@@ -71,6 +105,8 @@ class _ParquetDatasetIterator(DatasetIterator):
                 f"ParquetIterDataset state must be {{'row_group': int, 'index_within_row_group': "
                 f"int}}, got {state!r}"
             ) from e
+        if "object" in state and self._pin is not None:
+            self._restore_version(state["object"])
         if not 0 <= row_group < max(self._file.num_row_groups, 1) or index < 0:
             raise ValueError(
                 f"ParquetIterDataset state {state!r} is outside {self._path!r}, which has "

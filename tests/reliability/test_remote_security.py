@@ -333,6 +333,69 @@ def test_a_cached_copy_is_of_the_pinned_version_or_an_error(s3, corpus, tmp_path
     assert [n for n in os.listdir(tmp_path / "cache") if not n.startswith(".lock-")] == []
 
 
+def _parquet_iter(url: str, options):
+    from grainlike.dataset.parquet import ParquetIterDataset
+
+    return iter(ParquetIterDataset(url, remote_options=options))
+
+
+def test_a_remote_parquet_iterators_state_names_the_version_and_a_restore_onto_a_changed_object_is_refused(
+    s3, corpus, tmp_path
+):
+    key = "restored.parquet"
+    _overwrite(s3, key, corpus["changing.parquet"])
+    options = _options(s3, block_size=4096)
+    it = _parquet_iter(_url(key), options)
+    for _ in range(70):  # into the second row group
+        next(it)
+    state = it.get_state()
+    pin = remote.object_info(_url(key), options)
+    assert state["object"]["version"] == pin["version"] and state["object"]["size"] == pin["size"]
+    assert {"row_group": 1, "index_within_row_group": 20}.items() <= state.items()
+    # Restored onto the same object: the next rows follow.
+    again = _parquet_iter(_url(key), options)
+    again.set_state(state)
+    assert int(next(again)["id"]) == 70
+    # Overwritten since (a bucket without versioning keeps no old version).
+    _overwrite(s3, key, _write_parquet(str(tmp_path / "new.parquet"), 1000))
+    changed = _parquet_iter(_url(key), options)
+    with pytest.raises(remote.ObjectChangedError) as e:
+        changed.set_state(state)
+    assert key in str(e.value) and pin["version"] in str(e.value)
+    assert "state being restored" in "".join(getattr(e.value, "__notes__", []))
+    # A state without the version (grain's, or a local file's) restores as grain would.
+    plain = _parquet_iter(_url(key), options)
+    plain.set_state({"row_group": 1, "index_within_row_group": 20})
+    assert int(next(plain)["id"]) == 1070
+
+
+def test_a_restore_reads_the_checkpoints_version_where_the_bucket_keeps_versions(s3, corpus, tmp_path):
+    bucket = "grainlike-versioned"
+    client = s3.client()
+    client.create_bucket(Bucket=bucket)
+    client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    url = f"s3://{bucket}/data.parquet"
+    client.upload_file(corpus["changing.parquet"], bucket, "data.parquet")
+    options = _options(s3, block_size=4096)
+    it = _parquet_iter(url, options)
+    for _ in range(70):
+        next(it)
+    state = it.get_state()
+    assert state["object"].get("version_id")
+    client.upload_file(_write_parquet(str(tmp_path / "new.parquet"), 1000), bucket, "data.parquet")
+    restored = _parquet_iter(url, options)
+    restored.set_state(state)
+    assert [int(next(restored)["id"]) for _ in range(3)] == [70, 71, 72]  # the old version's rows
+
+
+def test_a_local_parquet_iterators_state_has_only_grains_two_keys(tmp_path):
+    from grainlike.dataset.parquet import ParquetIterDataset
+
+    it = iter(ParquetIterDataset(_write_parquet(str(tmp_path / "local.parquet"), 0)))
+    next(it)
+    assert it.get_state() == {"row_group": 0, "index_within_row_group": 1}
+
+
 def test_a_gcs_object_overwritten_while_open_raises_naming_both_generations(tmp_path):
     pytest.importorskip("gcsfs")
     pytest.importorskip("gcp_storage_emulator")
