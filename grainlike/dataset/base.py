@@ -182,6 +182,18 @@ class _Dataset:
             return None
         return np.random.SeedSequence(aggregated).generate_state(1, dtype=np.uint32)[0]
 
+    @property
+    def _element_spec(self) -> Any:
+        """The spec of this stage's elements, derived from its parents' without reading any.
+
+        grain's hook, read by ``get_element_spec``: a dataset class of your own
+        overrides it to say its spec. A map derives it with its transform's
+        ``output_spec``; a stage that cannot know it raises ``NotImplementedError``.
+        """
+        from grainlike.dataset.element_spec import inferred_element_spec
+
+        return inferred_element_spec(self)
+
     def describe(self) -> str:
         """This stage as error messages name it (grainlike only).
 

@@ -146,9 +146,18 @@ def get_element_spec(ds: Any) -> Any:
       NotImplementedError: a stage cannot know its spec (a source that does not
         say it, a custom ``batch_fn`` without ``output_spec``, a flat map).
     """
-    own = getattr(type(ds), "_element_spec", None)
-    if own is not None:
+    if getattr(type(ds), "_element_spec", None) is not None:
         return ds._element_spec
+    return inferred_element_spec(ds)
+
+
+def inferred_element_spec(ds: Any) -> Any:
+    """The spec of ``ds`` derived by its stage's rule (what ``_element_spec`` returns by default).
+
+    Raises:
+      ValueError: a map's transform has no ``output_spec``.
+      NotImplementedError: no rule for the stage.
+    """
     for classes, rule in _rules():
         if isinstance(ds, classes):
             return rule(ds)

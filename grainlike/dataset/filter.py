@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from typing import Any, Callable, Optional
 
-from grainlike.core.transforms import FilterTransform
+from grainlike.core.transforms import FilterTransform, get_pretty_transform_name
 from grainlike.dataset.base import DatasetIterator
 from grainlike.dataset.map import (
     ElementwiseMapDataset,
@@ -17,11 +16,25 @@ from grainlike.dataset.map import (
 )
 
 
+def filter_name(transform: Any) -> str:
+    """The filter as grain's ``str`` of a filter stage names it.
+
+    A ``FilterTransform``'s class name (its own ``repr`` is not used), else the
+    function's name with its file and line.
+    """
+    if isinstance(transform, FilterTransform):
+        return type(transform).__name__
+    return get_pretty_transform_name(transform)
+
+
 class FilterMapDataset(ElementwiseMapDataset):
     """``ds[i]`` is the parent's element if ``fn`` keeps it, else None."""
 
     _accepts = FilterTransform
     _method = "filter"
+
+    def __str__(self) -> str:
+        return f"FilterMapDataset(transform={filter_name(self._transform)})"
 
     def _apply(self, index: int, element: Any) -> Any:
         return element if self._fn(element) else None
@@ -39,11 +52,37 @@ class FilterThresholdChecker:
 
     Counts over consecutive windows of 1000 elements (grain's rule); thresholds
     come from ``DatasetOptions``.
+
+    Args:
+      transform_name: the stage as the message names it (grain's text, e.g.
+        ``FilterDatasetIterator(transform=KeepEven)``).
+      warn_threshold: log a warning when a window drops at least this share;
+        ``None`` or 0: never.
+      raise_threshold: raise ``ValueError`` when a window drops at least this
+        share; ``None`` or 0: never.
+      where: grainlike only: the user's transform with the file and line it was
+        defined at, said after grain's sentence.
+
+    Example:
+      >>> checker = FilterThresholdChecker("KeepNone", None, 0.5)
+      >>> for _ in range(WINDOW - 1):
+      ...     checker.check(False)
+      >>> checker.check(False)
+      Traceback (most recent call last):
+      ...
+      ValueError: Transformation KeepNone skipped 100.00 % of the last seen 1000 elements. ...
     """
 
-    def __init__(self, stage: Any, warn_threshold: Optional[float], raise_threshold: Optional[float]):
-        # A proxy: the stage holds its checker, which must not keep the stage alive.
-        self._stage = weakref.proxy(stage)
+    def __init__(
+        self,
+        transform_name: str,
+        warn_threshold: Optional[float],
+        raise_threshold: Optional[float],
+        *,
+        where: Optional[str] = None,
+    ):
+        self._transform_name = str(transform_name)
+        self._where = f" The transform is {where}." if where else ""
         self._warn = warn_threshold or float("inf")
         self._raise = raise_threshold or float("inf")
         self.seen = 0
@@ -51,13 +90,21 @@ class FilterThresholdChecker:
         self._last_warning = -_WARN_EVERY_S
 
     @classmethod
-    def for_iterator(cls, it: DatasetIterator) -> Optional["FilterThresholdChecker"]:
-        """The checker the iterator's options ask for; None when both are off."""
+    def for_iterator(
+        cls, it: DatasetIterator, transform_name: Optional[str] = None, where: Optional[str] = None
+    ) -> Optional["FilterThresholdChecker"]:
+        """The checker the iterator's options ask for; None when both are off.
+
+        ``transform_name`` defaults to ``str(it)``.
+        """
         options = it._ctx.dataset_options
         warn, raise_ = options.filter_warn_threshold_ratio, options.filter_raise_threshold_ratio
-        return cls(it, warn, raise_) if (warn or raise_) else None
+        if not (warn or raise_):
+            return None
+        return cls(str(it) if transform_name is None else transform_name, warn, raise_, where=where)
 
     def check(self, passed: bool) -> None:
+        """Counts one element, kept (``passed``) or dropped; checks each full window."""
         self.seen += 1
         if not passed:
             self.dropped += 1
@@ -71,8 +118,8 @@ class FilterThresholdChecker:
         ratio = dropped / seen
         if ratio >= self._raise:
             raise ValueError(
-                f"Transformation {self._stage} skipped {ratio * 100:.2f} % of the last seen "
-                f"{seen} elements. Please check the filtering logic. If this is intended, "
+                f"Transformation {self._transform_name} skipped {ratio * 100:.2f} % of the last seen "
+                f"{seen} elements.{self._where} Please check the filtering logic. If this is intended, "
                 "consider pre-filtering the input dataset before training. To disable this "
                 "check, set `DatasetOptions.filter_raise_threshold_ratio` used in "
                 "`WithOptionsIterDataset` to `None`."
@@ -81,28 +128,32 @@ class FilterThresholdChecker:
         if ratio >= self._warn and now - self._last_warning >= _WARN_EVERY_S:
             self._last_warning = now
             _logger.warning(
-                "Transformation %s skipped %.2f %% of the last seen %d elements. Please check "
+                "Transformation %s skipped %.2f %% of the last seen %d elements.%s Please check "
                 "the filtering logic. To disable this check, set "
                 "`DatasetOptions.filter_warn_threshold_ratio` used in `WithOptionsIterDataset` "
                 "to `None`.",
-                str(self._stage),  # Formatted now: a log record may be formatted after the stage is gone.
+                self._transform_name,
                 ratio * 100,
                 seen,
+                self._where,
             )
 
 
 class _FilterDatasetIterator(PassThroughStateIterator):
-    def __init__(self, parent: DatasetIterator, fn: Callable, name: str):
+    def __init__(self, parent: DatasetIterator, fn: Callable, name: str, pretty_name: str):
         super().__init__(parent)
         self._fn = fn
         self._name = name
+        self._pretty_name = pretty_name
         self._checker: Any = False  # Built on first use, once the options are final.
 
     def __next__(self):
         parent, fn = self._parent, self._fn
         checker = self._checker
         if checker is False:
-            checker = self._checker = FilterThresholdChecker.for_iterator(self)
+            checker = self._checker = FilterThresholdChecker.for_iterator(
+                self, f"FilterDatasetIterator(transform={self._pretty_name})", where=self._name
+            )
         while True:
             element = next(parent)
             try:
@@ -126,4 +177,7 @@ class FilterIterDataset(TransformIterDataset):
     _method = "filter"
 
     def __iter__(self) -> DatasetIterator:
-        return _FilterDatasetIterator(self._parent.__iter__(), self._fn, self._name)
+        return _FilterDatasetIterator(self._parent.__iter__(), self._fn, self._name, filter_name(self._transform))
+
+    def __str__(self) -> str:
+        return f"FilterIterDataset(transform={filter_name(self._transform)})"

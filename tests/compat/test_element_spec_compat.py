@@ -93,6 +93,31 @@ def test_element_spec_matches_reference(grain_lib, name):
     assert specs[0] == specs[1]
 
 
+@pytest.mark.parametrize("name", ["map_batch", "random_map_iter", "filter_batch_iter", "zip", "mix"])
+def test_every_stage_has_grains_element_spec_property(grain_lib, name):
+    # grain's tests and custom stages read ``ds._element_spec`` directly.
+    specs = []
+    for lib in (grain_lib, GRAINLIKE):
+        ds = PIPELINES[name](lib, *_transforms(lib))
+        specs.append(_plain(ds._element_spec))
+        assert specs[-1] == _plain(experimental(lib).get_element_spec(ds))
+    assert specs[0] == specs[1]
+
+
+def test_a_stage_without_a_rule_raises_not_implemented_from_its_element_spec(grain_lib):
+    for lib in (grain_lib, GRAINLIKE):
+
+        class Plain(lib.MapDataset):
+            def __len__(self):
+                return 1
+
+            def __getitem__(self, i):
+                return i
+
+        with pytest.raises(NotImplementedError, match="`element_spec` inference is not implemented for Plain"):
+            Plain()._element_spec
+
+
 def test_range_is_int64_scalars_and_batch_dims_follow_drop_remainder(grain_lib):
     for lib in (grain_lib, GRAINLIKE):
         spec = experimental(lib).get_element_spec(lib.MapDataset.range(3))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
 from grainlike.core.errors import InvalidStateError, StateIndexError, StateKeyError, StateTypeError
-from grainlike.core.transforms import MapTransform
+from grainlike.core.transforms import FilterTransform, MapTransform
 from grainlike.dataset import IterDataset, MapDataset
 from grainlike.dataset.options import ReadOptions
 from tests.helpers.leaks import LeakCheck
@@ -371,3 +373,42 @@ def test_options_reach_stages_on_both_sides_and_the_last_wins():
     assert len(list(WithOptionsIterDataset(ds, DatasetOptions(filter_raise_threshold_ratio=0.95)))) == 200
     with pytest.raises(ValueError, match="skipped 90.00 %"):
         list(WithOptionsIterDataset(ds, DatasetOptions(filter_warn_threshold_ratio=None)))
+
+
+class _DropAll(FilterTransform):
+    def __repr__(self) -> str:  # grain names a Filter by its class, not its repr
+        return "_DropAll(everything)"
+
+    def filter(self, x):
+        return False
+
+
+def test_a_filter_dropping_too_many_is_named_as_grain_then_where_it_is_defined():
+    from grainlike.dataset.options import DatasetOptions
+    from grainlike.dataset.seed import WithOptionsIterDataset
+
+    ds = MapDataset.range(1000).to_iter_dataset().filter(_DropAll())
+    assert str(ds) == "FilterIterDataset(transform=_DropAll)"
+    ds = WithOptionsIterDataset(ds, DatasetOptions(filter_raise_threshold_ratio=0.999))
+    with pytest.raises(ValueError) as raised:
+        list(ds)
+    message = str(raised.value)
+    assert message.startswith(
+        "Transformation FilterDatasetIterator(transform=_DropAll) skipped 100.00 % of the last seen 1000 elements."
+        " The transform is _DropAll (" + __file__
+    ), message
+
+
+def test_the_threshold_checker_takes_grains_arguments_a_name_and_two_ratios(caplog):
+    from grainlike.dataset.filter import WINDOW, FilterThresholdChecker
+
+    checker = FilterThresholdChecker("my_filter", 0.5, None)
+    with caplog.at_level(logging.WARNING, logger="grainlike"):
+        for i in range(WINDOW):
+            checker.check(i % 4 == 0)
+    assert "Transformation my_filter skipped 75.00 % of the last seen 1000 elements." in caplog.text
+    checker = FilterThresholdChecker("my_filter", None, 0.5)
+    for i in range(WINDOW - 1):
+        checker.check(i % 2 == 0)  # 499 of 999 dropped: no full window yet
+    with pytest.raises(ValueError, match=r"^Transformation my_filter skipped 50.00 % of the last seen 1000 elements\."):
+        checker.check(False)
