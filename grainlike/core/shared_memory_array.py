@@ -25,7 +25,9 @@ from typing import Any, Iterable, Optional
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["SharedMemoryArray", "SharedMemoryArrayMetadata"]
+from grainlike.core import tree
+
+__all__ = ["SharedMemoryArray", "SharedMemoryArrayMetadata", "copy_to_shm", "open_from_shm", "unlink_shm"]
 
 
 @dataclasses.dataclass(slots=True, frozen=True)
@@ -169,3 +171,82 @@ class SharedMemoryArray(np.ndarray):
                 _release(segment, unlink)
         except Exception:  # pylint: disable=broad-except
             pass
+
+
+# -- whole structures ------------------------------------------------------------------
+
+
+def _is_metadata(x: Any) -> bool:
+    # A dataclass, which the tree walker would otherwise walk into.
+    return isinstance(x, SharedMemoryArrayMetadata)
+
+
+def _copy_leaf_to_shm(leaf: Any, min_size: int) -> Any:
+    if isinstance(leaf, SharedMemoryArray) and leaf.shm is not None:
+        return leaf.metadata
+    if (
+        not isinstance(leaf, np.ndarray)
+        or leaf.dtype.hasobject  # object arrays hold pointers into this process
+        or not leaf.flags.c_contiguous
+        or leaf.size == 0  # a segment cannot be empty
+        or leaf.nbytes < min_size
+    ):
+        return leaf
+    out = SharedMemoryArray(leaf.shape, leaf.dtype)
+    np.copyto(out, leaf, casting="no")
+    return out.metadata
+
+
+def copy_to_shm(struct: Any, min_size: int = 0) -> Any:
+    """Copies the arrays of a structure into new shared-memory segments, as grain's ``copy_to_shm``.
+
+    Each C-contiguous numpy array of at least ``min_size`` bytes (not empty,
+    without Python objects) becomes the ``SharedMemoryArrayMetadata`` of a new
+    segment holding a copy of it; a ``SharedMemoryArray`` becomes its metadata
+    without a copy; every other leaf stays as it is. The segments live until
+    ``open_from_shm``'s arrays are deleted or ``unlink_shm`` frees them.
+
+    Args:
+      struct: a tree (see ``grainlike.core.tree``) of arrays and other leaves.
+      min_size: arrays smaller than this many bytes are left in place.
+
+    Returns:
+      ``struct`` with the copied arrays replaced by their metadata.
+
+    Example:
+      >>> sent = copy_to_shm({"x": np.arange(4), "n": 1})
+      >>> received = open_from_shm(sent)
+      >>> received["x"].tolist(), received["n"]
+      ([0, 1, 2, 3], 1)
+    """
+    return tree.map_structure(lambda leaf: _copy_leaf_to_shm(leaf, min_size), struct, is_leaf=_is_metadata)
+
+
+def _open_leaf(leaf: Any) -> Any:
+    if isinstance(leaf, SharedMemoryArrayMetadata):
+        array = SharedMemoryArray.from_metadata(leaf)
+        array.unlink_on_del()
+        return array
+    return leaf
+
+
+def open_from_shm(struct: Any) -> Any:
+    """Maps the segments ``copy_to_shm`` made; the arrays free them when deleted.
+
+    Each ``SharedMemoryArrayMetadata`` leaf becomes a ``SharedMemoryArray`` over
+    its segment, marked ``unlink_on_del()``; other leaves stay as they are.
+    """
+    return tree.map_structure(_open_leaf, struct, is_leaf=_is_metadata)
+
+
+def _unlink_leaf(leaf: Any) -> None:
+    if isinstance(leaf, SharedMemoryArrayMetadata):
+        leaf.close_and_unlink_shm()
+
+
+def unlink_shm(struct: Any) -> None:
+    """Frees the segments named by a structure's ``SharedMemoryArrayMetadata`` leaves.
+
+    For a structure from ``copy_to_shm`` that will never be opened.
+    """
+    tree.map_structure(_unlink_leaf, struct, is_leaf=_is_metadata)

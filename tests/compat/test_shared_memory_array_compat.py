@@ -151,3 +151,32 @@ def test_metadata_of_a_copy_names_the_problem():
         copied.metadata  # noqa: B018
     a.unlink_on_del()
     del a
+
+
+def test_copy_to_shm_and_back_as_grains_helpers(grain_mp):
+    del grain_mp
+    from grain._src.python.ipc import shared_memory_array as theirs
+
+    from grainlike.core.shared_memory_array import copy_to_shm, open_from_shm, unlink_shm
+
+    struct = {"a": np.arange(10, dtype=np.int32), "b": [np.zeros((2, 3)), 7], "small": np.arange(2, dtype=np.int8),
+              "empty": np.zeros(0), "strided": np.arange(8)[::2], "objects": np.array([None, 1], dtype=object)}
+    sent = copy_to_shm(struct, min_size=8)
+    # The same leaves are copied as by grain: contiguous, non-empty arrays of
+    # min_size bytes or more, without objects.
+    kinds = lambda s: {k: [type(x).__name__ for x in (v if isinstance(v, list) else [v])] for k, v in s.items()}  # noqa: E731
+    reference = theirs.copy_to_shm(struct, min_size=8)
+    assert kinds(sent) == kinds(reference)
+    theirs.unlink_shm(reference)
+    names = [sent["a"].name, sent["b"][0].name]
+    assert all(_segment_exists(n) for n in names)
+    # Each opened array frees its segment when deleted.
+    mine = open_from_shm(sent)
+    np.testing.assert_array_equal(mine["b"][0], struct["b"][0])
+    assert type(mine["a"]) is SharedMemoryArray and mine["b"][1] == 7 and mine["small"] is struct["small"]
+    del mine
+    assert all(_freed(n) for n in names)
+    # A structure nobody opens is freed by unlink_shm.
+    sent = copy_to_shm({"a": struct["a"]})
+    unlink_shm(sent)
+    assert not _segment_exists(sent["a"].name)
