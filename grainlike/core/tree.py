@@ -6,7 +6,8 @@ made of these nodes, with every other value a leaf:
 - ``dict`` and its subclasses (``OrderedDict``, ``defaultdict``, ...), walked in
   key order as inserted;
 - ``list`` and ``tuple`` (and their subclasses), including namedtuples;
-- dataclass instances, walked field by field;
+- dataclass instances, walked field by field (unless the class sets
+  ``tree_leaf = True``: ``ShapeDtypeStruct`` is a leaf, as in grain);
 - ``None``, a node without children (as in JAX: it stays ``None``).
 
 numpy arrays, numpy and Python scalars, ``bytes`` and ``str`` are leaves. JAX's
@@ -100,7 +101,8 @@ def _kind(x: Any) -> int:
     if isinstance(x, list):
         return _SEQ
     # An instance, not a dataclass type: a class's own type has no such attribute.
-    if hasattr(t, "__dataclass_fields__"):
+    # A dataclass that declares itself a leaf (``tree_leaf = True``, e.g. a spec) is one.
+    if hasattr(t, "__dataclass_fields__") and not getattr(t, "tree_leaf", False):
         return _DATACLASS
     return _LEAF
 
@@ -647,10 +649,12 @@ def _mismatch(values: Sequence[Any], path: str, detail: str) -> ValueError:
     specs = "\n".join(f"  element {i}: {spec_of(v)!r}" for i, v in enumerate(values[:8]))
     more = f"\n  ... and {len(values) - 8} more" if len(values) > 8 else ""
     where = f" at {path}" if path else ""
+    # grain's first line (its tests match it), then where and how the elements differ.
     return ValueError(
+        f"Expected all input elements to have the same structure but got:\n{specs}{more}\n"
         f"Batch: cannot stack the elements{where}: {detail}. All elements of a batch "
         "must have the same structure and shapes (differing dtypes are promoted, as "
-        f"np.stack does). Got:\n{specs}{more}"
+        "np.stack does)."
     )
 
 

@@ -146,7 +146,7 @@ class IteratorContext:
         self.dataset_options = self.dataset_options.merge(other.dataset_options)
         if self.mp_context != other.mp_context:
             raise ValueError(
-                "Cannot merge iterators from different worker processes: "
+                "Cannot merge contexts from different worker processes: "
                 f"{self.mp_context} vs {other.mp_context}."
             )
 

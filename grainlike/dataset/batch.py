@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence, TypeVar
 
 import numpy as np
 
 from grainlike.core import tree
+from grainlike.core.shared_memory_array import SharedMemoryArray
 from grainlike.core.errors import add_note
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
 from grainlike.dataset.map import PassThroughStateIterator, note_iterator
@@ -17,6 +18,73 @@ from grainlike.dataset.map import PassThroughStateIterator, note_iterator
 def _check_batch_size(batch_size: Any) -> None:
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size!r}.")
+
+
+S = TypeVar("S")
+T = TypeVar("T")
+
+
+class BatchFn(Protocol[S, T]):
+    """A ``batch_fn`` that also says what its batches look like, as grain's ``BatchFn``.
+
+    A plain function works as ``batch_fn`` too; implementing ``output_spec``
+    as well lets ``element_spec`` describe the batched dataset (otherwise it
+    raises ``NotImplementedError``).
+    """
+
+    def __call__(self, elements: Sequence[S]) -> T:
+        """Batches ``elements``."""
+
+    def output_spec(self, input_spec: Any, batch_size: int, drop_remainder: bool) -> Any:
+        """The element spec of this function's batches, given the elements' spec."""
+
+
+def _to_shared_memory(leaf: np.ndarray) -> np.ndarray:
+    if isinstance(leaf, SharedMemoryArray) or leaf.dtype.hasobject or leaf.size == 0:
+        # Objects are pointers into this process; a segment cannot be empty.
+        return leaf
+    out = SharedMemoryArray(leaf.shape, leaf.dtype)
+    np.copyto(out, leaf, casting="no")
+    return out
+
+
+def _shared_memory_alloc(shape: tuple, dtype: np.dtype) -> np.ndarray:
+    return SharedMemoryArray(shape, dtype) if math.prod(shape) else np.empty(shape, dtype)
+
+
+def make_batch(values: Sequence[T], *, output_to_shared_memory: bool = False) -> T:
+    """Stacks ``values`` leaf by leaf along a new first axis: what ``batch`` does by default.
+
+    grain's name for the default batching function; ``ds.batch(n)`` and
+    ``ds.batch(n, batch_fn=make_batch)`` batch the same way. Custom ``batch_fn``s
+    can call it on their elements.
+
+    Args:
+      values: one or more elements of the same structure and leaf shapes
+        (differing dtypes are promoted, as ``np.stack`` does).
+      output_to_shared_memory: stack into ``SharedMemoryArray``s (named
+        segments another process can map from their ``metadata``); leaves
+        holding Python objects, and empty ones, stay plain arrays.
+
+    Returns:
+      One element of the same structure whose leaves have a new first axis.
+
+    Raises:
+      ValueError: no values, or elements that differ in structure or shape
+        (the message shows each element's structure).
+
+    Example:
+      >>> make_batch([{"x": 1}, {"x": 2}])["x"].tolist()
+      [1, 2]
+    """
+    if not len(values):
+        raise ValueError("Cannot batch 0 values.")
+    if not output_to_shared_memory:
+        return tree.stack(list(values))
+    # Leaves of one shape and dtype are stacked straight into their segment; the
+    # others (promoted dtypes, Python scalars, strings) are stacked, then copied.
+    stacked = tree.stack(list(values), _shared_memory_alloc)
+    return tree.map_structure(_to_shared_memory, stacked)
 
 
 def batch_and_pad(values: Sequence[Any], *, batch_size: int, pad_value: Any = 0) -> Any:
@@ -67,12 +135,22 @@ class _Batcher:
     """
 
     def __init__(self, batch_fn: Optional[Callable[[Sequence[Any]], Any]]):
-        self.batch_fn = batch_fn
+        # make_batch is the default: it keeps the stacking fast path and element_spec.
+        self.batch_fn = None if batch_fn is make_batch else batch_fn
         self.alloc: Optional[tree.Allocator] = None
+        self.to_shared_memory = False
+
+    def enable_shared_memory_output(self) -> None:
+        if self.batch_fn is None:
+            self.to_shared_memory = True
+        elif callable(getattr(self.batch_fn, "enable_shared_memory_output", None)):
+            self.batch_fn.enable_shared_memory_output()
 
     def __call__(self, values: list) -> Any:
         if self.batch_fn is not None:
             return self.batch_fn(values)
+        if self.to_shared_memory:
+            return make_batch(values, output_to_shared_memory=True)
         return tree.stack(values, self.alloc)
 
 
@@ -98,10 +176,18 @@ class BatchMapDataset(MapDataset):
         _check_batch_size(batch_size)
         node = discarding_stage(parent)
         if node is not None:
+            from grainlike.dataset.filter import FilterMapDataset
+
+            # grain's wording (its tests match it), then the stage itself.
+            what, verb = (
+                ("`MapDataset.filter`", "`filter`")
+                if isinstance(node, FilterMapDataset)
+                else ("`FlatMapMapDataset`", "`FlatMapMapDataset`")
+            )
             raise ValueError(
-                f"`MapDataset.batch` can not follow {node} because it can discard "
+                f"`MapDataset.batch` can not follow {what} because {verb} can discard "
                 "elements. Convert `MapDataset` to `IterDataset` with "
-                "`to_iter_dataset()` before calling `batch`."
+                f"`to_iter_dataset()` before calling `batch`. The stage: {node}."
             )
         self._batch_size = batch_size
         self._drop_remainder = drop_remainder
@@ -112,6 +198,17 @@ class BatchMapDataset(MapDataset):
     def set_allocator(self, alloc: Optional[tree.Allocator]) -> None:
         """Stacks leaves into arrays from ``alloc(shape, dtype)`` (None: numpy)."""
         self._batcher.alloc = alloc
+
+    def enable_shared_memory_output(self) -> None:
+        """Makes batches of ``SharedMemoryArray``s, as grain's method of this name.
+
+        For code that sends batches to another process by their ``metadata``
+        (``make_batch(..., output_to_shared_memory=True)``); a custom
+        ``batch_fn`` is asked to do the same if it has this method. grainlike's
+        own workers need none of this: they hand batches over in anonymous
+        shared memory.
+        """
+        self._batcher.enable_shared_memory_output()
 
     def __len__(self) -> int:
         return self._length
@@ -203,6 +300,17 @@ class BatchIterDataset(IterDataset):
     def set_allocator(self, alloc: Optional[tree.Allocator]) -> None:
         """Stacks leaves into arrays from ``alloc(shape, dtype)`` (None: numpy)."""
         self._batcher.alloc = alloc
+
+    def enable_shared_memory_output(self) -> None:
+        """Makes batches of ``SharedMemoryArray``s, as grain's method of this name.
+
+        For code that sends batches to another process by their ``metadata``
+        (``make_batch(..., output_to_shared_memory=True)``); a custom
+        ``batch_fn`` is asked to do the same if it has this method. grainlike's
+        own workers need none of this: they hand batches over in anonymous
+        shared memory.
+        """
+        self._batcher.enable_shared_memory_output()
 
     def __iter__(self) -> DatasetIterator:
         return _BatchDatasetIterator(self._parent.__iter__(), self._batch_size, self._drop_remainder, self._batcher)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
-from typing import Any, Optional, Protocol, Tuple
+from typing import Any, ClassVar, Optional, Protocol, Tuple
 
 import numpy as np
 
@@ -43,6 +43,9 @@ class ShapeDtypeStruct(ShapeDtypeStructProtocol):
 
     shape: Tuple[Optional[int], ...]
     dtype: Any
+    # A leaf of the spec tree, never walked into (grain's tree functions and
+    # jax.tree treat it as one too): output_spec code maps functions over specs.
+    tree_leaf: ClassVar[bool] = True
 
 
 def _is_spec(x: Any) -> bool:

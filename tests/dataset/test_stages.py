@@ -412,3 +412,16 @@ def test_the_threshold_checker_takes_grains_arguments_a_name_and_two_ratios(capl
         checker.check(i % 2 == 0)  # 499 of 999 dropped: no full window yet
     with pytest.raises(ValueError, match=r"^Transformation my_filter skipped 50.00 % of the last seen 1000 elements\."):
         checker.check(False)
+
+
+def test_merging_iterator_contexts_of_different_worker_processes_raises_naming_both():
+    from grainlike.dataset.base import IteratorContext, MultiprocessingContext
+
+    ctx = IteratorContext()
+    other = IteratorContext(mp_context=MultiprocessingContext(process_index=1, process_count=2))
+    with pytest.raises(ValueError) as raised:
+        ctx.merge(other)
+    assert str(raised.value) == (
+        "Cannot merge contexts from different worker processes: MultiprocessingContext(process_index=0, "
+        "process_count=1) vs MultiprocessingContext(process_index=1, process_count=2)."
+    )

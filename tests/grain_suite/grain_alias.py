@@ -40,8 +40,23 @@ class _AliasLoader(importlib.abc.Loader):
         module.__spec__ = self._spec
 
 
+# ``from grain._src.core import tree_lib`` asks for it under grainlike's name.
+_TREE_LIB = ("grain._src.core.tree_lib", "grainlike._src.core.tree_lib")
+
+
+def _import_jax_as_grains_tree_lib_does() -> None:
+    # grain's tree_lib imports jax when it is installed, so in grain's tests jax is
+    # in sys.modules once tree_lib is; some read sys.modules["jax"] (batch_test).
+    # grainlike never imports jax on its own: without this, whether those tests
+    # find it would depend on which test file the worker ran before.
+    if "jax" not in sys.modules and importlib.util.find_spec("jax") is not None:
+        importlib.import_module("jax")
+
+
 class _GrainToGrainlike(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
+        if fullname in _TREE_LIB:
+            _import_jax_as_grains_tree_lib_does()
         if fullname.startswith("grainlike._src."):
             copied = os.path.join(_ROOT, *fullname.split(".")[1:]) + ".py"
             if os.path.isfile(copied):
@@ -65,3 +80,15 @@ class _GrainToGrainlike(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, _GrainToGrainlike())
+
+
+def pytest_configure(config) -> None:
+    # Bazel runs each grain test file through absltest.main(), which parses
+    # absl's flags; under pytest only a few test modules do it themselves, so
+    # whether --test_tmpdir (create_tempfile) could be read depended on which
+    # files shared a worker process. Parse them here, with their defaults.
+    del config
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()

@@ -1,5 +1,6 @@
 """``grain._src.python.dataset.transformations.batch``: grain's private path, re-exported from grainlike."""
 
-from grainlike.dataset.batch import BatchIterDataset, BatchMapDataset, batch_and_pad
+from grainlike.core import tree_lib
+from grainlike.dataset.batch import BatchFn, BatchIterDataset, BatchMapDataset, batch_and_pad, make_batch
 
-__all__ = ['BatchIterDataset', 'BatchMapDataset', 'batch_and_pad']
+__all__ = ['BatchFn', 'BatchIterDataset', 'BatchMapDataset', 'batch_and_pad', 'make_batch', 'tree_lib']
