@@ -327,12 +327,12 @@ def _check_params(max_index: object, seed: object, rounds: object) -> tuple[int,
     if not 0 <= seed <= _M32:
         raise ValueError(f"seed must be an int in [0, 2**32), got {seed}")
     if rounds % 2 or not 4 <= rounds <= 1024:
-        raise ValueError(f"rounds must be an even int in [4, 1024], got {rounds}")
+        raise ValueError(f"rounds must be an even integer between 4 and 1024, got {rounds}")
     return max_index, seed, rounds
 
 
 def _index_error(index: int, max_index: int) -> ValueError:
-    return ValueError(f"index must be an int in [0, max_index={max_index}], got {index}")
+    return ValueError(f"index must be in [0, max_index], got {index} (max_index={max_index})")
 
 
 def index_shuffle(

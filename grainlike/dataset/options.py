@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 from typing import Any, Optional
 
 
@@ -42,6 +43,17 @@ class ReadOptions:
     def __post_init__(self):
         _check_non_negative_int("num_threads", self.num_threads)
         _check_non_negative_int("prefetch_buffer_size", self.prefetch_buffer_size)
+        # As grain: a buffer smaller than the threads idles threads; 0 (no
+        # read-ahead) is a usual choice and is not warned about.
+        if 0 < self.prefetch_buffer_size < self.num_threads:
+            logging.getLogger("grainlike").warning(
+                "prefetch_buffer_size=%d is smaller than num_threads=%d. This will limit the number of "
+                "threads that can actually be used in parallel to %d, potentially hurting performance. "
+                "Please set prefetch_buffer_size >= num_threads.",
+                self.prefetch_buffer_size,
+                self.num_threads,
+                self.prefetch_buffer_size,
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -264,9 +264,14 @@ class _ConcatThenSplitDatasetIterator(DatasetIterator):
                 f"{features!r:.200}"
             )
         if features.keys() != self._lengths.keys():
+            from grainlike.core.tree import spec_like
+
+            no_length = sorted(set(features) - set(self._lengths), key=str)
+            no_feature = sorted(set(self._lengths) - set(features), key=str)
             raise ValueError(
-                f"Parent element has the features {sorted(features)} but length_struct is "
-                f"{self._lengths}. There must be a sequence length for each feature."
+                f"Parent element has structure {spec_like(dict(features))} but target sequence length is "
+                f"{self._lengths}. There must be a sequence length for each feature. Features without a "
+                f"length: {no_length}; lengths without a feature: {no_feature}."
             )
 
     def __next__(self) -> dict:

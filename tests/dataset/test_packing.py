@@ -86,3 +86,14 @@ def test_a_closed_iterator_refuses_next(stage):
     it.close()
     with pytest.raises(ValueError, match="closed"):
         next(it)
+
+
+def test_concat_then_split_features_not_matching_the_lengths_raise_grains_message_then_which_differ():
+    ds = MapDataset.source([{"a": np.arange(3), "b": np.arange(2)}]).to_iter_dataset()
+    with pytest.raises(ValueError) as raised:
+        list(ConcatThenSplitIterDataset(ds, length_struct={"a": 4, "c": 4}))
+    assert str(raised.value) == (
+        "Parent element has structure {'a': 'int64[3]', 'b': 'int64[2]'} but target sequence length is "
+        "{'a': 4, 'c': 4}. There must be a sequence length for each feature. Features without a length: "
+        "['b']; lengths without a feature: ['c']."
+    )
