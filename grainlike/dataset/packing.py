@@ -29,7 +29,7 @@ from grainlike.core import tree
 from grainlike.dataset.base import DatasetIterator, IterDataset
 from grainlike.dataset.state import non_negative_int, require_keys
 
-__all__ = ["BestFitPackIterDataset", "FirstFitPackIterDataset"]
+__all__ = ["BestFitPackIterDataset", "FirstFitPackIterDataset", "PackIterDataset", "get_non_sequence_meta_features"]
 
 _FIRST_FIT = "first_fit"
 _BEST_FIT = "best_fit"
@@ -43,6 +43,22 @@ def _leaf_length(value: Any) -> int:
     if type(value) is np.ndarray:
         return value.shape[0] if value.ndim else 1
     return 1 if np.ndim(value) == 0 else len(value)
+
+
+def get_non_sequence_meta_features(length_struct: Any, meta_features: Sequence[str]) -> list[str]:
+    """The meta features not in ``length_struct``, in ``meta_features``' order (grain's name).
+
+    These are not packed: each packed element holds, under their name, the list
+    of their values from the elements in its bin. (A meta feature in
+    ``length_struct`` is packed like a sequence, without segment ids and
+    positions.)
+
+    Example:
+      >>> get_non_sequence_meta_features({"tokens": 8, "doc_id": 8}, ["doc_id", "source"])
+      ['source']
+    """
+    keys = {path[0] for path, _ in tree.flatten_with_key_path(length_struct) if path}
+    return [k for k in meta_features if k not in keys]
 
 
 class _Layout:
@@ -79,11 +95,12 @@ class _Layout:
             lengths = length_struct[key]
             flat = _is_length(lengths)
             if not flat and key not in self.meta:
+                # grain's message (its tests match it), then why.
                 raise ValueError(
-                    f"Failed to extract segment ids for {key!r}: length_struct[{key!r}] = "
-                    f"{lengths!r} is not one length. A nested structure of lengths is "
-                    "packed only for a meta feature; perhaps it should be marked as a meta "
-                    "feature?"
+                    f"Failed to extract segment ids for '{key}', which has type {type(lengths)} "
+                    "rather than np.ndarray. Perhaps it should be marked as a meta feature? "
+                    f"(length_struct[{key!r}] = {lengths!r} is not one length: a nested "
+                    "structure of lengths is packed only for a meta feature.)"
                 )
             self.flat.append(flat)
             caps = [lengths] if flat else tree.flatten(lengths)
@@ -97,7 +114,7 @@ class _Layout:
             self.aligns.extend(self._per_leaf(pack_alignment_struct, key, flat, 1, "pack_alignment_struct"))
             self.paddings.extend(self._per_leaf(padding_struct, key, flat, None, "padding_struct"))
         # Meta features outside length_struct: each bin holds the list of their values.
-        self.list_meta = [k for k in meta_features if k not in length_struct]
+        self.list_meta = get_non_sequence_meta_features(length_struct, meta_features)
         self.caps_array = np.asarray(self.caps, dtype=np.int64)
         self.num_leaves = len(self.caps)
         self.all_flat = all(self.flat)
@@ -451,8 +468,13 @@ class PackingDatasetIterator(DatasetIterator):
         return f"{self._name}Iterator(length_struct={self._length_struct}, num_packing_bins={self._num_bins})"
 
 
-class _PackIterDataset(IterDataset):
-    """The dataset of a packing strategy; see the module docstring."""
+class PackIterDataset(IterDataset):
+    """The base of the packing datasets (grain's ``PackIterDataset``); see the module docstring.
+
+    Its subclasses ``FirstFitPackIterDataset`` and ``BestFitPackIterDataset``
+    each fix the strategy and take the arguments documented there. (grain's
+    base takes the strategy as a ``packer_cls``, one of its internal classes.)
+    """
 
     _strategy = _FIRST_FIT
 
@@ -506,7 +528,7 @@ class _PackIterDataset(IterDataset):
         return type(self).__name__
 
 
-class FirstFitPackIterDataset(_PackIterDataset):
+class FirstFitPackIterDataset(PackIterDataset):
     """Packs each element into the first bin with room for all its features.
 
     Args:
@@ -536,7 +558,7 @@ class FirstFitPackIterDataset(_PackIterDataset):
     _strategy = _FIRST_FIT
 
 
-class BestFitPackIterDataset(_PackIterDataset):
+class BestFitPackIterDataset(PackIterDataset):
     """Packs each element into the fullest bin it fits in (the tightest fit).
 
     Arguments as ``FirstFitPackIterDataset``.

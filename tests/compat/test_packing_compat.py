@@ -343,3 +343,33 @@ def test_pack_and_batch_operation_runs_in_each_worker_as_in_grain(libs):
     with iter(_pack_and_batch_loader(ours, worker_count=2)) as it:
         assert _loader_run(it) == (expected, states)
     leaks.assert_clean()
+
+
+@pytest.mark.parametrize(
+    "length_struct, meta",
+    [({"tokens": 8, "doc_id": 8}, ["doc_id", "source"]), ({"t": 4, "m": {"a": 2}}, ["m", "x", "y"]), ({"t": 4}, [])],
+)
+def test_non_sequence_meta_features_as_grains(grain_ref, length_struct, meta):
+    del grain_ref
+    from grain._src.python.dataset.transformations import packing_packed_batch
+
+    from grainlike.dataset.packing import get_non_sequence_meta_features
+
+    assert get_non_sequence_meta_features(length_struct, meta) == (
+        packing_packed_batch.get_non_sequence_meta_features(length_struct, meta)
+    )
+
+
+def test_nested_feature_not_marked_meta_raises_grains_message():
+    from grainlike.dataset.packing import PackIterDataset
+
+    elements = [{"row": np.arange(3), "nested": {"inner": 0}}] * 4
+    ds = grainlike.experimental.FirstFitPackIterDataset(
+        grainlike.MapDataset.source(elements).to_iter_dataset(),
+        num_packing_bins=2,
+        length_struct={"row": 10, "nested": {"inner": 10}},
+    )
+    assert isinstance(ds, PackIterDataset)
+    with pytest.raises(ValueError, match=r"^Failed to extract segment ids for 'nested', which has type <class 'dict'> "
+                                         r"rather than np.ndarray. Perhaps it should be marked as a meta feature\? "):
+        next(iter(ds))

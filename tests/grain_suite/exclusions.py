@@ -40,7 +40,6 @@ EXCLUDED: dict[str, str] = {
     "_src/python/dataset/transformations/map_test.py::RngPoolTest::test_reset_rng_state": "tests grain's private helper _reset_rng_state",
     "_src/python/dataset/transformations/mix_test.py::ConcatenateLazyMapTest::test_cannot_concatenate_infinite_datasets": "tests grain's private class _ConcatSelectionMap (grainlike's is grainlike.dataset.mix.ConcatSelectionMap, with grain's message)",
     "_src/python/dataset/transformations/mix_test.py::ConcatenateLazyMapTest::test_concat_selection_map": "tests grain's private class _ConcatSelectionMap (grainlike's is grainlike.dataset.mix.ConcatSelectionMap)",
-    "_src/python/dataset/transformations/packing_test.py": "not matched yet: the file does not import",
     "_src/python/dataset/transformations/prefetch_autotune_test.py::PrefetchAutotuneTest::test_autotune_calculates_workers_correctly": "patches grain's module global prefetch_autotune.cpu_count (grainlike's default is os.cpu_count(), read in grainlike.dataset.performance)",
     "_src/python/dataset/transformations/prefetch_autotune_test.py::PrefetchAutotuneTest::test_autotune_passes_worker_init_fn": "patches grain's private helper _get_num_workers",
     "_src/python/dataset/transformations/prefetch_autotune_test.py::PrefetchAutotuneTest::test_autotune_with_insufficient_samples_defaults_to_max_workers": "patches grain's module global prefetch_autotune.cpu_count (grainlike's default is os.cpu_count(), read in grainlike.dataset.performance)",
