@@ -41,6 +41,15 @@ class ClosedIteratorError(ValueError):
     """An iterator was used after ``close()`` (a ``ValueError``, as grain raises)."""
 
 
+class NonSequentialSliceError(ValueError, AssertionError):
+    """A source was asked for a non-sequential slice in place (``set_slice``).
+
+    Sources slice themselves only into contiguous ranges
+    (``sequential_slice=True``); every ``n``-th element is taken by the stage of
+    ``to_iter_dataset()``. An ``AssertionError`` too, as grain raises.
+    """
+
+
 class WorkersDropRemaindersWarning(UserWarning):
     """A pipeline's workers drop more elements than the same pipeline without them.
 

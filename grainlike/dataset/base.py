@@ -589,11 +589,12 @@ class IterDataset(_Dataset, Iterable[T], metaclass=IterDatasetMeta):
             grain. With ``num_workers=0`` this is a no-op.
           worker_init_fn: called in each worker as ``fn(worker_index, worker_count)``
             before it computes anything.
-          sequential_slice: grain's experimental contiguous slices per worker; not
-            supported (worker ``w`` of ``W`` reads indices ``w, w + W, ...``).
-
-        Raises:
-          NotImplementedError: ``sequential_slice=True``.
+          sequential_slice: grain's experimental option: worker ``w`` of ``W``
+            reads a contiguous range of each source (``MapDataset.source``,
+            ``MapDataset.range``: grain's even split) instead of the elements
+            ``w, w + W, ...`` of ``to_iter_dataset()``; a shuffle above a source
+            then shuffles within each worker's range, and a state restores only
+            on the same number of workers. See ``grainlike.dataset.worker_slice``.
 
         Warns:
           WorkersDropRemaindersWarning: a ``batch(..., drop_remainder=True)``
@@ -601,11 +602,6 @@ class IterDataset(_Dataset, Iterable[T], metaclass=IterDatasetMeta):
             elements than the pipeline without workers (known from the lengths;
             the output is grain's either way). Batch after ``mp_prefetch`` instead.
         """
-        if sequential_slice:
-            raise NotImplementedError(
-                "mp_prefetch(sequential_slice=True) is not supported by grainlike; each "
-                "worker reads every num_workers-th element (sequential_slice=False)"
-            )
         from grainlike.dataset.options import MultiprocessingOptions
 
         options = options or MultiprocessingOptions(num_workers=10)
@@ -613,8 +609,10 @@ class IterDataset(_Dataset, Iterable[T], metaclass=IterDatasetMeta):
             return self
         from grainlike.dataset.process_prefetch import MultiprocessPrefetchIterDataset, warn_if_workers_drop_more
 
-        ds = MultiprocessPrefetchIterDataset(self, options=options, worker_init_fn=worker_init_fn)
-        warn_if_workers_drop_more(self, options.num_workers)
+        ds = MultiprocessPrefetchIterDataset(
+            self, options=options, worker_init_fn=worker_init_fn, sequential_slice=sequential_slice
+        )
+        warn_if_workers_drop_more(self, options.num_workers, sequential_slice)
         return ds
 
     @abc.abstractmethod

@@ -287,7 +287,7 @@ def insert_skip_stage(ds: Any) -> Any:
     """``ds`` (a worker's copy of the stages) with a ``SkipPositionsIterDataset`` above
     each stage that ``mp_prefetch`` slices (``set_slice``): its positions are the
     worker's own."""
-    if callable(getattr(ds, "set_slice", None)):
+    if isinstance(ds, IterDataset) and callable(getattr(ds, "set_slice", None)):
         return SkipPositionsIterDataset(ds)
     parents = getattr(ds, "_parents", ())
     if parents:

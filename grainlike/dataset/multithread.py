@@ -1,8 +1,9 @@
 """``multithread_prefetch``: a pipeline computed by several threads, one slice each.
 
 Thread ``i`` of ``n`` iterates over its own copy of the dataset, sliced as
-``mp_prefetch`` slices a worker's copy (elements ``i, i + n, ...``) and told it
-runs as process ``i`` of ``n`` (random stages on iterators draw as worker ``i``
+``mp_prefetch`` slices a worker's copy (elements ``i, i + n, ...``, or with
+``sequential_slice`` a contiguous range of each source; see
+``grainlike.dataset.worker_slice``) and told it runs as process ``i`` of ``n`` (random stages on iterators draw as worker ``i``
 would); the copies are interleaved in turn with ``InterleaveIterDataset``, whose
 per-iterator thread computes up to ``buffer_size`` elements ahead. The order is
 the same as ``mp_prefetch`` with ``n`` workers and never depends on timing; the
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from grainlike.dataset import worker_slice
 from grainlike.dataset.base import DatasetIterator, IterDataset, MultiprocessingContext
 from grainlike.dataset.interleave import InterleaveIterDataset
 
@@ -68,13 +70,15 @@ def multithread_prefetch(
         sliceable (``to_iter_dataset()``, an interleave), as for ``mp_prefetch``.
       num_threads: threads; 0 returns ``ds`` unchanged.
       buffer_size: elements each thread computes ahead.
-      sequential_slice: grain's contiguous slices per thread; not supported.
+      sequential_slice: each thread reads a contiguous range of the sources
+        (``MapDataset.source``, ``MapDataset.range``) instead of every
+        ``num_threads``-th element of ``to_iter_dataset()``; a shuffle above a
+        source then shuffles within each thread's range.
 
     Returns:
       An IterDataset with ``ds``'s elements in ``mp_prefetch``'s order.
 
     Raises:
-      NotImplementedError: ``sequential_slice=True``.
       ValueError: ``ds`` has a source that cannot be sliced (with 2+ threads).
 
     Example:
@@ -82,15 +86,12 @@ def multithread_prefetch(
       >>> ds = MapDataset.range(6).to_iter_dataset().map(lambda x: x * 10)
       >>> list(multithread_prefetch(ds, num_threads=2, buffer_size=2))
       [0, 10, 20, 30, 40, 50]
+      >>> ds = MapDataset.range(6).to_iter_dataset()
+      >>> list(multithread_prefetch(ds, num_threads=2, buffer_size=2, sequential_slice=True))
+      [0, 3, 1, 4, 2, 5]
     """
     if num_threads == 0:
         return ds
-    if sequential_slice:
-        raise NotImplementedError(
-            "multithread_prefetch(sequential_slice=True) is not supported by grainlike; each "
-            "thread reads every num_threads-th element (sequential_slice=False)"
-        )
-    from grainlike.dataset.process_prefetch import _set_slice, _stage_copy
     from grainlike.dataset.seed import WithOptionsIterDataset
 
     options = _dataset_options(ds)
@@ -98,8 +99,8 @@ def multithread_prefetch(
     for i in range(num_threads):
         shard = ds
         if num_threads > 1:
-            shard = _stage_copy(ds)
-            _set_slice(shard, slice(i, None, num_threads))
+            shard = worker_slice.copy_stages(ds, sequential_slice)
+            worker_slice.set_slice(shard, slice(i, None, num_threads), sequential_slice)
         shards.append(_MpContextIterDataset(shard, MultiprocessingContext(process_index=i, process_count=num_threads)))
     interleaved = InterleaveIterDataset(shards, cycle_length=num_threads, iter_buffer_size=buffer_size)
     # The interleave passes no options from its inputs downstream: set them again.

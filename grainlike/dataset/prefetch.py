@@ -22,8 +22,11 @@ import threading
 import weakref
 from typing import Any, Optional
 
+import numpy as np
+
 from grainlike.core import tree
-from grainlike.core.errors import ClosedIteratorError
+from grainlike.core.errors import ClosedIteratorError, StateIndexError
+from grainlike.dataset import worker_slice
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
 from grainlike.dataset.filter import WINDOW, FilterThresholdChecker
 from grainlike.dataset.options import ReadOptions
@@ -71,14 +74,17 @@ class PrefetchIterDataset(IterDataset):
     def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
         """Reads only the indices of ``sl`` (a worker's share), in place.
 
-        Only for a copy of the pipeline made for one worker.
+        Only for a copy of the pipeline made for one worker (see
+        ``worker_slice.copy_stages``). With ``sequential_slice`` the sources
+        above are cut to the worker's contiguous range instead (see
+        ``grainlike.dataset.worker_slice``).
 
         Raises:
-          NotImplementedError: ``sequential_slice=True`` (grain's contiguous
-            per-worker ranges are not supported).
+          ValueError: ``sequential_slice`` and a source above cannot be sliced.
         """
         if sequential_slice:
-            raise NotImplementedError(f"{self}: sequential slices are not supported")
+            worker_slice.set_slice(self._parent, sl, sequential_slice=True)
+            return
         self._parents = (self._parent.slice(sl),)
 
     def read_threads(self) -> int:
@@ -116,7 +122,20 @@ class NextIndexState:
         return {"next_index": self._next_index}
 
     def set_state(self, state: dict) -> None:
+        """Moves to ``state["next_index"]``, in ``[0, len]``.
+
+        Raises:
+          StateIndexError: the index is out of range (an ``IndexError``, with
+            grain's message first).
+          StateTypeError: it is not an int; StateKeyError: it is missing.
+        """
         require_keys(state, self, ("next_index",))
+        index = state["next_index"]
+        if isinstance(index, (int, np.integer)) and not isinstance(index, bool) and not 0 <= index <= self._length:
+            raise StateIndexError(
+                f"Checkpoint `next_index` {index} is out of range for dataset of length "
+                f"{self._length}. {self}: state['next_index'] must be in [0, {self._length}]"
+            )
         self._restart_at(non_negative_int(state, "next_index", self, upper=self._length))
 
     def _get_next_index(self) -> int:

@@ -2,9 +2,11 @@
 
 Worker ``w`` of ``W`` iterates over its own copy of the parent dataset, sliced
 where grain slices it (the ``MapDataset`` under ``to_iter_dataset()`` keeps the
-indices ``w, w + W, ...``), with its iterators told they run as process ``w`` of
-``W``. The outputs are taken round-robin; a worker that ends is skipped, and the
-iteration ends when all have. Everything runs on the shared worker pool
+indices ``w, w + W, ...``; with ``sequential_slice`` each source keeps worker
+``w``'s contiguous range instead, see ``grainlike.dataset.worker_slice``), with
+its iterators told they run as process ``w`` of ``W``. The outputs are taken
+round-robin; a worker that ends is skipped, and the iteration ends when all
+have. Everything runs on the shared worker pool
 (``workers.WorkerPool``): the same process start, shared-memory batches,
 liveness checks and error reports as the DataLoader's workers.
 
@@ -25,6 +27,7 @@ delivered output (before its first, the parent iterator's initial state).
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 import threading
 import warnings
@@ -35,6 +38,7 @@ import cloudpickle
 from grainlike.core.errors import InvalidStateError, WorkersDropRemaindersWarning, add_note
 from grainlike.core.transforms import transform_name
 from grainlike.core.tree import Allocator
+from grainlike.dataset import worker_slice
 from grainlike.dataset.base import (
     DatasetIterator,
     IterDataset,
@@ -42,6 +46,8 @@ from grainlike.dataset.base import (
     MultiprocessingContext,
     _Dataset,
     closing_dropped,
+    get_next_index,
+    set_next_index,
 )
 from grainlike.dataset.state import interleave_state
 from grainlike.dataset.workers import DEFAULT_STALL_TIMEOUT_S, WorkerDiedError, WorkerPool
@@ -57,31 +63,6 @@ _STATE_KEYS = (
     "iterators_in_use_states",
     "exhausted",
 )
-
-
-def _set_slice(ds: Any, sl: slice) -> None:
-    """Makes ``ds`` (a worker's copy) compute only the elements of ``sl``, in place.
-
-    The nearest stage on each path up the pipeline that can be sliced
-    (``set_slice``, e.g. ``to_iter_dataset()``) is; as in grain.
-
-    Raises:
-      ValueError: a path reaches a source that cannot be sliced.
-    """
-    set_slice = getattr(ds, "set_slice", None)
-    if callable(set_slice):
-        set_slice(sl)
-        return
-    parents = getattr(ds, "_parents", ())
-    if not parents:
-        kind = "MapDataset" if isinstance(ds, MapDataset) else "IterDataset"
-        raise ValueError(
-            f"Cannot slice `{kind}` source. {type(ds)}: mp_prefetch gives each worker a "
-            "slice of the dataset, which needs a MapDataset turned into an IterDataset "
-            "with to_iter_dataset() (or a stage with set_slice) upstream"
-        )
-    for parent in parents:
-        _set_slice(parent, sl)
 
 
 def _output_count(ds: Any, sl: Optional[slice]) -> Optional[tuple[int, Callable[[int], int]]]:
@@ -126,7 +107,23 @@ def _dropping_batch(ds: Any) -> Any:
     return ds
 
 
-def warn_if_workers_drop_more(parent: IterDataset, num_workers: int) -> None:
+def _worker_output_count(
+    parent: IterDataset, worker_index: int, num_workers: int, sequential_slice: bool
+) -> Optional[tuple[int, Callable[[int], int]]]:
+    """``_output_count`` of worker ``worker_index``'s slice of ``parent`` (None: not known)."""
+    sl = slice(worker_index, None, num_workers)
+    if not sequential_slice:
+        return _output_count(parent, sl)
+    # The sources are sliced: count on a sliced copy.
+    ds = worker_slice.copy_stages(parent, sequential_slice=True)
+    try:
+        worker_slice.set_slice(ds, sl, sequential_slice=True)
+    except (ValueError, NotImplementedError):
+        return None  # The workers raise it.
+    return _output_count(ds, None)
+
+
+def warn_if_workers_drop_more(parent: IterDataset, num_workers: int, sequential_slice: bool = False) -> None:
     """Warns when ``parent.mp_prefetch`` delivers fewer elements than ``parent`` would.
 
     Each worker batches its own slice, so a ``batch(..., drop_remainder=True)``
@@ -140,7 +137,9 @@ def warn_if_workers_drop_more(parent: IterDataset, num_workers: int) -> None:
     if whole is None:
         return
     outputs, kept = whole[0], whole[1](whole[0])
-    sliced = [_output_count(parent, slice(w, None, num_workers)) for w in range(num_workers)]
+    sliced = [_worker_output_count(parent, w, num_workers, sequential_slice) for w in range(num_workers)]
+    if any(count is None for count in sliced):
+        return
     worker_outputs = sum(count for count, _ in sliced)
     worker_kept = sum(covered(count) for count, covered in sliced)
     if worker_kept >= kept:
@@ -159,17 +158,6 @@ def warn_if_workers_drop_more(parent: IterDataset, num_workers: int) -> None:
         WorkersDropRemaindersWarning,
         stacklevel=3,
     )
-
-
-def _stage_copy(ds: Any) -> Any:
-    """``ds`` with every iterator stage copied (what slicing changes); the rest is shared."""
-    if not isinstance(ds, IterDataset):
-        return ds
-    out = copy.copy(ds)
-    parents = getattr(ds, "_parents", ())
-    if parents:
-        out._parents = tuple(_stage_copy(p) for p in parents)
-    return out
 
 
 def _user_transforms(ds: Any) -> list:
@@ -244,9 +232,15 @@ class _WorkerSliceTask:
     has run in the worker, as in grain (without one, as the task is loaded).
     """
 
-    def __init__(self, parent: IterDataset, worker_init_fn: Optional[Callable[[int, int], None]]):
+    def __init__(
+        self,
+        parent: IterDataset,
+        worker_init_fn: Optional[Callable[[int, int], None]],
+        sequential_slice: bool = False,
+    ):
         self._parent = parent
         self._worker_init_fn = worker_init_fn
+        self._sequential_slice = sequential_slice
         self._dataset_bytes: Optional[bytes] = None
         # The DatasetOptions of the whole pipeline, including those set after
         # mp_prefetch: the workers' stages follow them too, as in grain.
@@ -272,7 +266,7 @@ class _WorkerSliceTask:
         if self._parent is not None:
             # A copy of the stages only (what slicing changes): in the calling
             # process, a pickled copy would unpickle the sources and transforms too.
-            return _stage_copy(self._parent)
+            return worker_slice.copy_stages(self._parent, self._sequential_slice)
         return cloudpickle.loads(self._dataset_bytes)
 
     def outputs(
@@ -283,7 +277,7 @@ class _WorkerSliceTask:
         ds = self._dataset()
         self._worker_dataset = ds  # For describe_output.
         if worker_count > 1:
-            _set_slice(ds, slice(worker_index, None, worker_count))
+            worker_slice.set_slice(ds, slice(worker_index, None, worker_count), self._sequential_slice)
         if isinstance(state, dict) and state.get("skip_positions"):
             # Restored on another worker count: elements consumed before it are
             # skipped (see grainlike/dataset/elastic.py), by the pipeline's own
@@ -366,6 +360,8 @@ class MultiprocessPrefetchIterDataset(IterDataset):
         (see the iterator). False stops every worker instead, and the next
         ``next()`` restarts them all from their last delivered outputs (the
         DataLoader's behaviour).
+      sequential_slice: each worker reads a contiguous range of the sources
+        (see ``grainlike.dataset.worker_slice``).
 
     Raises:
       ValueError: ``num_workers`` or ``per_worker_buffer_size`` is not positive.
@@ -384,6 +380,7 @@ class MultiprocessPrefetchIterDataset(IterDataset):
         worker_init_fn: Optional[Callable[[int, int], None]] = None,
         *,
         error_ends_worker: bool = True,
+        sequential_slice: bool = False,
     ):
         super().__init__(parent)
         num_workers = _options_value(options, "num_workers", None)
@@ -397,6 +394,7 @@ class MultiprocessPrefetchIterDataset(IterDataset):
         self._buffer_size = buffer_size
         self._worker_init_fn = worker_init_fn
         self._error_ends_worker = error_ends_worker
+        self._sequential_slice = sequential_slice
 
     def __str__(self) -> str:
         return (
@@ -415,6 +413,7 @@ class MultiprocessPrefetchIterDataset(IterDataset):
             error_ends_worker=self._error_ends_worker,
             stall_timeout_s=_options_value(self._options, "stall_timeout_s", DEFAULT_STALL_TIMEOUT_S),
             restart_dead_workers=bool(_options_value(self._options, "restart_dead_workers", False)),
+            sequential_slice=self._sequential_slice,
         )
 
 
@@ -447,6 +446,9 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
         delivered outputs.
       stall_timeout_s: see ``MultiprocessingOptions.stall_timeout_s``.
       restart_dead_workers: see ``MultiprocessingOptions.restart_dead_workers``.
+      sequential_slice: each worker reads a contiguous range of the sources
+        (see ``grainlike.dataset.worker_slice``); a state then restores only on
+        the same number of workers.
     """
 
     def __init__(
@@ -461,12 +463,19 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
         error_ends_worker: bool = True,
         stall_timeout_s: Optional[float] = DEFAULT_STALL_TIMEOUT_S,
         restart_dead_workers: bool = False,
+        sequential_slice: bool = False,
     ):
         super().__init__()
+        from grainlike.dataset.multithread import _dataset_options
+
+        # The options set upstream hold for the stages after this one too (the
+        # parent's iterator, where they are set, lives in the workers), as in grain.
+        self._ctx.dataset_options = _dataset_options(parent)
         self._parent_ds = parent
         self._restart_dead_workers = restart_dead_workers
         self._stall_timeout_s = stall_timeout_s
-        self._task = _WorkerSliceTask(parent, worker_init_fn)
+        self._sequential_slice = sequential_slice
+        self._task = _WorkerSliceTask(parent, worker_init_fn, sequential_slice)
         self._w = num_workers
         self._buffer_size = buffer_size
         self._profile = enable_profiling
@@ -616,6 +625,14 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
         ):
             # Another worker count: the same elements from the first one not
             # delivered on (see grainlike/dataset/elastic.py).
+            if self._sequential_slice:
+                raise InvalidStateError(
+                    f"{where}: cannot restore a state of {old_w} workers on {w} with "
+                    "sequential_slice=True: each worker reads a contiguous range of the "
+                    "sources whose bounds depend on the number of workers. Restore it on "
+                    f"{old_w} workers (or use sequential_slice=False, whose states move "
+                    "between worker counts)"
+                )
             from grainlike.dataset.elastic import rebalance_worker_states
 
             states, cycle = rebalance_worker_states(states, w, self._initial_state(), where)
@@ -658,8 +675,8 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
                 continue
             ds = self._parent_ds
             if w > 1:
-                ds = _stage_copy(ds)
-                _set_slice(ds, slice(worker_index, None, w))
+                ds = worker_slice.copy_stages(ds, self._sequential_slice)
+                worker_slice.set_slice(ds, slice(worker_index, None, w), self._sequential_slice)
             probe = ds.__iter__()
             try:
                 probe.set_state(copy.deepcopy(worker_state))
@@ -670,8 +687,167 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
         self._exhausted = [bool(e) for e in exhausted]
         self._next_worker = cycle
 
+    # -- next index (grain's experimental get_next_index / set_next_index) ----------
+
+    def _only_worker_iterator(self, what: str) -> DatasetIterator:
+        """A parent iterator, in this process, at the only worker's delivered state."""
+        if self._w != 1:
+            raise NotImplementedError(
+                f"{what} is not supported for InterleaveDatasetIterator with more than one "
+                f"dataset: {self} has {self._w} workers, each at its own index (as in grain, "
+                "only mp_prefetch with num_workers=1 has one)"
+            )
+        states = MultiprocessPrefetchDatasetIterator.get_state(self)["iterators_in_use_states"]
+        it = self._parent_ds.__iter__()
+        it.set_state(states[0])
+        return it
+
+    def _get_next_index(self) -> int:
+        it = self._only_worker_iterator("get_next_index")
+        try:
+            return get_next_index(it)
+        finally:
+            it.close()
+
+    def _set_next_index(self, index: int) -> None:
+        # The parent iterator moves here (a stage that cannot raises now); the
+        # worker then goes on from its state at that index.
+        it = self._only_worker_iterator("set_next_index")
+        try:
+            set_next_index(it, index)
+            worker_state = it.get_state()
+        finally:
+            it.close()
+        state = MultiprocessPrefetchDatasetIterator.get_state(self)
+        state.update(next_index_in_cycle=0, iterators_in_use_states=[worker_state], exhausted=[0])
+        MultiprocessPrefetchDatasetIterator.set_state(self, state)
+
     def __str__(self) -> str:
         return (
             f"MultiprocessPrefetchDatasetIterator(num_workers={self._w}, "
             f"per_worker_buffer_size={self._buffer_size})"
         )
+
+
+def _without_worker_index(fn: Callable[[], None], worker_index: int, worker_count: int) -> None:
+    del worker_index, worker_count  # ProcessPrefetchIterDataset's worker_init_fn takes none.
+    fn()
+
+
+class ProcessPrefetchIterDataset(IterDataset):
+    """The parent dataset, computed ahead in one background process (grain's name).
+
+    The parent iterator runs whole (unsliced) in one worker of the shared worker
+    pool, ``buffer_size`` outputs ahead. The iterator's state is the parent
+    iterator's state, as in grain.
+
+    Args:
+      parent: the dataset to compute in the background process.
+      buffer_size: outputs computed ahead (> 0).
+      worker_init_fn: called with no arguments in the process before it loads
+        the dataset.
+
+    Raises:
+      ValueError: ``buffer_size`` is not positive.
+
+    Example:
+      >>> ds = MapDataset.range(4).to_iter_dataset().map(lambda x: x + 1)
+      >>> list(ProcessPrefetchIterDataset(ds, buffer_size=2))
+      [1, 2, 3, 4]
+    """
+
+    def __init__(
+        self,
+        parent: IterDataset,
+        buffer_size: int,
+        worker_init_fn: Optional[Callable[[], None]] = None,
+    ):
+        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size <= 0:
+            raise ValueError(f"`buffer_size` must be greater than 0, got {buffer_size}.")
+        super().__init__(parent)
+        self._buffer_size = buffer_size
+        self._worker_init_fn = worker_init_fn
+
+    def __str__(self) -> str:
+        return f"ProcessPrefetchIterDataset(buffer_size={self._buffer_size})"
+
+    def __iter__(self) -> "ProcessPrefetchDatasetIterator":
+        return ProcessPrefetchDatasetIterator(self._parent, self._buffer_size, self._worker_init_fn)
+
+
+class ProcessPrefetchDatasetIterator(MultiprocessPrefetchDatasetIterator):
+    """``ProcessPrefetchIterDataset``'s iterator: one worker; the state is the parent iterator's.
+
+    Args:
+      parent: the dataset the worker iterates over.
+      buffer_size: outputs computed ahead (> 0).
+      worker_init_fn: called with no arguments in the worker.
+    """
+
+    def __init__(
+        self,
+        parent: IterDataset,
+        buffer_size: int,
+        worker_init_fn: Optional[Callable[[], None]] = None,
+    ):
+        init = None if worker_init_fn is None else functools.partial(_without_worker_index, worker_init_fn)
+        super().__init__(parent, 1, buffer_size, worker_init_fn=init)
+
+    @property
+    def buffer_size(self) -> int:
+        return self._buffer_size
+
+    def get_state(self) -> Any:
+        return super().get_state()["iterators_in_use_states"][0]
+
+    def set_state(self, state: Any) -> None:
+        """Restores the parent iterator's ``state`` (as ``get_state()`` returned it).
+
+        Raises:
+          InvalidStateError, KeyError, IndexError: as the parent iterator's
+            ``set_state`` raises for ``state``; this iterator is left as it was.
+        """
+        super().set_state(
+            {
+                "next_index_in_cycle": 0,
+                "next_index_in_datasets": 1,
+                "iterators_in_use_indices": [0],
+                "iterators_in_use_states": [state],
+                "exhausted": [0],
+                "future_states": {},
+            }
+        )
+
+    def __str__(self) -> str:
+        return f"ProcessPrefetchDatasetIterator(buffer_size={self._buffer_size})"
+
+
+def multiprocess_prefetch(
+    ds: IterDataset,
+    num_workers: int = 0,
+    buffer_size: int = 1,
+    worker_init_fn: Optional[Callable[[int, int], None]] = None,
+    sequential_slice: bool = False,
+) -> IterDataset:
+    """``ds`` computed in ``num_workers`` processes, each on a slice (grain's function).
+
+    The same as ``ds.mp_prefetch(MultiprocessingOptions(num_workers,
+    per_worker_buffer_size=buffer_size), worker_init_fn, sequential_slice)``:
+    the same outputs and states (see the module docstring).
+
+    Args:
+      ds: the dataset to compute in worker processes.
+      num_workers: worker processes; 0 returns ``ds`` itself.
+      buffer_size: outputs each worker computes ahead.
+      worker_init_fn: called in each worker as ``fn(worker_index, worker_count)``.
+      sequential_slice: each worker reads a contiguous slice (see ``mp_prefetch``).
+
+    Returns:
+      The dataset computed in the workers (``ds`` where ``num_workers`` is 0).
+    """
+    if num_workers == 0:
+        return ds
+    from grainlike.dataset.options import MultiprocessingOptions
+
+    options = MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=buffer_size)
+    return ds.mp_prefetch(options, worker_init_fn=worker_init_fn, sequential_slice=sequential_slice)

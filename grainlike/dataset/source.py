@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from grainlike.core.errors import add_note
+from grainlike.core.errors import NonSequentialSliceError, add_note
 from grainlike.dataset.base import IterDataset, MapDataset
+from grainlike.dataset.worker_slice import sequential_range
 
 
 class SourceMapDataset(MapDataset):
@@ -13,7 +14,8 @@ class SourceMapDataset(MapDataset):
 
     Index ``i`` reads key ``i % len(source)``. Chunks are read with one call to the
     source's batched read (``__getitems__``, or grain's ``_getitems``) when it has
-    one.
+    one. After ``set_slice`` (a worker's copy, ``sequential_slice=True``) index
+    ``i`` reads key ``start + i % len(self)`` of the worker's range.
     """
 
     def __init__(self, source: Any):
@@ -23,11 +25,43 @@ class SourceMapDataset(MapDataset):
         if batched is None:
             batched = getattr(source, "_getitems", None)
         self._batched_read = batched
+        # A worker's contiguous range of keys (set_slice); None: the whole source.
+        self._range: Optional[tuple[int, int]] = None
 
     def __len__(self) -> int:
+        if self._range is not None:
+            return self._range[1] - self._range[0]
         return len(self._source)
 
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+        """Keeps worker ``sl.start`` of ``sl.step``'s contiguous range of the source, in place.
+
+        Only for a worker's copy of the pipeline (``mp_prefetch`` or
+        ``multithread_prefetch`` with ``sequential_slice=True``). The range is
+        grain's even split of the whole source; a second call replaces the first.
+
+        Raises:
+          NonSequentialSliceError: ``sequential_slice`` is False (an
+            ``AssertionError`` too, as grain raises).
+          ValueError: ``sl`` is not ``slice(worker_index, None, worker_count)``,
+            or the source's length is unknown.
+        """
+        _require_sequential(self, sl, sequential_slice)
+        try:
+            length = len(self._source)
+        except TypeError:
+            length = None
+        if not isinstance(length, int):
+            raise ValueError(
+                f"{self}: a sequential slice needs the source's length, and "
+                f"len(source) is {length!r}"
+            )
+        self._range = sequential_range(length, sl, self)
+
     def _key(self, index: int) -> int:
+        if self._range is not None:
+            start, end = self._range
+            return start + index % (end - start)
         # Sources of unknown length (None) are read by the index as it is.
         try:
             return index % len(self._source)
@@ -50,11 +84,15 @@ class SourceMapDataset(MapDataset):
     def _getitems(self, indices: Sequence[int]) -> list:
         if self._batched_read is None:
             return [self.__getitem__(i) for i in indices]
-        try:
-            n = len(self._source)
-            keys = [i % n for i in indices]
-        except TypeError:
-            keys = list(indices)
+        if self._range is not None:
+            start, end = self._range
+            keys = [start + i % (end - start) for i in indices]
+        else:
+            try:
+                n = len(self._source)
+                keys = [i % n for i in indices]
+            except TypeError:
+                keys = list(indices)
         try:
             return list(self._batched_read(keys))
         except Exception as e:
@@ -77,9 +115,37 @@ class RangeMapDataset(MapDataset):
         self.stop = start if stop is None else stop
         self.step = step
         self._length = len(range(self.start, self.stop, self.step))
+        # The whole range, which set_slice cuts a worker's share from.
+        self._whole = (self.start, self._length)
 
     def __len__(self) -> int:
         return self._length
+
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+        """Keeps worker ``sl.start`` of ``sl.step``'s contiguous part of the range, in place.
+
+        Only for a worker's copy of the pipeline (``mp_prefetch`` or
+        ``multithread_prefetch`` with ``sequential_slice=True``). The part is
+        grain's even split of the whole range (``start``, ``stop`` change as in
+        grain); a second call replaces the first.
+
+        Raises:
+          NonSequentialSliceError: ``sequential_slice`` is False (an
+            ``AssertionError`` too, as grain raises).
+          ValueError: ``sl`` is not ``slice(worker_index, None, worker_count)``.
+
+        Example:
+          >>> ds = RangeMapDataset(0, 20, 2)
+          >>> ds.set_slice(slice(1, None, 3), sequential_slice=True)
+          >>> list(ds)
+          [8, 10, 12]
+        """
+        _require_sequential(self, sl, sequential_slice)
+        first, length = self._whole
+        begin, end = sequential_range(length, sl, self)
+        self.start = first + begin * self.step
+        self.stop = first + end * self.step
+        self._length = end - begin
 
     def __str__(self) -> str:
         return f"RangeMapDataset(start={self.start}, stop={self.stop}, step={self.step})"
@@ -99,6 +165,16 @@ class RangeMapDataset(MapDataset):
 
         return super().to_iter_dataset(
             read_options or ReadOptions(prefetch_buffer_size=0), allow_nones=allow_nones
+        )
+
+
+def _require_sequential(source: MapDataset, sl: slice, sequential_slice: bool) -> None:
+    if not sequential_slice:
+        raise NonSequentialSliceError(
+            f"Only sequential slicing is supported. {source}: set_slice({sl}, "
+            "sequential_slice=False) asks a source for every n-th record; a source "
+            "slices itself only into contiguous ranges (sequential_slice=True). The "
+            "stage of to_iter_dataset() takes every n-th element (its set_slice)."
         )
 
 

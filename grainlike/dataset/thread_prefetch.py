@@ -48,10 +48,43 @@ def _produce(parent: DatasetIterator, buffer: queue.Queue, stop: threading.Event
 
 
 class ThreadPrefetchDatasetIterator(DatasetIterator):
-    """Runs its parent in a thread; see the module docstring."""
+    """Runs its parent in a thread; see the module docstring.
 
-    def __init__(self, parent: DatasetIterator, prefetch_buffer_size: int):
-        super().__init__(parent)
+    Args:
+      parent: a ``DatasetIterator``, or any iterator with ``get_state()`` and
+        ``set_state(state)`` (grain's ``CheckpointableIterator``). Only a
+        ``DatasetIterator`` parent shares the pipeline's context, is closed with
+        this iterator and supports ``get_next_index`` / ``set_next_index``.
+      prefetch_buffer_size: elements computed ahead (0: none, no thread).
+
+    Example:
+      >>> class Counter:
+      ...     def __init__(self):
+      ...         self.n = 0
+      ...     def __iter__(self):
+      ...         return self
+      ...     def __next__(self):
+      ...         if self.n == 3:
+      ...             raise StopIteration
+      ...         self.n += 1
+      ...         return self.n
+      ...     def get_state(self):
+      ...         return {"n": self.n}
+      ...     def set_state(self, state):
+      ...         self.n = state["n"]
+      >>> it = ThreadPrefetchDatasetIterator(Counter(), prefetch_buffer_size=2)
+      >>> next(it), it.get_state(), list(it)
+      (1, {'n': 1}, [2, 3])
+    """
+
+    def __init__(self, parent: Any, prefetch_buffer_size: int):
+        if isinstance(parent, DatasetIterator):
+            super().__init__(parent)
+            self._native_parent = True
+        else:
+            super().__init__()
+            self._parent = parent
+            self._native_parent = False
         self._buffer_size = prefetch_buffer_size
         self._state: Optional[dict] = parent.get_state()
         self._next_index: Optional[int] = 0
@@ -159,8 +192,16 @@ class ThreadPrefetchDatasetIterator(DatasetIterator):
         self._state = self._parent.get_state()
         self._next_index = None
 
+    def _require_native_parent(self, what: str) -> None:
+        if not self._native_parent:
+            raise ValueError(
+                f"`{what}` only supported for native dataset iterators. {self}: its parent "
+                f"{type(self._parent).__name__} is not a DatasetIterator, and has no index"
+            )
+
     def _get_next_index(self) -> int:
         if self._next_index is None:
+            self._require_native_parent("_get_next_index")
             state = self.get_state()
             self._stop_thread(join=True)
             self._parent.set_state(state)
@@ -168,18 +209,20 @@ class ThreadPrefetchDatasetIterator(DatasetIterator):
         return self._next_index
 
     def _set_next_index(self, index: int) -> None:
+        self._require_native_parent("set_next_index")
         self._stop_thread(join=True)
         self._parent._set_next_index(index)
         self._next_index = index
         self._state = None
 
     def close(self) -> None:
-        """Stops the thread without waiting for an element in progress; closes the parent."""
+        """Stops the thread without waiting for an element in progress; closes a DatasetIterator parent."""
         if getattr(self, "_closed", True):
             return
         self._closed = True
         self._stop_thread(join=False)
-        self._parent.close()
+        if self._native_parent:
+            self._parent.close()
 
     def __str__(self) -> str:
         return f"ThreadPrefetchDatasetIterator(prefetch_buffer_size={self._buffer_size})"

@@ -6,6 +6,8 @@ grainlike's, and the same behaviour after an error in a worker. grain's workers
 are spawned processes (seconds each), so grain runs only twice per worker count.
 """
 
+import warnings
+
 import pytest
 
 from grainlike.core.errors import WorkersDropRemaindersWarning
@@ -151,3 +153,50 @@ def test_workers_dropping_their_own_remainders_warn_and_match_reference(grain_re
     l_values, l_states, l_end = _run(ds)
     assert_same(g_values, l_values, "elements")
     assert (l_states, l_end) == (g_states, g_end)
+
+
+def _sequential_pipeline(lib, workers):
+    # Each worker reads a contiguous range of the 13 records (5, 4, 4), shuffled
+    # within it; a random map on the iterator draws per worker.
+    ds = lib.MapDataset.range(2, 41, 3).shuffle(seed=5).map(lambda x: x + 1).to_iter_dataset()
+    ds = ds.random_map(lambda x, rng: (x, int(rng.integers(0, 1 << 30))), seed=9).batch(2)
+    return ds.mp_prefetch(lib.MultiprocessingOptions(num_workers=workers), sequential_slice=True)
+
+
+def test_mp_prefetch_sequential_slice_matches_reference(grain_ref, no_leaks):
+    grain_lib = grain_namespace(grain_ref)
+    g_values, g_states, g_end = _run(_sequential_pipeline(grain_lib, 3))
+    l_ds = _sequential_pipeline(GRAINLIKE, 3)
+    l_values, l_states, l_end = _run(l_ds)
+    assert_same(g_values, l_values, "elements")
+    assert (l_states, l_end) == (g_states, g_end)
+    for k in (1, len(g_states) // 2, len(g_states)):
+        it = iter(l_ds)
+        it.set_state((g_states + [g_end])[k])
+        assert_same(g_values[k:], rest(it), f"grainlike restored from grain's state {k}")
+        it.close()
+    k = len(l_states) // 2
+    it = iter(_sequential_pipeline(grain_lib, 3))
+    it.set_state(l_states[k])
+    assert_same(l_values[k:], rest(it), f"grain restored from grainlike's state {k}")
+    it.close()
+
+
+def test_sequential_slice_drops_each_workers_remainder_warns_and_matches_reference(grain_ref, no_leaks):
+    # 14 records over 3 workers: ranges of 5, 5, 4, one batch of 4 each (12
+    # records); without workers 3 batches (12) too; over 4 workers (4, 4, 3, 3):
+    # two batches (8).
+    def build(lib, workers):
+        ds = lib.MapDataset.range(14).to_iter_dataset().batch(4, drop_remainder=True)
+        return ds.mp_prefetch(lib.MultiprocessingOptions(num_workers=workers), sequential_slice=True)
+
+    g_values, g_states, g_end = _run(build(grain_namespace(grain_ref), 4))
+    assert [v.tolist() for v in g_values] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    with pytest.warns(WorkersDropRemaindersWarning, match="delivers 8 of the 14 elements.*without workers delivers 12 in 3"):
+        ds = build(GRAINLIKE, 4)
+    l_values, l_states, l_end = _run(ds)
+    assert_same(g_values, l_values, "elements")
+    assert (l_states, l_end) == (g_states, g_end)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WorkersDropRemaindersWarning)
+        assert [v.tolist() for v in build(GRAINLIKE, 3)] == [[0, 1, 2, 3], [5, 6, 7, 8], [10, 11, 12, 13]]

@@ -300,10 +300,6 @@ def test_set_slice_reads_a_workers_share_in_place():
     whole = list(ds)
     ds.set_slice(slice(1, None, 3))
     assert list(ds) == whole[1::3]
-    with pytest.raises(NotImplementedError):
-        ds.set_slice(slice(0, None, 2), sequential_slice=True)
-    with pytest.raises(NotImplementedError, match="sequential_slice"):
-        ds.mp_prefetch(sequential_slice=True)
 
 
 def test_thread_prefetch_close_does_not_wait_for_a_slow_element_and_leaves_no_thread():

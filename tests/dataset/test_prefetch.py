@@ -1,0 +1,103 @@
+"""``to_iter_dataset()``'s and ``ThreadPrefetchIterDataset``'s iterators: reading ahead, states, errors.
+
+Messages and behaviours follow grain 0.2.18 (its prefetch_test.py runs in
+tests/grain_suite).
+"""
+
+import threading
+import time
+
+import pytest
+
+from grainlike.core.errors import StateIndexError, StateTypeError
+from grainlike.dataset import MapDataset, get_next_index, set_next_index
+from grainlike.dataset.options import ReadOptions
+from grainlike.dataset.thread_prefetch import ThreadPrefetchDatasetIterator
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize("index", [-1, 21])
+def test_an_out_of_range_next_index_raises_grains_index_error_and_keeps_the_position(index):
+    it = iter(MapDataset.range(20).to_iter_dataset())
+    assert [next(it), next(it)] == [0, 1]
+    with pytest.raises(IndexError, match=rf"^Checkpoint `next_index` {index} is out of range for dataset of length 20\. ") as info:
+        it.set_state({"next_index": index})
+    assert isinstance(info.value, StateIndexError)
+    assert "PrefetchDatasetIterator" in str(info.value)  # names the stage
+    assert next(it) == 2
+    it.set_state({"next_index": 20})  # the end is a position
+    assert list(it) == []
+
+
+def test_a_next_index_that_is_not_an_int_raises_type_error():
+    it = iter(MapDataset.range(20).to_iter_dataset())
+    with pytest.raises(StateTypeError, match="must be a non-negative int, got '3'"):
+        it.set_state({"next_index": "3"})
+
+
+def test_start_prefetch_reads_ahead_before_the_first_next():
+    read = []
+    ds = MapDataset.range(10).map(lambda x: read.append(x) or x)
+    it = iter(ds.to_iter_dataset(ReadOptions(num_threads=4, prefetch_buffer_size=4)))
+    it.start_prefetch()
+    it.start_prefetch()  # idempotent
+    deadline = time.monotonic() + 10
+    while not read and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert read and max(read) < 4  # read ahead, no further than the buffer
+    assert list(it) == list(range(10))
+    it.close()
+
+
+class _Counter:
+    """A plain iterator with grain's checkpointable protocol (not a DatasetIterator)."""
+
+    def __init__(self, n):
+        self.n, self.count, self.closed = n, 0, False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.count == self.n:
+            raise StopIteration
+        self.count += 1
+        return self.count
+
+    def get_state(self):
+        return {"counter": self.count}
+
+    def set_state(self, state):
+        self.count = state["counter"]
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.mark.parametrize("buffer_size", [0, 10])
+def test_thread_prefetch_runs_a_plain_checkpointable_iterator_and_restores_it(buffer_size):
+    source = _Counter(10)
+    it = ThreadPrefetchDatasetIterator(source, prefetch_buffer_size=buffer_size)
+    elements = [next(it) for _ in range(5)]
+    checkpoint = it.get_state()
+    assert checkpoint == {"counter": 5}  # the parent's state, after the last element returned
+    elements.extend(it)
+    assert elements == list(range(1, 11))
+    it.set_state(checkpoint)
+    assert list(it) == list(range(6, 11))
+    before = threading.active_count()
+    it.close()
+    assert not source.closed  # not a pipeline stage: its owner closes it
+    assert threading.active_count() <= before
+
+
+def test_thread_prefetch_of_a_plain_iterator_has_no_next_index():
+    it = ThreadPrefetchDatasetIterator(_Counter(3), prefetch_buffer_size=2)
+    it.set_state({"counter": 1})
+    with pytest.raises(ValueError, match="only supported for native dataset iterators.*_Counter"):
+        get_next_index(it)
+    with pytest.raises(ValueError, match="only supported for native dataset iterators"):
+        set_next_index(it, 1)
+    assert list(it) == [2, 3]
+    it.close()
