@@ -170,6 +170,17 @@ class _Outbox:
             self._lock.release()
 
 
+def _exit_as(error: SystemExit) -> None:
+    """Ends this process at once with ``error``'s exit status, as the interpreter would."""
+    code = error.code
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+
+
 def _send_error(conn, state: Any, error: BaseException) -> None:
     """Sends ``error`` to the consumer: itself if possible, else its type, text and notes.
 
@@ -494,6 +505,13 @@ def run(
                 outbox.flush()
             if not stop.is_set():
                 results.send(("end", task.end_state(worker_index, worker_count, state)))
+    except SystemExit as e:
+        # sys.exit() in the user's code ends this worker process with its code, as
+        # it would a process of the user's own; the consumer reports the exit
+        # (WorkerDiedError, as grain's RuntimeError) and is not itself ended.
+        if not stop.is_set():
+            outbox.flush(credit=False)  # The outputs before it are delivered first.
+        _exit_as(e)
     except BaseException as e:  # noqa: B902 - everything goes to the consumer
         if not stop.is_set():
             # The outputs before the error are delivered first (without a credit:

@@ -684,9 +684,15 @@ class WorkerPool:
         """The error for worker ``w``, whose pipe shows that its process is gone."""
         proc = self._shutdown.procs[w]
         proc.join(0.5)
+        code = proc.exitcode
+        who = f"grainlike worker {w} of {self._w} (pid {proc.pid})"
+        if code is not None and code > 0:
+            # grain's words first (its tests and users match them), e.g. after sys.exit(n).
+            head = f"Worker process was terminated unexpectedly with exit code {code}: {who} exited"
+        else:
+            head = f"{who} {_describe_exit(code)}"
         return WorkerDiedError(
-            f"grainlike worker {w} of {self._w} (pid {proc.pid}) "
-            f"{_describe_exit(proc.exitcode)} before finishing its outputs "
+            f"{head} before finishing its outputs "
             f"(its state after its last delivered output: {self.states[w]!r}). {self._then()}"
         )
 
@@ -920,6 +926,16 @@ class WorkerPool:
             self.states[w] = self._task.end_state(w, self._w, self.states[w])
             self._advance(w)
             return False, None
+        except SystemExit as e:
+            # In worker w, sys.exit() would end that process (see worker_main); here
+            # it must not end the caller's.
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            raise WorkerDiedError(
+                f"Worker process was terminated unexpectedly with exit code {code}: "
+                f"sys.exit({e.code!r}) in the outputs of grainlike worker {w} of {self._w}, "
+                "computed in the calling process while the worker starts (warm_start); "
+                f"its state after its last delivered output: {self.states[w]!r}"
+            ) from e
         except Exception as e:
             add_note(
                 e,
