@@ -104,7 +104,7 @@ def outcomes(request, tmp_path_factory) -> dict[str, str]:
     )
     cmd = [
         sys.executable, "-m", "pytest", "-q", "-p", "grain_alias", "-p", "no:cacheprovider",
-        "--import-mode=importlib", "--continue-on-collection-errors", "--timeout=60",
+        "--import-mode=importlib", "--continue-on-collection-errors", "--timeout=180",
         # grain's tests sleep (30 s in one, by design): they overlap in 8 processes (most of them wait).
         "-n", str(WORKERS), "--dist", "worksteal", f"--junitxml={report}", "-o", "junit_family=xunit1", "--rootdir", str(root),
         *[str(root / f) for f in _selected_files(request.session)],
