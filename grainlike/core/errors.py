@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+import types
+from typing import Optional
+
 
 def add_note(error: BaseException, note: str) -> None:
     """Attaches ``note`` to ``error`` so it prints with the traceback (PEP 678)."""
@@ -14,6 +18,40 @@ def add_note(error: BaseException, note: str) -> None:
             error.__notes__ = notes
         except AttributeError:
             pass
+
+
+# At most this many frames of another process's traceback are rebuilt (the innermost).
+_MAX_REBUILT_FRAMES = 200
+
+
+class _Rebuilt(Exception):
+    """Raised by a rebuilt frame's one line of code, to capture that frame."""
+
+
+def traceback_from_frames(frames: list) -> Optional[types.TracebackType]:
+    """A traceback whose entries are ``frames`` (``(filename, lineno, function name)``, outermost first).
+
+    For an exception that happened in another process: debuggers, ``traceback``
+    and pytest then show the frames where it was raised, with their source
+    lines (read from ``filename`` as for any frame). Each entry is a frame of a
+    stand-in code object with that file, line and name; its locals are empty.
+    None where ``frames`` is empty or cannot be rebuilt.
+    """
+    tb = None
+    for filename, lineno, name in reversed(list(frames)[-_MAX_REBUILT_FRAMES:]):
+        try:
+            # The statement spans two lines so that tracebacks underline no part
+            # of the real line (whose columns the stand-in does not have).
+            code = compile("\n" * (max(int(lineno), 1) - 1) + "raise (\n_Rebuilt)", str(filename), "exec")
+            code = code.replace(co_name=str(name))
+            exec(code, {"_Rebuilt": _Rebuilt, "__name__": "grainlike.rebuilt_frame"})
+        except _Rebuilt:
+            entry = sys.exc_info()[2].tb_next  # The stand-in's frame, below this one.
+            entry.tb_next = tb
+            tb = entry
+        except Exception:  # noqa: BLE001 - a frame that cannot be rebuilt is left out
+            continue
+    return tb
 
 
 class InvalidStateError(ValueError):

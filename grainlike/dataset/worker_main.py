@@ -197,7 +197,12 @@ def _send_error(conn, state: Any, error: BaseException) -> None:
         type_payload, _ = _pickled(type(error))
     notes = [_safe(lambda n=n: n, "<a note that cannot be printed>") for n in getattr(error, "__notes__", ())]
     name = _safe(lambda: f"{type(error).__module__}.{type(error).__qualname__}", "<unknown type>")
-    conn.send(("err", state, payload, name, _error_text(error), tb, type_payload, notes, why))
+    # (file, line, function) per frame: the consumer rebuilds them as the raised exception's traceback.
+    try:
+        frames = [(str(f.filename), int(f.lineno or 0), str(f.name)) for f in traceback.extract_tb(error.__traceback__)]
+    except Exception:  # noqa: BLE001 - the text traceback above still travels
+        frames = []
+    conn.send(("err", state, payload, name, _error_text(error), tb, type_payload, notes, why, frames))
 
 
 def _explain_unpicklable(error: BaseException, output: Any, origin: str) -> None:

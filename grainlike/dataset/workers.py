@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 import cloudpickle
 
 from grainlike.core import memfd
-from grainlike.core.errors import ClosedIteratorError, add_note
+from grainlike.core.errors import ClosedIteratorError, add_note, traceback_from_frames
 from grainlike.core.tree import Allocator
 from grainlike.dataset import shm, worker_server
 from grainlike.dataset.options import MultiprocessingOptions
@@ -1069,7 +1069,7 @@ def _rebuild_error(w: int, pid: int, msg: tuple) -> BaseException:
     In order: the exception itself; else an instance of its type carrying its
     message and notes; else a ``WorkerError`` naming the type.
     """
-    _, _, payload, type_name, text, tb, type_payload, notes, why = msg
+    _, _, payload, type_name, text, tb, type_payload, notes, why, frames = msg
     error = None
     if payload is not None:
         try:
@@ -1098,4 +1098,5 @@ def _rebuild_error(w: int, pid: int, msg: tuple) -> BaseException:
     if why:
         add_note(error, why)
     add_note(error, f"grainlike: raised in worker {w} (pid {pid}); the worker's traceback:\n{tb.rstrip()}")
-    return error
+    # The worker's frames as the traceback's innermost entries (as grain does).
+    return error.with_traceback(traceback_from_frames(frames))

@@ -127,3 +127,32 @@ def test_sys_exit_in_a_transform_ends_the_worker_and_the_caller_gets_grains_runt
     assert isinstance(info.value, WorkerDiedError)
     it.close()
     assert leaks.wait_until(lambda: not leaks.worker_children())
+
+
+class _Failing:
+    """A transform whose error is raised two calls deep."""
+
+    def __call__(self, x):
+        return self.check(x)
+
+    def check(self, x):
+        if x == 3:
+            raise ValueError("element 3 is refused")
+        return x
+
+
+@pytest.mark.parametrize("make", ["process_prefetch", "mp_prefetch"])
+def test_an_error_in_a_worker_carries_the_workers_frames_in_its_traceback(make):
+    import traceback
+
+    ds = MapDataset.range(10).to_iter_dataset().map(_Failing())
+    ds = ProcessPrefetchIterDataset(ds, 2) if make == "process_prefetch" else multiprocess_prefetch(ds, 2)
+    it = iter(ds)
+    with pytest.raises(ValueError, match="element 3 is refused") as info:
+        for _ in range(5):
+            next(it)
+    frames = traceback.extract_tb(info.value.__traceback__)
+    # The innermost entries are the worker's, with their files and lines (so their source shows).
+    assert [f.name for f in frames[-2:]] == ["__call__", "check"]
+    assert frames[-1].filename == __file__ and frames[-1].line == 'raise ValueError("element 3 is refused")'
+    it.close()
