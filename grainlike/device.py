@@ -30,11 +30,9 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from grainlike.core.read_ahead import Prefetcher, restore, stop_holder, take, wrapped_method
+from grainlike.core.tree import DEVICE_KINDS
 
 __all__ = ["DeviceIterator", "make_global_batch"]
-
-# Numeric kinds a device holds: bool, signed, unsigned, float, complex.
-_DEVICE_KINDS = frozenset("biufc")
 
 
 def _host_leaf(x: Any, copy: Optional[bool]) -> Any:
@@ -48,7 +46,7 @@ def _host_leaf(x: Any, copy: Optional[bool]) -> Any:
 
 def _is_device_leaf(x: Any, jax_array_type: type) -> bool:
     if isinstance(x, (np.ndarray, np.generic)):
-        return x.dtype.kind in _DEVICE_KINDS
+        return x.dtype.kind in DEVICE_KINDS
     return isinstance(x, jax_array_type)
 
 

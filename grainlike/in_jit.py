@@ -54,8 +54,6 @@ __all__ = ["InJitIterator"]
 
 # Batches per host visit of scan() when batches_per_call is not given.
 _DEFAULT_K = 8
-# Numeric kinds a device holds: bool, signed, unsigned, float, complex.
-_DEVICE_KINDS = frozenset("biufc")
 
 
 class _Stacks:
@@ -85,7 +83,7 @@ class _Stacks:
 def _numeric(batch: Any) -> Any:
     for leaf in tree.flatten(batch):
         kind = np.asarray(leaf).dtype.kind
-        if kind not in _DEVICE_KINDS:
+        if kind not in tree.DEVICE_KINDS:
             raise TypeError(
                 f"InJitIterator: batches must hold numeric leaves only, got dtype "
                 f"{np.asarray(leaf).dtype}; drop string/object leaves with a MapTransform"

@@ -62,8 +62,6 @@ __all__ = [
     "reference_data",
 ]
 
-# Numeric kinds a device holds: bool, signed, unsigned, float, complex.
-_DEVICE_KINDS = frozenset("biufc")
 # Fill states kept per chain: a state up to this many fills old can still be
 # continued, saved or replayed.
 _KEPT_FILLS = 16
@@ -365,7 +363,7 @@ def _split_mask(batch: Any, padded: bool) -> tuple:
 def _numeric(batch: Any, where: str) -> Any:
     def check(path: str, leaf: Any) -> np.ndarray:
         leaf = np.asarray(leaf)
-        if leaf.dtype.kind not in _DEVICE_KINDS:
+        if leaf.dtype.kind not in tree.DEVICE_KINDS:
             raise TypeError(
                 f"{where}: batches must hold numeric leaves only, got dtype {leaf.dtype} "
                 f"at {path or 'the batch'}; drop string/object leaves with a MapTransform"

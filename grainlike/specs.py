@@ -36,8 +36,6 @@ from grainlike.loader.stages import _with_mask
 
 __all__ = ["element_spec", "first_output", "zeros_batch"]
 
-# Numeric kinds a device holds: bool, signed, unsigned, float, complex.
-_DEVICE_KINDS = frozenset("biufc")
 
 
 def _device_dtype() -> Callable[[np.dtype], np.dtype]:
@@ -162,7 +160,7 @@ def element_spec(loader: Any, batch_size: Optional[int] = None, *, sharding: Any
     device_dtype = _device_dtype()
 
     def spec(x: np.ndarray) -> Any:
-        if x.dtype.kind not in _DEVICE_KINDS:
+        if x.dtype.kind not in tree.DEVICE_KINDS:
             return None
         return jax.ShapeDtypeStruct(x.shape, device_dtype(x.dtype), sharding=sharding)
 
@@ -184,7 +182,7 @@ def zeros_batch(loader: Any, batch_size: Optional[int] = None) -> Any:
 
     def zeros(x: Any) -> np.ndarray:
         x = np.asarray(x)
-        if x.dtype.kind not in _DEVICE_KINDS:
+        if x.dtype.kind not in tree.DEVICE_KINDS:
             return np.zeros_like(x)
         return np.zeros(x.shape, device_dtype(x.dtype))
 

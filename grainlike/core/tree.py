@@ -496,6 +496,9 @@ class _LeafMismatch(Exception):
         self.detail = detail
 
 
+# numpy dtype kinds a JAX device holds: bool, signed, unsigned, float, complex.
+DEVICE_KINDS = frozenset("biufc")
+
 _SCALARS = {int: np.dtype(np.int64), float: np.dtype(np.float64), bool: np.dtype(np.bool_)}
 
 
