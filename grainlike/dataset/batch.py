@@ -154,7 +154,26 @@ class _Batcher:
         return tree.stack(values, self.alloc)
 
 
-class BatchMapDataset(MapDataset):
+class _BatchingStage:
+    """What both batch stages offer about how their batches are stacked (``self._batcher``)."""
+
+    def set_allocator(self, alloc: Optional[tree.Allocator]) -> None:
+        """Stacks leaves into arrays from ``alloc(shape, dtype)`` (None: numpy)."""
+        self._batcher.alloc = alloc
+
+    def enable_shared_memory_output(self) -> None:
+        """Makes batches of ``SharedMemoryArray``s, as grain's method of this name.
+
+        For code that sends batches to another process by their ``metadata``
+        (``make_batch(..., output_to_shared_memory=True)``); a custom
+        ``batch_fn`` is asked to do the same if it has this method. grainlike's
+        own workers need none of this: they hand batches over in anonymous
+        shared memory.
+        """
+        self._batcher.enable_shared_memory_output()
+
+
+class BatchMapDataset(_BatchingStage, MapDataset):
     """Element ``i`` stacks elements ``[i * b, (i + 1) * b)`` of one parent epoch.
 
     Each epoch is batched on its own (the last batch of an epoch may be short);
@@ -194,21 +213,6 @@ class BatchMapDataset(MapDataset):
         self._batcher = _Batcher(batch_fn)
         n = len(parent)
         self._length = n // batch_size if drop_remainder else math.ceil(n / batch_size)
-
-    def set_allocator(self, alloc: Optional[tree.Allocator]) -> None:
-        """Stacks leaves into arrays from ``alloc(shape, dtype)`` (None: numpy)."""
-        self._batcher.alloc = alloc
-
-    def enable_shared_memory_output(self) -> None:
-        """Makes batches of ``SharedMemoryArray``s, as grain's method of this name.
-
-        For code that sends batches to another process by their ``metadata``
-        (``make_batch(..., output_to_shared_memory=True)``); a custom
-        ``batch_fn`` is asked to do the same if it has this method. grainlike's
-        own workers need none of this: they hand batches over in anonymous
-        shared memory.
-        """
-        self._batcher.enable_shared_memory_output()
 
     def __len__(self) -> int:
         return self._length
@@ -277,7 +281,7 @@ class _BatchDatasetIterator(PassThroughStateIterator):
         return f"BatchDatasetIterator(batch_size={self._batch_size}, drop_remainder={self._drop_remainder})"
 
 
-class BatchIterDataset(IterDataset):
+class BatchIterDataset(_BatchingStage, IterDataset):
     """Stacks each ``batch_size`` consecutive elements of an IterDataset.
 
     Raises:
@@ -296,21 +300,6 @@ class BatchIterDataset(IterDataset):
         self._batch_size = batch_size
         self._drop_remainder = drop_remainder
         self._batcher = _Batcher(batch_fn)
-
-    def set_allocator(self, alloc: Optional[tree.Allocator]) -> None:
-        """Stacks leaves into arrays from ``alloc(shape, dtype)`` (None: numpy)."""
-        self._batcher.alloc = alloc
-
-    def enable_shared_memory_output(self) -> None:
-        """Makes batches of ``SharedMemoryArray``s, as grain's method of this name.
-
-        For code that sends batches to another process by their ``metadata``
-        (``make_batch(..., output_to_shared_memory=True)``); a custom
-        ``batch_fn`` is asked to do the same if it has this method. grainlike's
-        own workers need none of this: they hand batches over in anonymous
-        shared memory.
-        """
-        self._batcher.enable_shared_memory_output()
 
     def __iter__(self) -> DatasetIterator:
         return _BatchDatasetIterator(self._parent.__iter__(), self._batch_size, self._drop_remainder, self._batcher)
