@@ -25,7 +25,7 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 pytest.importorskip("pyarrow.parquet")
 
-from tests.sources.s3_server import FaultyHttpProxy, LocalS3Server  # noqa: E402
+from tests.sources.s3_server import FaultyHttpProxy, serving  # noqa: E402
 
 BUCKET = "grainlike-security"
 NOBODY = 65534
@@ -61,21 +61,8 @@ def corpus(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def s3(corpus):
-    saved = dict(os.environ)
-    for name in [n for n in os.environ if n.startswith("AWS_")]:
-        del os.environ[name]
-    os.environ["AWS_CONFIG_FILE"] = os.devnull
-    os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
-    os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
-    server = LocalS3Server()
-    server.start()
-    server.upload(BUCKET, corpus)
-    try:
-        yield server
-    finally:
-        server.stop()
-        os.environ.clear()
-        os.environ.update(saved)
+    with serving(BUCKET, corpus) as running:
+        yield running
 
 
 @pytest.fixture

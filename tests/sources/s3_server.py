@@ -6,12 +6,14 @@ group; credentials are dummy values passed explicitly, never the user's ~/.aws.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import struct
 import sys
 import time
+from typing import Iterator
 
 from tests.helpers.server_process import ServerProcess
 
@@ -60,6 +62,30 @@ class LocalS3Server(ServerProcess):
             pass
         for key, path in files.items():
             client.upload_file(path, bucket, key)
+
+
+@contextlib.contextmanager
+def serving(bucket: str, files: dict) -> Iterator["LocalS3Server"]:
+    """A running ``LocalS3Server`` holding ``files`` in ``bucket``; stopped afterwards.
+
+    No configuration or credentials of the machine's user reach the clients
+    meanwhile (``AWS_*`` variables cleared, config files pointed at /dev/null).
+    """
+    saved = dict(os.environ)
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        del os.environ[name]
+    os.environ["AWS_CONFIG_FILE"] = os.devnull
+    os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
+    os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+    server = LocalS3Server()
+    server.start()
+    try:
+        server.upload(bucket, files)
+        yield server
+    finally:
+        server.stop()
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 class TcpProxy:

@@ -30,7 +30,7 @@ pytest.importorskip("array_record.python.array_record_module")
 
 from tests.helpers import leaks  # noqa: E402
 from tests.sources.corpus import write_corpus  # noqa: E402
-from tests.sources.s3_server import LocalS3Server, TcpProxy  # noqa: E402
+from tests.sources.s3_server import TcpProxy, serving  # noqa: E402
 
 BUCKET = "grainlike-data"
 SHARDS = 2
@@ -53,22 +53,8 @@ def local_files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(local_files):
-    # No configuration or credentials of the machine's user reach the clients.
-    saved = dict(os.environ)
-    for name in [n for n in os.environ if n.startswith("AWS_")]:
-        del os.environ[name]
-    os.environ["AWS_CONFIG_FILE"] = os.devnull
-    os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
-    os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
-    s3 = LocalS3Server()
-    s3.start()
-    s3.upload(BUCKET, local_files)
-    try:
-        yield s3
-    finally:
-        s3.stop()
-        os.environ.clear()
-        os.environ.update(saved)
+    with serving(BUCKET, local_files) as running:
+        yield running
 
 
 @pytest.fixture
