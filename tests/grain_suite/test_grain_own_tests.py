@@ -32,6 +32,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 # The whole run, bounded: a hang shows as a failure of this file, not of CI.
 RUN_TIMEOUT_S = 1200
+# One test's bound. The run is niced to 19 beside the busy main suite, so a test that takes
+# 45 s on an idle 2-core machine (prefetch_test's 1000-iterator leak test) can take several
+# times that; a hang is still caught, by this and by RUN_TIMEOUT_S.
+TEST_TIMEOUT_S = 600
 # Most of grain's slow tests wait (sleeps, worker starts): 12 processes overlap them.
 WORKERS = 12
 # The first test waits for the whole run (the module fixture).
@@ -114,7 +118,7 @@ class _Run:
         )
         cmd = [
             sys.executable, "-m", "pytest", "-q", "-p", "grain_alias", "-p", "no:cacheprovider",
-            "--import-mode=importlib", "--continue-on-collection-errors", "--timeout=180",
+            "--import-mode=importlib", "--continue-on-collection-errors", f"--timeout={TEST_TIMEOUT_S}",
             "-n", str(WORKERS), "--dist", "worksteal", f"--junitxml={self.report}", "-o", "junit_family=xunit1",
             "--rootdir", root,
             *[arg for test in NOT_RUN for arg in ("--deselect", os.path.join(root, test))],
@@ -137,10 +141,15 @@ class _Run:
             time.sleep(0.5)
         assert os.path.exists(self.report), self._tail()
         result = {}
+        self.messages = {}
         for case in ET.parse(self.report).getroot().iter("testcase"):
             kinds = {child.tag for child in case}
             outcome = "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"
             result[_test_id(case)] = outcome
+            if outcome == "failed":
+                # The end of the failure's text (the error, below the traceback), to show in the report.
+                text = "\n".join((c.get("message", "") + "\n" + (c.text or "")) for c in case if c.tag in ("failure", "error"))
+                self.messages[_test_id(case)] = text[-3000:]
         self.outcomes = result
         return result
 
@@ -211,5 +220,8 @@ def test_grains_own_test_file_passes_on_grainlike(outcomes, test_file):
     ids = {t: o for t, o in outcomes.items() if t == test_file or t.startswith(test_file + "::")}
     failing = sorted(t for t, o in ids.items() if o == "failed" and not _excluded(t))
     stale = sorted(t for t, o in ids.items() if o == "passed" and _excluded(t))
-    assert not failing, f"{len(failing)} of grain's tests fail on grainlike:\n" + "\n".join(failing)
+    messages = getattr(_run, "messages", {})
+    assert not failing, f"{len(failing)} of grain's tests fail on grainlike:\n" + "\n\n".join(
+        f"{t}\n{messages.get(t, '')}" for t in failing
+    )
     assert not stale, "excluded in exclusions.py but passing now (remove them there):\n" + "\n".join(stale)
