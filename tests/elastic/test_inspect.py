@@ -10,7 +10,7 @@ import pytest
 import grainlike as grain
 from grainlike.loader import elastic
 from grainlike.loader.state import dumps
-from grainlike.tools import inspect
+from grainlike.tools import inspect_cli as inspect
 
 RECORDS, EPOCHS = 24, 2
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import grainlike
-from grainlike.tools import convert, inspect as inspect_tool
+from grainlike.tools import convert, inspect_cli as inspect_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -111,11 +111,31 @@ def test_runs_as_module(tmp_path, image_dir):
     prefix = str(tmp_path / "pets")
     convert.convert_image_folder(image_dir, prefix, progress=False)
     result = subprocess.run(
-        [sys.executable, "-m", "grainlike.tools.inspect", f"{prefix}-00000-of-00001.array_record"],
+        [sys.executable, "-m", "grainlike.tools.inspect_cli", f"{prefix}-00000-of-00001.array_record"],
         capture_output=True, text=True, cwd=ROOT, timeout=60,
     )
     assert result.returncode == 0, result.stderr
     assert "records: 9" in result.stdout and "label: array int64 shape () = 0" in result.stdout
+
+
+def test_a_script_run_from_the_tools_folder_gets_the_standard_librarys_inspect():
+    # Python puts a script's folder first on sys.path: a tools/inspect.py would be
+    # imported as the standard library's inspect there, by the script and by
+    # everything it imports.
+    tools = os.path.join(ROOT, "grainlike", "tools")
+    code = (
+        f"import sys; sys.path.insert(0, {tools!r}); import inspect; "
+        "print(inspect.__file__); assert callable(inspect.signature)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert not result.stdout.startswith(tools), result.stdout
+
+
+def test_the_modules_old_name_still_imports():
+    from grainlike.tools import inspect as old_name
+
+    assert old_name is inspect_tool
 
 
 def test_errors_name_the_file(tmp_path, capsys):
