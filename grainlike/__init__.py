@@ -105,7 +105,7 @@ _LAZY = {
     "WorkerDiedError": "grainlike.dataset.workers:WorkerDiedError",
     "WorkerStalledError": "grainlike.dataset.workers:WorkerStalledError",
     "ForeignWorkersError": "grainlike.dataset.workers:ForeignWorkersError",
-    "SharedMemoryFullError": "grainlike.core.shm_owner:SharedMemoryFullError",
+    "SharedMemoryFullError": "grainlike.core.errors:SharedMemoryFullError",
     # Sources of Parquet files, Hugging Face datasets, remote files (grainlike only).
     "ParquetDataSource": "grainlike.sources.parquet:ParquetDataSource",
     "HuggingFaceDataSource": "grainlike.sources.hf:HuggingFaceDataSource",

@@ -29,6 +29,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
+from grainlike.core.errors import ClosedIteratorError
 from grainlike.core.read_ahead import Prefetcher, restore, stop_holder, take, wrapped_method
 from grainlike.core.tree import DEVICE_KINDS
 
@@ -251,7 +252,7 @@ class DeviceIterator(Iterator[Any]):
 
     def _prefetcher(self) -> Prefetcher:
         if self._closed:
-            raise RuntimeError("DeviceIterator is closed")
+            raise ClosedIteratorError("DeviceIterator is closed")
         prefetcher = self._holder[0]
         if prefetcher is None:
             get_state = getattr(self._iterator, "get_state", None)
@@ -266,7 +267,7 @@ class DeviceIterator(Iterator[Any]):
         with self._lock:
             if self._prefetch == 0:
                 if self._closed:
-                    raise RuntimeError("DeviceIterator is closed")
+                    raise ClosedIteratorError("DeviceIterator is closed")
                 return self._convert(next(self._iterator))
             self._prefetcher()
             value, self._state = take(self._holder)

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from grainlike.core.errors import RecordFormatError
 from grainlike.core.transforms import MapTransform
 
 __all__ = [
@@ -59,10 +60,6 @@ MAGIC = b"GLR1"
 _HEADER_LEN = struct.Struct("<I")
 _PREFIX = len(MAGIC) + _HEADER_LEN.size
 _SEP = "/"
-
-
-class RecordFormatError(ValueError):
-    """A record is not in grainlike's record format, or a value cannot be stored in it."""
 
 
 def _flatten(value: Any, prefix: str, out: list) -> None:

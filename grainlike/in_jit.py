@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from grainlike.core import tree
+from grainlike.core.errors import ClosedIteratorError
 from grainlike.core.read_ahead import Prefetcher, restore, stop_holder, take, wrapped_method
 from grainlike.jax_loops import CallbackErrors, host_callback
 
@@ -179,7 +180,7 @@ class InJitIterator:
     def _read(self) -> tuple:
         """The next (stack, wrapped state after it), from the buffer or directly."""
         if self._closed:
-            raise RuntimeError("InJitIterator is closed")
+            raise ClosedIteratorError("InJitIterator is closed")
         if self._peeked is not None:
             item, self._peeked = self._peeked, None
             return item

@@ -15,6 +15,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from grainlike.core.errors import UnrecognizedOptionError
+
 # grain 0.2.18's options (without the ``grain_`` flag prefix) and their defaults.
 _DEFAULTS: dict[str, Any] = {
     "tf_interleaved_shuffle": False,
@@ -30,14 +32,6 @@ _DEFAULTS: dict[str, Any] = {
     "py_relay_sigterm_to_main": False,
     "py_traceback_filtering": "auto",
 }
-
-
-class UnrecognizedOptionError(ValueError, AttributeError):
-    """An option name grain does not have.
-
-    A ValueError, as grain raises; also an AttributeError, so that ``hasattr``,
-    ``getattr(config, name, default)``, ``copy`` and introspection tools work.
-    """
 
 
 def _unrecognized(name: str) -> UnrecognizedOptionError:

@@ -1,4 +1,15 @@
-"""Exceptions and exception notes shared by every layer."""
+"""Every exception and warning class grainlike defines, and exception notes.
+
+One module for all of them, so a reader finds each error's meaning and its grain
+counterpart in one place: each docstring says when it is raised and which grain
+class it equals or subclasses (or "none in grain" where grain has no such error).
+The modules that raise them re-export them under their old names (e.g.
+``grainlike.sources.remote.RemoteReadError``). Numpy and the standard library only.
+
+The worker pool's errors (``WorkerError``, ``WorkerDiedError``,
+``ForeignWorkersError``, ``WorkerStalledError`` and the private ``_WorkerFailed``)
+are still defined in ``grainlike.dataset.workers``.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +36,11 @@ _MAX_REBUILT_FRAMES = 200
 
 
 class _Rebuilt(Exception):
-    """Raised by a rebuilt frame's one line of code, to capture that frame."""
+    """Raised by a rebuilt frame's one line of code, to capture that frame.
+
+    Caught at once by ``traceback_from_frames``; it never reaches the user. grain:
+    none in grain.
+    """
 
 
 def traceback_from_frames(frames: list) -> Optional[types.TracebackType]:
@@ -57,7 +72,9 @@ def traceback_from_frames(frames: list) -> Optional[types.TracebackType]:
 class InvalidStateError(ValueError):
     """A state passed to ``set_state`` does not fit the iterator it is set into.
 
-    Raised before anything changes: the iterator keeps its previous state.
+    Raised before anything changes: the iterator keeps its previous state. grain:
+    a ``ValueError`` (what grain raises for a state of another pipeline), which
+    this class subclasses.
     """
 
 
@@ -75,8 +92,20 @@ class StateTypeError(InvalidStateError, TypeError):
     """A state, or a value in it, has the wrong type (a ``TypeError``, as grain raises)."""
 
 
-class ClosedIteratorError(ValueError):
-    """An iterator was used after ``close()`` (a ``ValueError``, as grain raises)."""
+class ClosedIteratorError(ValueError, RuntimeError):
+    """An iterator was used after ``close()``; the message names the iterator.
+
+    Raised by every closable iterator: Dataset iterators (and ``mp_prefetch``'s),
+    ``DataLoaderIterator``, ``DeviceIterator``, ``InJitIterator`` and their
+    read-ahead threads. grain: a ``ValueError`` ("Trying to advance a closed
+    iterator"), which grain's Dataset iterators raise. Also a ``RuntimeError``:
+    grain's ``DataLoaderIterator`` cannot be closed, and grainlike's closed
+    ``DataLoaderIterator``, ``DeviceIterator`` and ``InJitIterator`` raised a bare
+    ``RuntimeError`` before this class covered them; one class with both bases keeps
+    every ``except ValueError`` (grain's) and ``except RuntimeError`` (grainlike's
+    earlier behaviour) working, where two classes would make a handler guess which
+    iterator it holds.
+    """
 
 
 class NonSequentialSliceError(ValueError, AssertionError):
@@ -94,4 +123,182 @@ class WorkersDropRemaindersWarning(UserWarning):
     Each worker of ``mp_prefetch`` batches its own slice, so a
     ``batch(..., drop_remainder=True)`` below it drops a partial batch per worker
     (as grain does). Batching after ``mp_prefetch`` drops only the last one.
+    Warned by ``mp_prefetch`` when it is built, if the lengths show it. grain: none
+    in grain (it drops them without a warning).
+    """
+
+
+# -- core ---------------------------------------------------------------------------
+
+
+class UnrecognizedOptionError(ValueError, AttributeError):
+    """``grainlike.config`` was asked for, or updated with, an option name grain does not have.
+
+    grain: a ``ValueError`` (``Unrecognized config option``), which this class
+    subclasses; also an ``AttributeError``, so that ``hasattr``,
+    ``getattr(config, name, default)``, ``copy`` and introspection tools work.
+    """
+
+
+class EmptyShardError(ZeroDivisionError, ValueError):
+    """This process's shard holds no records (more shards than records).
+
+    Raised by the samplers when they are built. grain: a ``ZeroDivisionError``
+    (grain's samplers divide by the shard's size), which this class subclasses;
+    also a ``ValueError``, as the cause is a bad argument.
+    """
+
+
+class StructureError(ValueError):
+    """Trees (records, batches, states) that should have the same structure differ.
+
+    Raised by ``grainlike.core.tree`` when mapping over, stacking or comparing
+    trees. grain: none in grain; a ``ValueError``.
+
+    Attributes:
+      path: where they differ, e.g. ``['image'][0]`` (empty at the root).
+      detail: how they differ.
+    """
+
+    def __init__(self, path: str, detail: str):
+        self.path = path
+        self.detail = detail
+        where = f" at {path}" if path else ""
+        super().__init__(f"the structures differ{where}: {detail}")
+
+
+class _LeafMismatch(Exception):
+    """Leaves at one path of trees being stacked do not stack (shapes or dtypes differ).
+
+    Raised and caught inside ``grainlike.core.tree``'s stacking, which turns it into a
+    ``ValueError`` naming the path and the records; it never reaches the user.
+    grain: none in grain.
+    """
+
+    def __init__(self, path: tuple, detail: str):
+        self.path = path
+        self.detail = detail
+
+
+class SharedMemoryFullError(OSError):
+    """There is not enough free space in ``/dev/shm`` for a named shared-memory segment.
+
+    Raised before the segment of an ``InMemoryDataSource(name=...)`` is created;
+    the message says how much is needed and free. grain: none in grain; an
+    ``OSError`` (ENOSPC).
+    """
+
+
+# -- sources ------------------------------------------------------------------------
+
+
+class RecordKeyOutOfRangeError(IndexError, ValueError):
+    """A record key outside ``[0, len(source))`` was read from an ArrayRecord source.
+
+    grain: a ``ValueError`` (what grain's ``ArrayRecordDataSource`` raises), which
+    this class subclasses; also an ``IndexError``, so iteration protocols stop.
+    """
+
+
+class SourceFileNotFoundError(FileNotFoundError, RuntimeError):
+    """A file an ArrayRecord source reads does not exist (its path is in the message).
+
+    grain: a ``RuntimeError`` (what grain's ``ArrayRecordDataSource`` raises), which
+    this class subclasses; also a ``FileNotFoundError``.
+    """
+
+
+class RemoteAccessError(PermissionError):
+    """Credentials for a remote object (``s3://``, ``gs://``) are missing or were refused.
+
+    The message names the object. grain: none in grain.
+    """
+
+
+class RemoteReadError(OSError):
+    """A read of a remote object still failed after its retries; the message names the object.
+
+    grain: none in grain.
+
+    Attributes:
+      url: the object.
+      status: the last HTTP status the store answered, if any (e.g. 500).
+      attempts: the tries made.
+    """
+
+    def __init__(self, message: str, url: str = "", status: Optional[int] = None, attempts: int = 0):
+        super().__init__(message)
+        self.url = url
+        self.status = status
+        self.attempts = attempts
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.url, self.status, self.attempts))
+
+
+class ObjectChangedError(RemoteReadError):
+    """A remote object was overwritten after it was first opened (its ETag or generation changed).
+
+    Reading on would mix bytes of two versions of the file; the message names the
+    object and both versions. Attributes ``url``, ``old`` and ``new`` hold them.
+    grain: none in grain.
+    """
+
+    def __init__(self, url: str, old: str, new: str):
+        super().__init__(
+            f"{url!r} changed while it was being read: it was pinned at version {old} when "
+            f"first opened and is now {new}. Objects must not be overwritten while a pipeline "
+            "reads them (write new data under new names); build the source again to read the "
+            "new version.",
+            url,
+            None,
+            1,
+        )
+        self.old = old
+        self.new = new
+
+    def __reduce__(self):
+        return (type(self), (self.url, self.old, self.new))
+
+
+class UnsafeCacheDirError(PermissionError):
+    """The local cache directory of remote files is not safe to use.
+
+    Raised when it is a link, belongs to another user, or is open to others.
+    grain: none in grain.
+    """
+
+
+class CacheFullError(OSError):
+    """The disk of the local cache of remote files is full (ENOSPC).
+
+    No partial copy is left behind. grain: none in grain.
+    """
+
+
+class RecordFormatError(ValueError):
+    """A record is not in grainlike's record format, or a value cannot be stored in it.
+
+    Raised by ``grainlike.formats`` (and ``grainlike-convert``) when encoding or
+    decoding a record. grain: none in grain.
+    """
+
+
+class CorruptRecordError(ValueError):
+    """A TFRecord file is truncated or a record's checksum does not match.
+
+    The message names the file and the byte offset. grain: a ``ValueError`` (what
+    grain's TFRecord reader raises for a truncated file), which this class
+    subclasses.
+    """
+
+
+# -- dataset ------------------------------------------------------------------------
+
+
+class _CountMismatch(ValueError, AssertionError):
+    """Weights and datasets given to a mix differ in number.
+
+    grain: an ``AssertionError``, which this class subclasses; also a
+    ``ValueError``, as the cause is a bad argument.
     """

@@ -19,6 +19,8 @@ import collections
 import threading
 from typing import Any, Callable, Iterator, Optional
 
+from grainlike.core.errors import ClosedIteratorError
+
 BATCH, END, ERROR = "batch", "end", "error"
 
 
@@ -81,7 +83,7 @@ class Prefetcher:
         with self._cv:
             while not self._items:
                 if self._stopped:
-                    raise RuntimeError(f"{self._owner} is closed")
+                    raise ClosedIteratorError(f"{self._owner} is closed")
                 self._cv.wait()
             item = self._items.popleft()
             self._cv.notify_all()

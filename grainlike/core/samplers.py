@@ -25,6 +25,7 @@ from typing import Any, NamedTuple, Optional, Protocol, runtime_checkable
 import numpy as np
 
 from grainlike.core import sharding
+from grainlike.core.errors import EmptyShardError
 from grainlike.core.index_shuffle import index_shuffle
 from grainlike.core.record import LazyRng, RecordMetadata
 
@@ -86,14 +87,6 @@ def _out_of_range(index: int, max_index: Optional[int]) -> IndexError:
         f"RecordMetadata object index is out of bounds; Got index {index},"
         f" allowed indices should be in [0, {max_index}]"
     )
-
-
-class EmptyShardError(ZeroDivisionError, ValueError):
-    """This process's shard holds no records (more shards than records).
-
-    A ZeroDivisionError, as grain raises, and a ValueError, as the cause is a bad
-    argument.
-    """
 
 
 def empty_shard_error(shard_options: sharding.ShardOptions, num_records: int) -> EmptyShardError:

@@ -12,11 +12,9 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from grainlike.core.errors import SharedMemoryFullError
+
 SHM_DIR = "/dev/shm"
-
-
-class SharedMemoryFullError(OSError):
-    """There is not enough free space in ``/dev/shm`` for a segment."""
 
 
 def _format_bytes(n: int) -> str:

@@ -28,6 +28,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
+from grainlike.core.errors import StructureError, _LeafMismatch
+
 __all__ = [
     "Allocator",
     "StructureError",
@@ -55,21 +57,6 @@ Allocator = Callable[[tuple, np.dtype], np.ndarray]
 
 # Node kinds.
 _LEAF, _DICT, _SEQ, _NAMEDTUPLE, _DATACLASS, _NONE = range(6)
-
-
-class StructureError(ValueError):
-    """Trees that should have the same structure differ.
-
-    Attributes:
-      path: where they differ, e.g. ``['image'][0]`` (empty at the root).
-      detail: how they differ.
-    """
-
-    def __init__(self, path: str, detail: str):
-        self.path = path
-        self.detail = detail
-        where = f" at {path}" if path else ""
-        super().__init__(f"the structures differ{where}: {detail}")
 
 
 class _Field(str):
@@ -488,12 +475,6 @@ def spec_like(tree: Any) -> Any:
 
 
 # -- stacking ------------------------------------------------------------------------
-
-
-class _LeafMismatch(Exception):
-    def __init__(self, path: tuple, detail: str):
-        self.path = path
-        self.detail = detail
 
 
 # numpy dtype kinds a JAX device holds: bool, signed, unsigned, float, complex.

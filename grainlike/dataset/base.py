@@ -682,7 +682,7 @@ class DatasetIterator(Iterator[T], abc.ABC):
     def close(self) -> None:
         """Releases threads and processes of this stage and its parents (idempotent).
 
-        Advancing a closed iterator raises ``ValueError``.
+        Advancing a closed iterator raises ``ClosedIteratorError`` (a ``ValueError``).
         """
         if getattr(self, "_closed", True):
             return

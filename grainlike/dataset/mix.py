@@ -15,13 +15,9 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from grainlike.core.errors import InvalidStateError, StateTypeError, add_note
+from grainlike.core.errors import InvalidStateError, StateTypeError, _CountMismatch, add_note
 from grainlike.dataset.base import DatasetIterator, DatasetSelectionMap, IterDataset, MapDataset
 from grainlike.dataset.state import non_negative_int, require_keys
-
-
-class _CountMismatch(ValueError, AssertionError):
-    """Weights and datasets differ in number (an ``AssertionError`` in grain)."""
 
 
 def int_proportions(weights: Optional[Sequence[float]], count: int) -> list:

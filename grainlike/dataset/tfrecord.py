@@ -22,6 +22,7 @@ from typing import Any, BinaryIO, Iterable, Optional, Union
 
 import numpy as np
 
+from grainlike.core.errors import CorruptRecordError
 from grainlike.dataset.base import DatasetIterator, IterDataset
 from grainlike.dataset.crc32c import crc32c_many, masked, masked_crc32c
 from grainlike.dataset.state import non_negative_int, require_keys
@@ -50,10 +51,6 @@ _FEW_RECORDS = 8
 # after _RUN_TRIES misses a block stops trying.
 _RUN_MIN = 8
 _RUN_TRIES = 4
-
-
-class CorruptRecordError(ValueError):
-    """A TFRecord file is truncated or a record's checksum does not match."""
 
 
 class _TFRecordReader:

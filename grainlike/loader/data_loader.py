@@ -9,6 +9,7 @@ import threading
 from typing import Any, Iterator, Optional, Sequence
 
 from grainlike.core import sharding
+from grainlike.core.errors import ClosedIteratorError
 from grainlike.core.transforms import Batch, FilterTransform, Map, MapWithIndex, RandomMap, is_flat_map
 from grainlike.dataset.base import IterDataset, close_dropped
 from grainlike.loader import pipeline
@@ -266,7 +267,7 @@ class DataLoaderIterator(Iterator[Any]):
     def __next__(self) -> Any:
         with self._lock:
             if self._closed:
-                raise RuntimeError("DataLoaderIterator is closed; create a new one with iter(loader)")
+                raise ClosedIteratorError("DataLoaderIterator is closed; create a new one with iter(loader)")
             return next(self._iterator)
 
     @property
@@ -279,7 +280,7 @@ class DataLoaderIterator(Iterator[Any]):
         """Starts the workers now, so the first batch is ready sooner."""
         with self._lock:
             if self._closed:
-                raise RuntimeError("DataLoaderIterator is closed; create a new one with iter(loader)")
+                raise ClosedIteratorError("DataLoaderIterator is closed; create a new one with iter(loader)")
             self._iterator.start_prefetch()
 
     def _guard(self) -> Any:
@@ -326,7 +327,8 @@ class DataLoaderIterator(Iterator[Any]):
         """Stops the workers and releases their resources. Idempotent.
 
         From another thread, with workers, it ends a ``next()`` waiting for a
-        worker (which raises ``ClosedIteratorError``, a ValueError).
+        worker (which raises ``ClosedIteratorError``, a ValueError and a
+        RuntimeError); ``next()`` after ``close()`` raises it too.
         """
         with self._guard():
             self._closed = True

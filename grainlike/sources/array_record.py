@@ -32,6 +32,7 @@ from typing import Any, Iterator, Optional, SupportsIndex
 
 import numpy as np
 
+from grainlike.core.errors import RecordKeyOutOfRangeError, SourceFileNotFoundError
 from grainlike.sources import remote
 from grainlike.sources.keys import check_keys, group_by
 
@@ -52,22 +53,6 @@ _SLICED_PATH = re.compile(r"(.*)\[(\d+):(\d+)\]")
 # Readers inherited through fork(): never used or destroyed in the child (their
 # destructor may touch state that only exists in the parent), just kept here.
 _ABANDONED_READERS: list = []
-
-
-class RecordKeyOutOfRangeError(IndexError, ValueError):
-    """A record key outside ``[0, len(source))``.
-
-    An ``IndexError`` (so iteration protocols stop) and a ``ValueError`` (what
-    Grain's ``ArrayRecordDataSource`` raises), so handlers written for either work.
-    """
-
-
-class SourceFileNotFoundError(FileNotFoundError, RuntimeError):
-    """A file the source reads does not exist (its path is in the message).
-
-    A ``FileNotFoundError`` and a ``RuntimeError`` (what Grain's
-    ``ArrayRecordDataSource`` raises), so handlers written for either work.
-    """
 
 
 def _is_file_instruction(x: Any) -> bool:

@@ -50,6 +50,14 @@ from collections import OrderedDict
 from concurrent import futures
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
+from grainlike.core.errors import (
+    CacheFullError,
+    ObjectChangedError,
+    RemoteAccessError,
+    RemoteReadError,
+    UnsafeCacheDirError,
+)
+
 __all__ = [
     "CacheFullError",
     "LocalCache",
@@ -82,61 +90,6 @@ _TRANSIENT_TEXT = re.compile(
     r"RequestTimeout|Connection (reset|refused|aborted)|Could not connect"
 )
 _CREDENTIALS_NAME = re.compile(r"Credential|Unauthenticated|Forbidden|AccessDenied|RefreshError")
-
-
-class RemoteAccessError(PermissionError):
-    """Credentials are missing or the store refused them; the message names the object."""
-
-
-class RemoteReadError(OSError):
-    """A remote read still failed after its retries; the message names the object.
-
-    Attributes:
-      url: the object.
-      status: the last HTTP status the store answered, if any (e.g. 500).
-      attempts: the tries made.
-    """
-
-    def __init__(self, message: str, url: str = "", status: Optional[int] = None, attempts: int = 0):
-        super().__init__(message)
-        self.url = url
-        self.status = status
-        self.attempts = attempts
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.url, self.status, self.attempts))
-
-
-class ObjectChangedError(RemoteReadError):
-    """A remote object was overwritten after it was first opened (its ETag or generation changed).
-
-    Reading on would mix bytes of two versions of the file; the message names the
-    object and both versions. Attributes ``url``, ``old`` and ``new`` hold them.
-    """
-
-    def __init__(self, url: str, old: str, new: str):
-        super().__init__(
-            f"{url!r} changed while it was being read: it was pinned at version {old} when "
-            f"first opened and is now {new}. Objects must not be overwritten while a pipeline "
-            "reads them (write new data under new names); build the source again to read the "
-            "new version.",
-            url,
-            None,
-            1,
-        )
-        self.old = old
-        self.new = new
-
-    def __reduce__(self):
-        return (type(self), (self.url, self.old, self.new))
-
-
-class UnsafeCacheDirError(PermissionError):
-    """The local cache directory is not safe to use (a link, another owner, or open to others)."""
-
-
-class CacheFullError(OSError):
-    """The local cache's disk is full (ENOSPC); no partial copy is left behind."""
 
 
 @dataclasses.dataclass(frozen=True)

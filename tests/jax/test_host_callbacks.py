@@ -23,6 +23,7 @@ import pytest
 
 import grainlike as grain
 from grainlike import io
+from grainlike.core.errors import ClosedIteratorError
 from grainlike.evaluation import evaluate
 from grainlike.in_jit import InJitIterator
 from grainlike.jax_loops import full_reference_data, host_errors, reference_data
@@ -101,7 +102,8 @@ def in_jit_closed_feed():
     draw = jax.jit(lambda: feed.draw())
     jax.block_until_ready(draw())
     feed.close()
-    return draw, feed.get_state, RuntimeError, "InJitIterator is closed"
+    # Also a RuntimeError, which a closed InJitIterator raised before ClosedIteratorError.
+    return draw, feed.get_state, ClosedIteratorError, "InJitIterator is closed"
 
 
 def reference_data_end_of_data():
