@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import types
 import weakref
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
@@ -40,6 +41,7 @@ from grainlike.core.transforms import (
     RandomMapTransform,
 )
 from grainlike.core import tree
+from grainlike import loader as _loader_package
 from grainlike.loader.data_loader import DataLoader
 from grainlike.loader.options import ReadOptions
 
@@ -543,3 +545,16 @@ def from_source(source: Any) -> LoaderBuilder:
                 .workers(2).prefetch(2).build())
     """
     return LoaderBuilder(source)
+
+
+class _CallableLoaderPackage(types.ModuleType):
+    """Lets ``grainlike.loader(source)`` build while ``grainlike.loader.X`` imports."""
+
+    def __call__(self, source: Any) -> LoaderBuilder:
+        return from_source(source)
+
+
+# Made callable here, above the loader package, so that the package imports
+# nothing from this layer; ``import grainlike`` imports this module, so the
+# package is callable wherever it can be imported.
+_loader_package.__class__ = _CallableLoaderPackage

@@ -323,15 +323,15 @@ class DeviceIterator(Iterator[Any]):
 
     async def save(self, directory: Any) -> Any:
         """Orbax v1 ``StatefulCheckpointable``: the state is read now."""
-        from grainlike import checkpoint
+        from grainlike.core import state_files
 
-        return await checkpoint.save_state_async(self, directory)
+        return await state_files.save_state_async(self, directory)
 
     async def load(self, directory: Any) -> Any:
         """Orbax v1 ``StatefulCheckpointable``: restores from ``directory``."""
-        from grainlike import checkpoint
+        from grainlike.core import state_files
 
-        return await checkpoint.load_state_async(self, directory)
+        return await state_files.load_state_async(self, directory)
 
     def close(self) -> None:
         """Stops the prefetch thread and closes the wrapped iterator. Idempotent.

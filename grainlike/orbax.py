@@ -1,23 +1,13 @@
 """Orbax checkpointing of grainlike iterators, in grain 0.2.18's format.
 
 The public names live in ``grainlike.checkpoint`` (grain's ``grain.checkpoint``);
-this module implements them. Each JAX process writes its iterator's state (a few
-hundred bytes of indices, never data) to ``process_{i}-of-{n}.json`` in the
-item's directory, the same file with the same bytes grain's handler writes, so a
-checkpoint written by grain restores in grainlike and the reverse:
-
-- a DataLoader iterator's ``get_state()`` bytes, as they are;
-- a Dataset iterator's ``get_state()`` dict as ``json.dumps(state, indent=4)``.
-
-The form is decided by what ``get_state()`` returns, not by the iterator's class,
-so any iterator with ``get_state``/``set_state`` checkpoints: a ``DeviceIterator``
-over either kind, or one of your own. Restoring hands ``set_state`` the same form.
-
-Orbax v0 (``CheckpointManager``) uses ``CheckpointHandler`` with the args
-``CheckpointSave`` / ``CheckpointRestore`` (also named ``PyGrainCheckpoint*``, as
-in ``grain.python``). Orbax v1 (``StatefulCheckpointable``) calls an iterator's
-``async save(directory)`` and ``async load(directory)``; those methods delegate
-to ``save_state_async`` and ``load_state_async`` here.
+this module implements Orbax v0's: ``CheckpointManager`` uses
+``CheckpointHandler`` with the args ``CheckpointSave`` / ``CheckpointRestore``
+(also named ``PyGrainCheckpoint*``, as in ``grain.python``). They write and read
+the state files of ``grainlike.core.state_files`` (``process_{i}-of-{n}.json``,
+byte for byte grain's), which also holds Orbax v1's ``save_state_async`` and
+``load_state_async`` (re-exported here): an iterator's ``async save(directory)``
+and ``async load(directory)`` delegate to them.
 
 Orbax (and jax, for the process index) are imported when one of these is first
 used, never by ``import grainlike``: the orbax classes are built on first
@@ -43,13 +33,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import json
-import os
-import re
 import threading
 import types
-from typing import Any, Awaitable
+from typing import Any
+
+from grainlike.core.state_files import (
+    _apply_state,
+    _read_state_for_process,
+    _state_text,
+    _write_process_files,
+    _write_state,
+    load_state_async,
+    process_state_path,
+    save_state_async,
+)
 
 __all__ = [
     "CheckpointHandler",
@@ -77,33 +74,6 @@ ORBAX_CLASS_NAMES = {
 _PUBLIC_MODULE = "grainlike.checkpoint"
 
 
-def _process_index_and_count() -> tuple[int, int]:
-    # Same rule as grain: without jax there is one process.
-    try:
-        import jax
-    except ImportError:
-        return 0, 1
-    return jax.process_index(), jax.process_count()
-
-
-def process_state_path(directory: Any) -> Any:
-    """The file this JAX process's iterator state lives in under ``directory``.
-
-    Args:
-      directory: an ``etils.epath.Path`` or ``pathlib.Path``.
-
-    Returns:
-      ``directory / f"process_{jax.process_index()}-of-{jax.process_count()}.json"``.
-
-    Example:
-      >>> import pathlib
-      >>> process_state_path(pathlib.Path("ckpt/7/data_iter")).name
-      'process_0-of-1.json'
-    """
-    index, count = _process_index_and_count()
-    return directory / f"process_{index}-of-{count}.json"
-
-
 def _check_iterator(item: Any, method: str, args_name: str) -> None:
     if isinstance(item, (list, tuple)):
         # A list is for handler subclasses that override save()/restore()
@@ -124,334 +94,6 @@ def _check_iterator(item: Any, method: str, args_name: str) -> None:
             f"iter(DataLoader) or a DeviceIterator; got {type(item).__name__}, which "
             f"has no {method}()"
         )
-
-
-def _state_text(iterator: Any) -> str:
-    """The iterator's state as the text written to the checkpoint file.
-
-    Bytes (a DataLoader iterator's state) are written as they are; a dict (a
-    Dataset iterator's) as ``json.dumps(state, indent=4)``, grain's bytes for both.
-    """
-    get_state = getattr(iterator, "get_state", None)
-    if get_state is None:
-        raise TypeError(
-            "a grainlike checkpoint holds an iterator with get_state()/set_state() "
-            f"(iter(DataLoader), a Dataset iterator, DeviceIterator), got {type(iterator).__name__}"
-        )
-    state = get_state()
-    if isinstance(state, (bytes, bytearray)):
-        return bytes(state).decode()
-    if isinstance(state, str):
-        return state
-    if isinstance(state, dict):
-        return json.dumps(state, indent=4)
-    raise TypeError(
-        f"{type(iterator).__name__}.get_state() returned {type(state).__name__}; a "
-        "grainlike checkpoint stores the bytes of a DataLoader iterator's get_state() "
-        "or the dict of a Dataset iterator's"
-    )
-
-
-def _state_from_text(iterator: Any, text: str) -> Any:
-    """The file's text in the form ``iterator.set_state`` takes.
-
-    That is the form the iterator's own ``get_state()`` returns: a dict (a Dataset
-    iterator, grain's or grainlike's, and any wrapper of one such as a
-    ``DeviceIterator``) gets the parsed JSON, bytes (a DataLoader iterator and its
-    wrappers) the file's bytes, a str the text. Deciding on the state, not on the
-    iterator's class, lets any iterator with ``get_state``/``set_state`` restore.
-    """
-    get_state = getattr(iterator, "get_state", None)
-    current = get_state() if callable(get_state) else None
-    if isinstance(current, dict):
-        return json.loads(text)
-    if isinstance(current, str):
-        return text
-    return text.encode()
-
-
-def _missing_state_error(filename: Any) -> ValueError:
-    directory = filename.parent
-    try:
-        present = sorted(p.name for p in directory.iterdir()) if directory.exists() else None
-    except OSError:
-        present = None
-    if present is None:
-        where = f"the directory {directory} does not exist"
-    elif present:
-        where = f"it holds {present}"
-    else:
-        where = "it is empty"
-    index, count = _process_index_and_count()
-    return ValueError(
-        f"File {filename} does not exist: there is no data-iterator state for JAX "
-        f"process {index} of {count} in this checkpoint ({where}). A checkpoint "
-        "restores on another number of processes from all the files "
-        "process_*-of-N.json of one other number N."
-    )
-
-
-def _apply_state(iterator: Any, text: str, filename: Any) -> None:
-    from grainlike.core.errors import add_note
-    from grainlike.loader.state import InvalidStateError
-
-    state = _state_from_text(iterator, text)
-    try:
-        iterator.set_state(state)
-    except Exception as e:
-        # Name the file: with several items in a checkpoint, which one did not fit
-        # is the first thing a user needs to know. Subclasses (a KeyError or
-        # IndexError too, as grain raises) keep their type and get a note.
-        if type(e) is InvalidStateError:
-            raise InvalidStateError(f"cannot restore the iterator from {filename}: {e}") from e
-        add_note(e, f"grainlike: while restoring the iterator from {filename}")
-        raise
-
-
-def _read_state(filename: Any) -> str:
-    if not filename.exists():
-        raise _missing_state_error(filename)
-    return filename.read_text()
-
-
-_PROCESS_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
-
-# Orbax writes a step into ``<step><this suffix><timestamp>`` and renames it when done.
-_ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"
-
-
-def _save_id_path(state_path: Any) -> Any:
-    """The file beside ``process_{i}-of-{n}.json`` that says which save wrote it.
-
-    A separate file, not a key in the state: grain reads the state file as it is,
-    and both libraries write it byte for byte alike.
-    """
-    return state_path.with_name(state_path.name[: -len(".json")] + ".save.json")
-
-
-def _save_id_text(directory: Any, text: str) -> str:
-    """What ``_save_id_path`` holds for the state ``text`` written into ``directory``.
-
-    The save is named by the step directory (the item directory's parent, without
-    Orbax's temporary suffix): every process computes it alone, without talking to
-    the others. The state's hash ties the record to the state file beside it.
-    """
-    step = directory.parent.name.split(_ORBAX_TMP_SUFFIX)[0]
-    index, count = _process_index_and_count()
-    return json.dumps({
-        "save": step,
-        "process_index": index,
-        "process_count": count,
-        "state_sha256": hashlib.sha256(text.encode()).hexdigest(),
-    })
-
-
-def _write_process_files(directory: Any, text: str) -> None:
-    """Writes this process's state file, then the record of the save it belongs to."""
-    filename = process_state_path(directory)
-    _write_file(filename, text)
-    _write_file(_save_id_path(filename), _save_id_text(directory, text))
-
-
-def _check_one_save(texts: dict, paths: dict) -> None:
-    """Refuses state files of one process count that were not written by one save.
-
-    ``texts[i]`` is the text of ``paths[i]`` (``process_{i}-of-{n}.json``). Files
-    without a save record (written by grain) are accepted as they are, unless others
-    have one.
-
-    Raises:
-      InvalidStateError: a state file differs from the one its save record
-        describes (copied in from another save), or the files' records name
-        different saves; the message names the files.
-    """
-    from grainlike.loader.state import InvalidStateError
-
-    saves: dict[str, list[str]] = {}
-    unrecorded = []
-    for i in sorted(paths):
-        path = paths[i]
-        record_path = _save_id_path(path)
-        if not record_path.exists():
-            unrecorded.append(path.name)
-            continue
-        try:
-            record = json.loads(record_path.read_text())
-            save, digest = str(record["save"]), record["state_sha256"]
-        except (ValueError, KeyError, TypeError) as e:
-            raise InvalidStateError(f"the save record {record_path} is unreadable: {e}") from e
-        if digest != hashlib.sha256(texts[i].encode()).hexdigest():
-            raise InvalidStateError(
-                f"{path} is not the state file its save record {record_path.name} (save "
-                f"{save!r}) describes: it was replaced by a file of another save. Restore "
-                "a checkpoint whose process files were all written by one save."
-            )
-        saves.setdefault(save, []).append(path.name)
-    if len(saves) > 1 or (saves and unrecorded):
-        parts = [f"{', '.join(names)} from save {save!r}" for save, names in saves.items()]
-        if unrecorded:
-            parts.append(f"{', '.join(unrecorded)} with no save record")
-        raise InvalidStateError(
-            f"the process files in {paths[min(paths)].parent} come from different saves: "
-            f"{'; '.join(parts)}. Restore a checkpoint whose process files were all "
-            "written by one save."
-        )
-
-
-def _read_state_for_process(iterator: Any, directory: Any) -> tuple[str, Any]:
-    """This process's state text and the file(s) it came from.
-
-    A checkpoint of another number of processes (``process_*-of-N.json``, N not
-    this job's) is restored elastically: a DataLoader iterator gets the state
-    continuing all N shards' states (``loader/elastic.py``); a Dataset iterator,
-    the state every process wrote, if all wrote the same (``ElasticIterator``).
-    """
-    filename = process_state_path(directory)
-    _, count = _process_index_and_count()
-    found: dict[int, dict[int, Any]] = {}
-    if directory.exists():
-        for path in directory.iterdir():
-            m = _PROCESS_FILE.fullmatch(path.name)
-            if m:
-                found.setdefault(int(m.group(2)), {})[int(m.group(1))] = path
-    if filename.exists():
-        text = filename.read_text()
-        # This process's file against process 0's and the next process's: three
-        # reads per process, not one per process (thousands on a large job). A file
-        # of another save is refused by its process and the one before it, and
-        # process 0's by every process.
-        index = _process_index_and_count()[0]
-        paths = {i: p for i, p in found[count].items() if i in (0, index, (index + 1) % count)}
-        _check_one_save({i: text if i == index else p.read_text() for i, p in paths.items()}, paths)
-        return text, filename
-    found.pop(count, None)
-    if len(found) != 1 or set(next(iter(found.values()))) != set(range(next(iter(found)))):
-        # No other process count, several, or not all files of one: nothing to merge.
-        raise _missing_state_error(filename)
-    ((old_count, paths),) = found.items()
-    texts = {i: path.read_text() for i, path in paths.items()}
-    where = directory / f"process_*-of-{old_count}.json"
-    from grainlike.loader.state import InvalidStateError
-
-    _check_one_save(texts, paths)
-    try:
-        return _elastic_state_text(iterator, texts, old_count), where
-    except InvalidStateError as e:
-        raise InvalidStateError(f"cannot restore the iterator from {where}: {e}") from e
-
-
-def _elastic_state_text(iterator: Any, texts: dict, old_count: int) -> str:
-    """The state text for this process, continuing the states of ``old_count`` processes."""
-    from grainlike.loader import elastic
-    from grainlike.loader.state import InvalidStateError, dumps
-
-    current = iterator.get_state() if callable(getattr(iterator, "get_state", None)) else None
-    if isinstance(current, dict):
-        states = {i: json.loads(t) for i, t in texts.items()}
-        if len(states) != old_count or any(s != states[0] for s in states.values()):
-            raise InvalidStateError(
-                f"the checkpoint holds the states of {len(states)} of {old_count} processes, "
-                "not all the same: a Dataset iterator restores on another number of "
-                "processes only from a state every process shares (ElasticIterator's)"
-            )
-        return texts[0]
-    loader = _data_loader_of(iterator)
-    positions = elastic.process_states(loader, texts, old_count)
-    return dumps(loader._codec.encode(positions)).decode()
-
-
-def _data_loader_of(iterator: Any) -> Any:
-    """The DataLoader behind a DataLoader iterator or a wrapper of one (DeviceIterator)."""
-    from grainlike.loader.data_loader import DataLoaderIterator
-    from grainlike.loader.state import InvalidStateError
-
-    node = iterator
-    for _ in range(8):
-        if isinstance(node, DataLoaderIterator):
-            return node._loader
-        node = getattr(node, "_iterator", None)
-    raise InvalidStateError(
-        f"a {type(iterator).__name__} restores only with the number of processes that "
-        "wrote its checkpoint: only DataLoader iterators (and wrappers of one) restore "
-        "on another number"
-    )
-
-
-def _write_file(filename: Any, text: str) -> None:
-    """Writes ``text`` to ``filename`` whole or not at all.
-
-    The text goes to a temporary file beside it, renamed over ``filename`` once
-    complete: a full disk or a crash mid-write raises (or dies) and leaves the file
-    that was there before unchanged, instead of truncated.
-    """
-    tmp = filename.parent / f".{filename.name}.tmp-{os.getpid()}"
-    try:
-        tmp.write_text(text)
-        tmp.replace(filename)
-    except BaseException:
-        try:
-            tmp.unlink()
-        except Exception:  # pylint: disable=broad-except
-            pass
-        raise
-
-
-async def _write_state(directory: Any, state: str) -> None:
-    if hasattr(directory, "await_creation"):  # Orbax's PathAwaitingCreation
-        directory = await directory.await_creation()
-    await asyncio.to_thread(_write_process_files, directory, state)
-
-
-# -- Orbax v1: StatefulCheckpointable -----------------------------------------------
-
-
-async def save_state_async(iterator: Any, directory: Any) -> Awaitable[None]:
-    """Orbax v1 ``StatefulCheckpointable.save`` for an iterator.
-
-    The state is read now, in the caller's thread; advancing the iterator after
-    this returns does not change what is written. The returned coroutine waits for
-    the directory and writes the file; Orbax runs it in the background.
-
-    Args:
-      iterator: has ``get_state()`` returning bytes (a DataLoader iterator) or a
-        dict (a Dataset iterator).
-      directory: an Orbax ``PathAwaitingCreation`` (has ``await_creation()``) or a
-        path that already exists.
-
-    Returns:
-      A coroutine, not yet awaited, that writes ``process_{i}-of-{n}.json``.
-
-    Example:
-      class MyIterator:
-          async def save(self, directory):
-              return await save_state_async(self, directory)
-
-          async def load(self, directory):
-              return await load_state_async(self, directory)
-    """
-    return _write_state(directory, _state_text(iterator))
-
-
-async def load_state_async(iterator: Any, directory: Any) -> Awaitable[None]:
-    """Orbax v1 ``StatefulCheckpointable.load`` for an iterator.
-
-    Args:
-      iterator: has ``set_state``; it gets the file's JSON as a dict if its
-        ``get_state()`` returns a dict (a Dataset iterator, or a wrapper of one),
-        otherwise the file's bytes.
-      directory: the checkpoint directory of this item.
-
-    Returns:
-      A coroutine, not yet awaited, that reads ``process_{i}-of-{n}.json`` and
-      restores the iterator from it. Raises ValueError naming the file if it is
-      missing, and ``InvalidStateError`` if it belongs to another pipeline.
-    """
-
-    async def read() -> None:
-        text, filename = await asyncio.to_thread(_read_state_for_process, iterator, directory)
-        _apply_state(iterator, text, filename)
-
-    return read()
 
 
 # -- Orbax v0: CheckpointHandler and its args, built on first use --------------------

@@ -664,15 +664,15 @@ class DatasetIterator(Iterator[T], abc.ABC):
 
     async def save(self, directory: Any) -> Any:
         """Orbax v1 ``StatefulCheckpointable``: the state is read now, written later."""
-        from grainlike import checkpoint  # Only when Orbax calls it.
+        from grainlike.core import state_files  # Only when Orbax calls it.
 
-        return await checkpoint.save_state_async(self, directory)
+        return await state_files.save_state_async(self, directory)
 
     async def load(self, directory: Any) -> Any:
         """Orbax v1 ``StatefulCheckpointable``: restores from ``directory``."""
-        from grainlike import checkpoint
+        from grainlike.core import state_files
 
-        return await checkpoint.load_state_async(self, directory)
+        return await state_files.load_state_async(self, directory)
 
     def start_prefetch(self) -> None:
         """Starts reading ahead in the first asynchronous stage (idempotent)."""

@@ -12,7 +12,7 @@ from grainlike.core import sharding
 from grainlike.core.errors import ClosedIteratorError
 from grainlike.core.transforms import Batch, FilterTransform, Map, MapWithIndex, RandomMap, is_flat_map
 from grainlike.dataset.base import IterDataset, close_dropped
-from grainlike.loader import pipeline
+from grainlike.loader import elastic, pipeline
 from grainlike.loader import state as state_lib
 from grainlike.loader.options import MultiprocessingOptions, ReadOptions
 
@@ -350,15 +350,24 @@ class DataLoaderIterator(Iterator[Any]):
 
     async def save(self, directory: Any) -> Any:
         """Orbax v1 ``StatefulCheckpointable``: the state is read now, written later."""
-        from grainlike import checkpoint  # Only when Orbax calls it.
+        from grainlike.core import state_files  # Only when Orbax calls it.
 
-        return await checkpoint.save_state_async(self, directory)
+        return await state_files.save_state_async(self, directory)
 
     async def load(self, directory: Any) -> Any:
         """Orbax v1 ``StatefulCheckpointable``: restores from ``directory``."""
-        from grainlike import checkpoint
+        from grainlike.core import state_files
 
-        return await checkpoint.load_state_async(self, directory)
+        return await state_files.load_state_async(self, directory)
+
+    def _merge_process_states(self, texts: dict, old_count: int) -> str:
+        """This process's state text continuing ``old_count`` processes' ``texts`` (by process index).
+
+        What makes this iterator a ``core.state_files.ProcessStatesMerger``: a
+        checkpoint of another number of JAX processes restores into it.
+        """
+        positions = elastic.process_states(self._loader, texts, old_count)
+        return state_lib.dumps(self._loader._codec.encode(positions)).decode()
 
 
 PyGrainDatasetIterator = DataLoaderIterator

@@ -18,7 +18,7 @@ import pytest
 
 import grainlike
 from grainlike import checkpoint as gckpt
-from grainlike import orbax as grainlike_orbax
+from grainlike.core import state_files
 from grainlike.device import DeviceIterator
 from tests.helpers.pipelines import build, take
 
@@ -65,7 +65,7 @@ class Gate:
         self.writes_waiting = threading.Event()
         self.released = threading.Event()
         self.writer_threads = []
-        write = grainlike_orbax._write_file
+        write = state_files._write_file
 
         def held_write(filename, text):
             self.writer_threads.append(threading.current_thread())
@@ -76,7 +76,7 @@ class Gate:
             self.released.set()
             write(filename, text)
 
-        monkeypatch.setattr(grainlike_orbax, "_write_file", held_write)
+        monkeypatch.setattr(state_files, "_write_file", held_write)
 
     def open(self):
         self.opened.set()
@@ -175,7 +175,7 @@ def test_restore_waits_for_the_write_in_flight(tmp_path, monkeypatch):
 def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     with iter(_loader(grainlike)) as ref:
         expected = take(ref, 100)
-    write = grainlike_orbax._write_file
+    write = state_files._write_file
     failing = threading.Event()
 
     def write_or_fail(filename, text):
@@ -183,7 +183,7 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
             raise OSError(28, "No space left on device", str(filename))
         write(filename, text)
 
-    monkeypatch.setattr(grainlike_orbax, "_write_file", write_or_fail)
+    monkeypatch.setattr(state_files, "_write_file", write_or_fail)
     with _async_manager(tmp_path) as mngr, iter(_loader(grainlike)) as it:
         take(it, 2)
         mngr.save(2, args=_save_args(it))

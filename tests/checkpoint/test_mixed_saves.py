@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import grainlike as grain
-from grainlike import orbax as gorbax
+from grainlike.core import state_files
 from grainlike.core.errors import InvalidStateError
 
 pytestmark = pytest.mark.timeout(60)
@@ -31,7 +31,7 @@ def _loader(index: int, count: int) -> grain.DataLoader:
 
 
 def _as_process(monkeypatch, index, count):
-    monkeypatch.setattr(gorbax, "_process_index_and_count", lambda: (index, count))
+    monkeypatch.setattr(state_files, "_process_index_and_count", lambda: (index, count))
 
 
 @pytest.fixture

@@ -1,0 +1,50 @@
+"""grainlike's layers: the import-linter contracts in pyproject.toml hold.
+
+Imports point downward only (core < sources < dataset < loader < integrations <
+edge < faces), imports inside functions included, and the integrations and the
+sources of different stores do not import each other.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# import-linter has no ``python -m`` entry; its console script is this function.
+# The check runs in this interpreter's environment, without a cache in the tree.
+_LINT = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+
+
+def _lint(root: str) -> subprocess.CompletedProcess:
+    """Runs the contracts of ``root``/pyproject.toml on the package ``root``/grainlike."""
+    return subprocess.run(
+        [sys.executable, "-c", _LINT, "--no-cache"],
+        cwd=root, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+
+
+def test_import_linter_contracts_are_kept():
+    result = _lint(ROOT)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    assert " 0 broken." in result.stdout and "BROKEN" not in result.stdout, result.stdout
+
+
+def test_an_upward_import_breaks_the_layers_contract(tmp_path):
+    # The contract is checked against a copy of the package with one upward import
+    # inside a function (core -> loader): it must be reported, naming both modules.
+    shutil.copytree(
+        os.path.join(ROOT, "grainlike"), tmp_path / "grainlike",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    shutil.copy(os.path.join(ROOT, "pyproject.toml"), tmp_path / "pyproject.toml")
+    with open(tmp_path / "grainlike" / "core" / "record.py", "a") as f:
+        f.write("\n\ndef _upward():\n    from grainlike.loader import data_loader  # noqa\n")
+    result = _lint(str(tmp_path))
+    assert result.returncode == 1, f"{result.stdout}\n{result.stderr}"
+    assert "grainlike.core is not allowed to import grainlike.loader" in result.stdout, result.stdout
+    assert "grainlike.core.record -> grainlike.loader.data_loader" in result.stdout, result.stdout
