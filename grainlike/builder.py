@@ -519,7 +519,7 @@ class _ReadAheadIterator(_WrappedIterator):
         if self._holder[0] is None:
             self._state = self._inner.get_state()
             self._holder[0] = Prefetcher(
-                self._inner, self._inner.get_state, lambda b: b, self._size, owner="BuiltLoader iterator"
+                self._inner, self._inner.get_state, None, self._size, owner="BuiltLoader iterator"
             )
         value, self._state = take(self._holder)
         return value

@@ -195,7 +195,7 @@ class InJitIterator:
         prefetcher = self._holder[0]
         if prefetcher is None:
             self._remember_position()
-            prefetcher = Prefetcher(self._stacks, get_state, lambda s: s, self._prefetch, owner="InJitIterator")
+            prefetcher = Prefetcher(self._stacks, get_state, None, self._prefetch, owner="InJitIterator")
             self._holder[0] = prefetcher
         try:
             return take(self._holder)

@@ -44,6 +44,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 import numpy as np
 
 from grainlike.core import tree
+from grainlike.core.read_ahead import ERROR, Prefetcher
 from grainlike.core.sampling import PaddedEpochSampler, RandomSampler
 from grainlike.core.samplers import IndexSampler
 from grainlike.core.sharding import NoSharding
@@ -444,26 +445,18 @@ class _Ahead:
 
     def __init__(self, fill: int, read: Callable[[], Any]):
         self.fill = fill
-        self._result: Any = None
-        self._error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._run, args=(read,), daemon=True,
-                                         name=f"grainlike-reference-data-fill-{fill}")
-        self._thread.start()
-
-    def _run(self, read: Callable[[], Any]) -> None:
-        try:
-            self._result = read()
-        except BaseException as e:  # handed to the callback that takes this fill
-            self._error = e
+        self._thread = Prefetcher((read() for _ in range(1)), None, None, 1, owner="reference data",
+                                  name=f"grainlike-reference-data-fill-{fill}")
 
     def result(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._result
+        kind, value, _ = self._thread.get()
+        self.wait()
+        if kind is ERROR:  # handed to the callback that takes this fill
+            raise value
+        return value
 
     def wait(self) -> None:
-        self._thread.join()
+        self._thread.stop()
 
 
 @dataclasses.dataclass

@@ -1,9 +1,11 @@
 """A background thread that reads ahead of an iterator and remembers its state after each item.
 
-``DeviceIterator``, ``InJitIterator`` and the builder's ``prefetch(n)`` keep a
-few items ready while the caller works; each item comes with the wrapped
-iterator's state right after it, so the caller's ``get_state()`` is where the
-caller is, not where the thread is. Standard library only.
+The one read-ahead thread of grainlike: ``DeviceIterator``, ``InJitIterator``,
+``ThreadPrefetchIterDataset`` (and so ``device_put``), the builder's
+``prefetch(n)`` and ``reference_data``'s next fill keep items ready while the
+caller works; each item comes with the wrapped iterator's state right after it,
+so the caller's ``get_state()`` is where the caller is, not where the thread
+is. Standard library only.
 
 The owner keeps the running ``Prefetcher`` in a one-element list (its
 "holder") and stops it through ``stop_holder``; a ``weakref.finalize`` of the
@@ -34,14 +36,17 @@ class Prefetcher:
       source: the iterator read ahead of.
       get_state: called after each item for the state stored beside it; None
         stores None.
-      convert: applied to each item in the thread (e.g. the copy to the device).
+      convert: applied to each item in the thread (e.g. the copy to the device);
+        None hands items over as they are.
       size: items kept ready.
       owner: the name of the owner's type, for the error of a read after
         ``stop()``.
+      name: the thread's name.
     """
 
     def __init__(self, source: Iterator[Any], get_state: Optional[Callable[[], Any]],
-                 convert: Callable[[Any], Any], size: int, owner: str = "DeviceIterator"):
+                 convert: Optional[Callable[[Any], Any]], size: int, owner: str = "DeviceIterator",
+                 name: str = "grainlike-device-prefetch"):
         self._source = source
         self._get_state = get_state
         self._convert = convert
@@ -50,9 +55,7 @@ class Prefetcher:
         self._items: collections.deque = collections.deque()
         self._cv = threading.Condition()
         self._stopped = False
-        self._thread = threading.Thread(
-            target=self._run, name="grainlike-device-prefetch", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -65,7 +68,7 @@ class Prefetcher:
             try:
                 batch = next(self._source)
                 state = self._get_state() if self._get_state is not None else None
-                item = (BATCH, self._convert(batch), state)
+                item = (BATCH, batch if self._convert is None else self._convert(batch), state)
             except StopIteration:
                 item = (END, None, None)
             except BaseException as e:  # handed to the consumer, raised there

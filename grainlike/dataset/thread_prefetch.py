@@ -9,42 +9,12 @@ state: the parent's own, with no key added).
 from __future__ import annotations
 
 import copy
-import queue
 import threading
 from typing import Any, Optional
 
-from grainlike.core.errors import InvalidStateError
+from grainlike.core.errors import ClosedIteratorError
+from grainlike.core.read_ahead import Prefetcher, restore, stop_holder, take
 from grainlike.dataset.base import DatasetIterator, IterDataset
-
-# How often a thread waiting for room in a full buffer looks at its stop flag
-# (stopping also empties the buffer, which wakes it at once).
-_POLL_S = 0.1
-
-
-def _put(buffer: queue.Queue, item: tuple, stop: threading.Event) -> bool:
-    """Puts ``item`` once there is room; False (and drops it) if stopped first."""
-    while not stop.is_set():
-        try:
-            buffer.put(item, timeout=_POLL_S)
-            return True
-        except queue.Full:
-            pass
-    return False
-
-
-def _produce(parent: DatasetIterator, buffer: queue.Queue, stop: threading.Event) -> None:
-    """Puts ``(element, state, None)`` per element, then ``(None, None, error)``.
-
-    A function, not a method: the thread refers to the parent, the buffer and the
-    flag only, so dropping the iterator closes it (``DatasetIterator.__del__``).
-    """
-    try:
-        while not stop.is_set():
-            element = next(parent)
-            if not _put(buffer, (element, copy.deepcopy(parent.get_state()), None), stop):
-                return
-    except Exception as e:  # StopIteration included: the consumer raises it in turn.
-        _put(buffer, (None, None, e), stop)
 
 
 class ThreadPrefetchDatasetIterator(DatasetIterator):
@@ -88,9 +58,9 @@ class ThreadPrefetchDatasetIterator(DatasetIterator):
         self._buffer_size = prefetch_buffer_size
         self._state: Optional[dict] = parent.get_state()
         self._next_index: Optional[int] = 0
-        self._thread: Optional[threading.Thread] = None
-        self._stop = threading.Event()
-        self._buffer: queue.Queue = queue.Queue(maxsize=prefetch_buffer_size)
+        # The running read-ahead (core.read_ahead); its thread refers to the parent
+        # only, so dropping this iterator closes it (``DatasetIterator.__del__``).
+        self._holder: list = [None]
         # next() and set_state() from several threads take turns; get_state()
         # and close() do not wait behind a blocked next().
         self._consumer_lock = threading.RLock()
@@ -102,69 +72,33 @@ class ThreadPrefetchDatasetIterator(DatasetIterator):
           ValueError: the iterator is closed.
         """
         self._assert_not_closed()
-        if self._thread is not None or self._buffer_size == 0:
+        if self._holder[0] is not None or self._buffer_size == 0:
             return
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=_produce,
-            args=(self._parent, self._buffer, self._stop),
-            daemon=True,
-            name=f"grainlike-thread-prefetch-{id(self):x}",
+        parent = self._parent
+        self._holder[0] = Prefetcher(
+            parent, lambda: copy.deepcopy(parent.get_state()), None, self._buffer_size,
+            owner=str(self), name=f"grainlike-thread-prefetch-{id(self):x}",
         )
-        self._thread.start()
 
     def __next__(self):
         with self._consumer_lock:
             self._assert_not_closed()
-            if self._buffer_size > 0:
-                self.start_prefetch()
-                element, state, error = self._take()
-            else:
+            if self._buffer_size == 0:
                 element = next(self._parent)
-                state, error = copy.deepcopy(self._parent.get_state()), None
-            if error is not None:
-                self._stop_thread(join=True)
-                if isinstance(error, StopIteration):
-                    # A later next() asks the parent again (as a plain iterator
-                    # would be asked), so every thread waiting here sees the end.
-                    error = StopIteration()
-                raise error
+                state = copy.deepcopy(self._parent.get_state())
+            else:
+                self.start_prefetch()
+                try:
+                    # After an end or an error, the next call asks the parent again
+                    # (as a plain iterator would be asked).
+                    element, state = take(self._holder)
+                except ClosedIteratorError:
+                    self._assert_not_closed()  # closed from another thread meanwhile
+                    raise
             self._state = state
             if self._next_index is not None:
                 self._next_index += 1
             return element
-
-    def _take(self) -> tuple:
-        """The next buffered item; ends if ``close()`` is called from another thread meanwhile."""
-        buffer = self._buffer
-        while True:
-            try:
-                return buffer.get(timeout=_POLL_S)
-            except queue.Empty:
-                self._assert_not_closed()
-
-    def _clear(self) -> None:
-        while True:
-            try:
-                self._buffer.get_nowait()
-            except queue.Empty:
-                return
-
-    def _stop_thread(self, join: bool) -> None:
-        """Stops the thread; with ``join``, waits until it no longer uses the parent."""
-        thread = self._thread
-        if thread is None:
-            return
-        self._stop.set()
-        self._clear()  # Unblocks a put() on a full buffer.
-        if join:
-            thread.join()
-            self._clear()
-        else:
-            # The thread ends after its current next(); a fresh buffer keeps its
-            # last put() from reaching a later thread.
-            self._buffer = queue.Queue(maxsize=self._buffer_size)
-        self._thread = None
 
     def get_state(self) -> dict:
         state = self._state  # Replaced whole after each element: consistent from any thread.
@@ -180,15 +114,9 @@ class ThreadPrefetchDatasetIterator(DatasetIterator):
             self._set_state(state)
 
     def _set_state(self, state: dict) -> None:
-        previous = self.get_state()
-        self._stop_thread(join=True)
-        try:
-            self._parent.set_state(state)
-        except InvalidStateError:
-            # The parent refused before changing, but it is past what the thread read
-            # ahead: back to where this iterator was.
-            self._parent.set_state(previous)
-            raise
+        # A state the parent refuses puts it back where this iterator was (the
+        # thread had read past it).
+        restore(self._holder, self._parent.set_state, state, self.get_state())
         self._state = self._parent.get_state()
         self._next_index = None
 
@@ -203,14 +131,14 @@ class ThreadPrefetchDatasetIterator(DatasetIterator):
         if self._next_index is None:
             self._require_native_parent("_get_next_index")
             state = self.get_state()
-            self._stop_thread(join=True)
+            stop_holder(self._holder)
             self._parent.set_state(state)
             self._next_index = self._parent._get_next_index()
         return self._next_index
 
     def _set_next_index(self, index: int) -> None:
         self._require_native_parent("set_next_index")
-        self._stop_thread(join=True)
+        stop_holder(self._holder)
         self._parent._set_next_index(index)
         self._next_index = index
         self._state = None
@@ -220,7 +148,7 @@ class ThreadPrefetchDatasetIterator(DatasetIterator):
         if getattr(self, "_closed", True):
             return
         self._closed = True
-        self._stop_thread(join=False)
+        stop_holder(self._holder, wait=False)
         if self._native_parent:
             self._parent.close()
 
