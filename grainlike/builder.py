@@ -39,8 +39,8 @@ from grainlike.core.transforms import (
     MapTransform,
     MapWithIndexTransform,
     RandomMapTransform,
+    batch_elements,
 )
-from grainlike.core import tree
 from grainlike import loader as _loader_package
 from grainlike.loader.data_loader import DataLoader
 from grainlike.loader.options import ReadOptions
@@ -480,11 +480,8 @@ class _GlobalBatchIterator(_WrappedIterator):
     """Batches the records the workers return, in their global order, in this process."""
 
     def __init__(self, inner: Any, op: Batch):
-        from grainlike.loader.stages import _with_mask
-
         self._inner = inner
         self._op = op
-        self._with_mask = _with_mask
 
     def __next__(self) -> Any:
         op = self._op
@@ -496,13 +493,7 @@ class _GlobalBatchIterator(_WrappedIterator):
                 break
         if not values or (len(values) < op.batch_size and op.drop_remainder):
             raise StopIteration
-        if not op.pad:
-            return op.batch_fn(values) if op.batch_fn is not None else tree.stack(values)
-        mask = np.zeros(op.batch_size, dtype=bool)
-        mask[: len(values)] = True
-        values.extend([tree.zeros_like(values[0])] * (op.batch_size - len(values)))
-        data = op.batch_fn(values) if op.batch_fn is not None else tree.stack(values)
-        return self._with_mask(data, mask, op)
+        return batch_elements(op, values)
 
 
 class _ReadAheadIterator(_WrappedIterator):

@@ -23,16 +23,16 @@ installed, ``zeros_batch`` keeps the host (numpy) dtypes.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from grainlike.core import tree
-from grainlike.core.transforms import Batch, MapTransform
+from grainlike.core.transforms import Batch, MapTransform, batch_elements
 from grainlike.loader import pipeline
 from grainlike.loader.options import ReadOptions
-from grainlike.loader.stages import _with_mask
 
 __all__ = ["element_spec", "first_output", "zeros_batch"]
 
@@ -115,10 +115,7 @@ def example_batch(loader: Any, batch_size: Optional[int] = None) -> Any:
     op = operations[first]
     element = _first(loader, operations[:first])
     size = op.batch_size if batch_size is None else int(batch_size)
-    values = [element] * size
-    batch = op.batch_fn(values) if op.batch_fn is not None else tree.stack(values)
-    if op.pad:
-        batch = _with_mask(batch, np.ones(size, dtype=bool), op)
+    batch = batch_elements(dataclasses.replace(op, batch_size=size), [element] * size)
     for i, later in enumerate(operations[first + 1:], first + 1):
         if isinstance(later, Batch):
             raise TypeError(

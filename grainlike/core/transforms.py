@@ -8,11 +8,14 @@ have grain's names (``grain.transforms.Map``, ...) and its ``grain.python`` alia
 from __future__ import annotations
 
 import abc
+import copy
 import dataclasses
 import inspect
 from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
+
+from grainlike.core import tree
 
 
 class Map(abc.ABC):
@@ -180,6 +183,61 @@ class Batch:
                 "Batch: pad=True pads the final batch, drop_remainder=True drops it; "
                 "choose one (got both True)"
             )
+
+
+def describe_op(op: Any) -> str:
+    """How errors and stages name an operation."""
+    if isinstance(op, Batch):
+        pad = ", pad=True" if op.pad else ""
+        return f"Batch(batch_size={op.batch_size}, drop_remainder={op.drop_remainder}{pad})"
+    return transform_name(op)
+
+
+def batch_elements(op: Batch, values: Sequence[Any], indices: Sequence[int] = (), padding: Any = None,
+                   alloc: Optional[tree.Allocator] = None) -> Any:
+    """The batch ``op`` makes of ``values`` (at most ``op.batch_size`` elements): the one way to batch.
+
+    ``op.batch_fn(values)``, else ``tree.stack``. With ``op.pad``, a short batch is
+    filled up with all-zero elements, the elements that ``padding`` marks as padding
+    are zeroed, and the mask (True for real elements) is added: as the ``"mask"``
+    key of a dict batch, else as ``{"data": batch, "mask": mask}``.
+
+    Args:
+      op: the Batch.
+      values: the elements.
+      indices: their global indices, where ``padding`` is given.
+      padding: the sampler (``locate``) whose padding the Batch masks, or None.
+      alloc: allocator for the stacked leaves, or None.
+
+    Raises:
+      ValueError: with ``pad``, a dict batch that has a ``"mask"`` key already.
+    """
+    if not op.pad:
+        return op.batch_fn(values) if op.batch_fn is not None else tree.stack(values, alloc)
+    size, values = op.batch_size, list(values)
+    mask = np.zeros(size, dtype=bool)
+    mask[: len(values)] = True
+    if padding is not None:
+        flags = padding.locate(np.array(indices, np.int64)).padding
+        if flags is not None:
+            for i in np.flatnonzero(flags).tolist():
+                mask[i] = False
+                values[i] = tree.zeros_like(values[i])
+    if len(values) < size:
+        values.extend([tree.zeros_like(values[0])] * (size - len(values)))
+    data = op.batch_fn(values) if op.batch_fn is not None else tree.stack(values, alloc)
+    if not isinstance(data, dict):
+        return {"data": data, "mask": mask}
+    if "mask" in data:
+        raise ValueError(
+            f"{describe_op(op)}: the elements already have a 'mask' key, where pad=True "
+            "puts the padding mask; rename that key"
+        )
+    if type(data) is dict:
+        return {**data, "mask": mask}
+    out = copy.copy(data)  # keeps the subclass (and a defaultdict's factory)
+    out["mask"] = mask
+    return out
 
 
 Transformation = Union[Batch, Map, RandomMap, TfRandomMap, Filter, FlatMap, MapWithIndex]

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-import numpy as np
-
 from grainlike.core import tree
 from grainlike.core.errors import add_note
 from grainlike.core.record import LazyRng, Record, RecordMetadata
@@ -37,6 +35,7 @@ from grainlike.core.transforms import (
     MapTransform,
     MapWithIndexTransform,
     RandomMapTransform,
+    batch_elements,
 )
 from grainlike.dataset.base import DatasetIterator, IterDataset
 from grainlike.dataset.filter import FilterThresholdChecker
@@ -481,12 +480,7 @@ class ChunkedRecordsDatasetIterator(NextIndexState, DatasetIterator):
         return end
 
     def _stack(self, values: list, indices: list) -> Any:
-        op = self._batch
-        if not op.pad:
-            if op.batch_fn is not None:
-                return op.batch_fn(values)
-            return tree.stack(values, self._alloc)
-        return stages.pad_and_stack(op, list(values), indices, self._padding, self._alloc)
+        return batch_elements(self._batch, values, indices, self._padding, self._alloc)
 
     def _note(self, error: BaseException, values: list, indices: list, keys: list) -> None:
         add_note(

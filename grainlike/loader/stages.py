@@ -35,20 +35,18 @@ from grainlike.core.errors import add_note
 from grainlike.core.record import LazyRng, Record, RecordMetadata
 from grainlike.core.samplers import BaseSampler, as_sampler
 from grainlike.core.sharding import ShardOptions
-from grainlike.core.transforms import Batch, MapWithIndexTransform, RandomMapTransform, transform_name
+from grainlike.core.transforms import (
+    Batch,
+    MapWithIndexTransform,
+    RandomMapTransform,
+    batch_elements,
+    describe_op,
+)
 from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
 from grainlike.dataset.filter import FilterThresholdChecker
 from grainlike.dataset.map import PassThroughStateIterator
 from grainlike.dataset.prefetch import NextIndexState, PrefetchDatasetIterator, PrefetchIterDataset
 from grainlike.loader import state as state_lib
-
-
-def describe_op(op: Any) -> str:
-    """How errors and stages name an operation."""
-    if isinstance(op, Batch):
-        pad = ", pad=True" if op.pad else ""
-        return f"Batch(batch_size={op.batch_size}, drop_remainder={op.drop_remainder}{pad})"
-    return transform_name(op)
 
 
 def operation_functions(op: Any) -> tuple:
@@ -403,13 +401,8 @@ class _BatchRecordsIterator(PassThroughStateIterator):
         return Record(records[-1].metadata.remove_record_key(), data)
 
     def _batch(self, records: list) -> Any:
-        op = self._op
-        values = [r.data for r in records]
-        if not op.pad:
-            if op.batch_fn is not None:
-                return op.batch_fn(values)
-            return tree.stack(values, self._alloc)
-        return pad_and_stack(op, values, [r.metadata.index for r in records], self._padding, self._alloc)
+        indices = [r.metadata.index for r in records] if self._op.pad else ()
+        return batch_elements(self._op, [r.data for r in records], indices, self._padding, self._alloc)
 
     def _note(self, error: BaseException, records: list) -> None:
         idx = [r.metadata.index for r in records]
@@ -426,49 +419,6 @@ class _BatchRecordsIterator(PassThroughStateIterator):
 
     def __str__(self) -> str:
         return f"{type(self).__name__}({describe_op(self._op)})"
-
-
-def pad_and_stack(
-    op: Batch, values: list, indices: Sequence[int], padding: Optional[BaseSampler], alloc: Optional[tree.Allocator]
-) -> Any:
-    """A ``Batch(pad=True)`` of ``values`` (changed in place): zeros for padding, and the mask.
-
-    Args:
-      op: the Batch.
-      values: the elements, at most ``op.batch_size``.
-      indices: their global indices (a padding sampler marks some as padding).
-      padding: the sampler whose padding the Batch masks, or None.
-      alloc: allocator for the stacked leaves, or None.
-    """
-    size = op.batch_size
-    mask = np.zeros(size, dtype=bool)
-    mask[: len(values)] = True
-    if padding is not None:
-        flags = padding.locate(np.array(indices, np.int64)).padding
-        if flags is not None:
-            for i in np.flatnonzero(flags).tolist():
-                mask[i] = False
-                values[i] = tree.zeros_like(values[i])
-    if len(values) < size:
-        values.extend([tree.zeros_like(values[0])] * (size - len(values)))
-    data = op.batch_fn(values) if op.batch_fn is not None else tree.stack(values, alloc)
-    return _with_mask(data, mask, op)
-
-
-def _with_mask(data: Any, mask: np.ndarray, op: Batch) -> Any:
-    """Adds the ``mask`` leaf: a key of a dict batch, else ``{"data": ..., "mask": ...}``."""
-    if isinstance(data, dict):
-        if "mask" in data:
-            raise ValueError(
-                f"{describe_op(op)}: the elements already have a 'mask' key, where pad=True "
-                "puts the padding mask; rename that key"
-            )
-        if type(data) is dict:
-            return {**data, "mask": mask}
-        out = copy.copy(data)  # keeps the subclass (and a defaultdict's factory)
-        out["mask"] = mask
-        return out
-    return {"data": data, "mask": mask}
 
 
 def odd_elements(records: list, producer: str) -> str:
