@@ -23,6 +23,7 @@ a mesh's data axis: each JAX process reads only its rows of every global batch
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 import types
 import weakref
@@ -485,12 +486,7 @@ class _GlobalBatchIterator(_WrappedIterator):
 
     def __next__(self) -> Any:
         op = self._op
-        values = []
-        for _ in range(op.batch_size):
-            try:
-                values.append(next(self._inner))
-            except StopIteration:
-                break
+        values = list(itertools.islice(self._inner, op.batch_size))
         if not values or (len(values) < op.batch_size and op.drop_remainder):
             raise StopIteration
         return batch_elements(op, values)
