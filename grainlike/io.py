@@ -46,6 +46,7 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
+from grainlike.core.tree import map_structure, map_structure_with_key_path
 from grainlike.jax_loops import CallbackErrors, host_callback
 
 __all__ = [
@@ -137,6 +138,19 @@ def pytree_to_dict(tree: Any) -> Any:
     return {str(k): pytree_to_dict(v) for k, v in children}
 
 
+def _keyed_leaves(pytree: Any) -> list:
+    """``(key path, leaf)`` of every leaf of ``pytree_to_dict(pytree)``, in leaf order (core.tree's walk)."""
+    out: list = []
+    map_structure_with_key_path(lambda path, leaf: out.append((path, leaf)), pytree_to_dict(pytree),
+                                is_leaf=_not_a_dict)
+    return out
+
+
+def _not_a_dict(node: Any) -> bool:
+    # pytree_to_dict makes every node a plain dict; anything else is one of its leaves.
+    return type(node) is not dict
+
+
 def pytree_dict_keys(tree: Any) -> list:
     """The key path of every leaf of ``pytree_to_dict(tree)``, in leaf order.
 
@@ -144,18 +158,7 @@ def pytree_dict_keys(tree: Any) -> list:
       >>> pytree_dict_keys({"a": [0.0, 1.0], "b": 2.0})
       [('a', 'list_element_0'), ('a', 'list_element_1'), ('b',)]
     """
-    keys: list = []
-
-    def walk(node: Any, path: tuple) -> None:
-        children = _children(node)
-        if children is None:
-            keys.append(path)
-            return
-        for k, v in children:
-            walk(v, path + (str(k),))
-
-    walk(tree, ())
-    return keys
+    return [path for path, _ in _keyed_leaves(tree)]
 
 
 def dict_to_pytree(pytree_as_dict: Any, target: Any) -> Any:
@@ -190,19 +193,8 @@ def dict_to_pytree(pytree_as_dict: Any, target: Any) -> Any:
     return build(pytree_as_dict, target, ())
 
 
-def _leaves(tree: Any) -> list:
-    out: list = []
-
-    def walk(node: Any) -> None:
-        children = _children(node)
-        if children is None:
-            out.append(node)
-            return
-        for _, v in children:
-            walk(v)
-
-    walk(tree)
-    return out
+def _leaves(pytree: Any) -> list:
+    return [leaf for _, leaf in _keyed_leaves(pytree)]
 
 
 # -- collectors -------------------------------------------------------------------------
@@ -346,21 +338,8 @@ class HDF5Collector(DataCollector):
 
 def _unflatten(template: Any, leaves: list) -> Any:
     it = iter(leaves)
-
-    def build(node: Any) -> Any:
-        children = _children(node)
-        if children is None:
-            return next(it)
-        if node is None:
-            return None
-        values = [build(v) for _, v in children]
-        if isinstance(node, dict):
-            return dict(zip([k for k, _ in children], values))
-        if isinstance(node, tuple) and hasattr(node, "_fields"):
-            return type(node)(*values)
-        return type(node)(values)
-
-    return build(template)
+    as_dict = map_structure(lambda _: next(it), pytree_to_dict(template), is_leaf=_not_a_dict)
+    return dict_to_pytree(as_dict, template)
 
 
 # -- saving inside jit ------------------------------------------------------------------

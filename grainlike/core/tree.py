@@ -245,14 +245,15 @@ def map_structure_with_path(fn: Callable[..., Any], *trees: Any) -> Any:
     return _map(leaf, trees, (), None)
 
 
-def map_structure_with_key_path(fn: Callable[..., Any], *trees: Any) -> Any:
+def map_structure_with_key_path(fn: Callable[..., Any], *trees: Any,
+                                is_leaf: Optional[Callable[[Any], bool]] = None) -> Any:
     """Like ``map_structure``, calling ``fn(key_path, *leaves)``; grain's ``map_structure_with_path``.
 
     The key path is a tuple of the keys that lead to the leaf: dict keys,
     sequence indices (namedtuples too, as in grain without jax; with jax, grain
     names the field) and dataclass field names, e.g. ``('image', 0)``; ``()``
     for a tree that is one leaf. (``map_structure_with_path`` gives the same
-    path as a printable string.)
+    path as a printable string.) ``is_leaf`` is ``map_structure``'s.
 
     Example:
       >>> map_structure_with_key_path(lambda p, x: p, {"a": [5, 6]})
@@ -265,7 +266,7 @@ def map_structure_with_key_path(fn: Callable[..., Any], *trees: Any) -> Any:
         _check_leaves(path, leaves)
         return fn(path, *leaves)
 
-    return _map(leaf, trees, (), None)
+    return _map(leaf, trees, (), is_leaf)
 
 
 def assert_same_structure(a: Any, b: Any) -> None:
