@@ -230,6 +230,9 @@ class _WorkerSliceTask:
     States are the sliced iterator's states; None starts a fresh iterator. The
     dataset travels as bytes of its own and is loaded after ``worker_init_fn``
     has run in the worker, as in grain (without one, as the task is loaded).
+    A worker that is reset (``WorkerPool.reset``) calls ``outputs`` again: the
+    ``worker_init_fn`` runs once per process, as in grain, and each call
+    iterates over a fresh copy of the stages.
     """
 
     def __init__(
@@ -242,6 +245,7 @@ class _WorkerSliceTask:
         self._worker_init_fn = worker_init_fn
         self._sequential_slice = sequential_slice
         self._dataset_bytes: Optional[bytes] = None
+        self._initialized = False  # worker_init_fn has run in this process
         # The DatasetOptions of the whole pipeline, including those set after
         # mp_prefetch: the workers' stages follow them too, as in grain.
         self.dataset_options: Any = None
@@ -263,16 +267,18 @@ class _WorkerSliceTask:
 
     def _dataset(self) -> IterDataset:
         """A copy of the parent dataset, this worker's to slice."""
-        if self._parent is not None:
-            # A copy of the stages only (what slicing changes): in the calling
-            # process, a pickled copy would unpickle the sources and transforms too.
-            return worker_slice.copy_stages(self._parent, self._sequential_slice)
-        return cloudpickle.loads(self._dataset_bytes)
+        if self._parent is None:
+            # Loaded after the worker_init_fn, once (a reset slices another copy).
+            self._parent = cloudpickle.loads(self._dataset_bytes)
+        # A copy of the stages only (what slicing changes): in the calling
+        # process, a pickled copy would unpickle the sources and transforms too.
+        return worker_slice.copy_stages(self._parent, self._sequential_slice)
 
     def outputs(
         self, worker_index: int, worker_count: int, state: Any, alloc: Optional[Allocator]
     ) -> Iterator[tuple[Any, Any]]:
-        if self._worker_init_fn is not None:
+        if self._worker_init_fn is not None and not self._initialized:
+            self._initialized = True
             self._worker_init_fn(worker_index, worker_count)
         ds = self._dataset()
         self._worker_dataset = ds  # For describe_output.
@@ -420,9 +426,11 @@ class MultiprocessPrefetchIterDataset(IterDataset):
 class MultiprocessPrefetchDatasetIterator(DatasetIterator):
     """Round-robin over the workers' outputs; grain's state (see the module docstring).
 
-    Workers start at the first ``next()`` or ``start_prefetch()``, stop at
-    ``close()`` (or when the iterator is garbage collected, or at exit), and are
-    started again from the current state after ``set_state()``.
+    Workers start at the first ``next()`` or ``start_prefetch()`` and stop at
+    ``close()`` (or when the iterator is garbage collected, or at exit);
+    ``set_state()`` sends running workers their new states (grain's
+    ``set_state`` does not restart its processes either), and so does
+    ``repeat()`` at each new epoch.
 
     An error raised in worker ``w`` reaches the caller once, with its type and
     the worker's traceback; as in grain, ``w`` then counts as exhausted at the
@@ -594,7 +602,12 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
         }
 
     def set_state(self, state: dict) -> None:
-        """Moves every worker to its state in ``state``; workers restart from there.
+        """Moves every worker to its state in ``state``, in the same worker processes.
+
+        As grain does, running workers are sent their new states and go on from
+        there (what they computed ahead is dropped); where they cannot be (none
+        started yet, or one failed or died), workers start from ``state`` at the
+        next ``next()``.
 
         Raises:
           InvalidStateError (a ValueError): ``state`` is not an mp_prefetch state of
@@ -682,9 +695,14 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
                 probe.set_state(copy.deepcopy(worker_state))
             finally:
                 probe.close()
-        self._drop_pool()
+        new_exhausted = [bool(e) for e in exhausted]
+        pool = self._pool
+        if pool is None or not pool.reset(new_states, cycle, new_exhausted):
+            # No workers running, or some that cannot take a new state (failed,
+            # dead, still starting): new ones start from it at the next next().
+            self._drop_pool()
         self._states = new_states
-        self._exhausted = [bool(e) for e in exhausted]
+        self._exhausted = new_exhausted
         self._next_worker = cycle
 
     # -- next index (grain's experimental get_next_index / set_next_index) ----------

@@ -27,6 +27,7 @@ import numpy as np  # Also preloaded for the forked workers.
 from grainlike.core import memfd, tree
 from grainlike.core.errors import add_note
 from grainlike.dataset import shm
+from grainlike.dataset.worker_protocol import END, ERR, OUT, OUTS, READY, RESET, RESET_DONE, START, STOP, TICK
 from grainlike.dataset import process_prefetch, source  # noqa: F401  (preloaded: tasks need them)
 
 
@@ -72,12 +73,12 @@ class _Outbox:
     The per-message cost (a send, the consumer's receive and its credit back)
     is more than a small batch's whole work (W1: ~50 us per message, ~35 us to
     make a batch of 128 records). So outputs with no leaf in shared memory,
-    pickled at once, wait here and travel as one ``("outs", [pickled (state,
+    pickled at once, wait here and travel as one ``(OUTS, [pickled (state,
     output), ...])`` message, which takes one credit. They leave when the group
     is full (``_GROUP_MAX`` outputs or ``_GROUP_BYTES``), before any other
-    message, at once for a worker's first output (the first batch waits for
-    nothing), and, for a slow pipeline, when the consumer has taken every
-    message sent and the group has waited ``_GROUP_WAIT_S`` (the control thread
+    message, at once for a worker's first output and its first after a reset
+    (the first batch waits for nothing), and, for a slow pipeline, when the
+    consumer has taken every message sent and the group has waited ``_GROUP_WAIT_S`` (the control thread
     sends it then): a slow output never holds back the ones before it. Which
     outputs share a message changes nothing else: the outputs, their order and
     their states are the same.
@@ -95,6 +96,8 @@ class _Outbox:
         # (counted by the control thread): each counter has one writer.
         self._sent = 0
         self._taken = 0
+        # The next output leaves at once (a worker's first, and its first after a reset).
+        self._first = True
 
     def _send_group(self, credit: bool) -> None:
         # With self._lock held.
@@ -104,10 +107,11 @@ class _Outbox:
             self._credits.acquire()
             if self._stop.is_set():
                 return
-        message = ForkingPickler.dumps(("outs", self._group))
+        message = ForkingPickler.dumps((OUTS, self._group))
         self._group, self._bytes = [], 0
         self._results.send_bytes(message)
         self._sent += 1
+        self._first = False
 
     def add(self, pickled: bytes) -> None:
         """Queues one small output (its pickled ``(state, output)``)."""
@@ -119,7 +123,7 @@ class _Outbox:
             if (
                 len(self._group) >= _GROUP_MAX
                 or self._bytes >= _GROUP_BYTES
-                or self._sent == 0
+                or self._first
                 or (self._sent == self._taken and time.monotonic() - self._since >= _GROUP_WAIT_S)
             ):
                 self._send_group(credit=True)
@@ -134,6 +138,7 @@ class _Outbox:
                     return
                 self._results.send_bytes(message)
                 self._sent += 1
+                self._first = False
                 if fds:
                     shm.send_fds(self._results, fds)
             finally:
@@ -144,6 +149,12 @@ class _Outbox:
         """Sends the waiting group (before an end or an error message)."""
         with self._lock:
             self._send_group(credit)
+
+    def restart(self) -> None:
+        """Drops the waiting group (a reset: the consumer drops those outputs anyway); the next output leaves at once."""
+        with self._lock:
+            self._group, self._bytes = [], 0
+            self._first = True
 
     def wait_s(self) -> Optional[float]:
         """How long the control thread may sleep before a group may be due (None: long)."""
@@ -202,7 +213,7 @@ def _send_error(conn, state: Any, error: BaseException) -> None:
         frames = [(str(f.filename), int(f.lineno or 0), str(f.name)) for f in traceback.extract_tb(error.__traceback__)]
     except Exception:  # noqa: BLE001 - the text traceback above still travels
         frames = []
-    conn.send(("err", state, payload, name, _error_text(error), tb, type_payload, notes, why, frames))
+    conn.send((ERR, state, payload, name, _error_text(error), tb, type_payload, notes, why, frames))
 
 
 def _explain_unpicklable(error: BaseException, output: Any, origin: str) -> None:
@@ -365,19 +376,25 @@ def run(
 ) -> None:
     """Produces one worker's outputs and sends them to the consumer.
 
-    Messages out: ``("out", state, payload, new_segments)``, ``("err", state,
-    ...)`` and finally ``("end", state)``; after an ``"out"`` whose
-    ``new_segments`` (``[(seg_id, size)]``) is not empty come those segments'
-    descriptors (``shm.send_fds``), so ``results`` is a Unix socket. Messages
-    in: ``("tick", released_segment_ids)`` (one more output may be sent) and
-    ``("stop",)``. If the consumer's end of the control pipe closes (it exited
+    The messages are ``worker_protocol``'s. Out: ``OUT`` / ``OUTS`` outputs,
+    an ``ERR``, and an ``END`` when the outputs are exhausted; the descriptors
+    of an ``OUT``'s new segments follow it (``shm.send_fds``), so ``results``
+    is a Unix socket. In: ``TICK`` (one more output may be sent), ``RESET``
+    and ``STOP``. If the consumer's end of the control pipe closes (it exited
     or was killed), the worker exits at once; its segments end with the last
     mapping.
 
-    With ``hold``, the worker sends ``("ready",)`` once its task is loaded and
-    waits for ``("start", state)``: meanwhile the consumer computes this
-    worker's first outputs itself, and only it knows where they end. An ``idle``
-    worker (already exhausted) produces nothing and waits to be stopped.
+    A ``RESET`` (the consumer's ``set_state``) may come at any time: the worker
+    stops producing after the output in hand (or leaves its error or its end),
+    drops the outputs it has not sent, sends ``RESET_DONE`` and produces again
+    from the reset's state, in the same process (the consumer drops every
+    message before ``RESET_DONE``). The task is loaded, and its
+    ``worker_init_fn`` run, once per process.
+
+    With ``hold``, the worker sends ``READY`` once its task is loaded and
+    waits for ``START``: meanwhile the consumer computes this worker's first
+    outputs itself, and only it knows where they end. An ``idle`` worker
+    (already exhausted) produces nothing until a reset says otherwise.
 
     ``watch`` is ``(progress fd or None, slot, stack fd)``: where the worker
     records its progress and writes its stacks on ``SIGUSR1``. ``shipped`` maps
@@ -403,7 +420,12 @@ def run(
     credits = threading.Semaphore(buffer_size)
     stop = threading.Event()
     started = threading.Event()
+    # Set on STOP and on RESET: whatever the main thread waits for, it looks again.
+    wake = threading.Event()
     start_at = [start]
+    # The latest RESET not yet done, (epoch, state, exhausted): a newer one replaces it.
+    reset_lock = threading.Lock()
+    reset_at: list = [None]
     pool_lock = threading.Lock()
 
     def consumer_gone() -> None:
@@ -425,28 +447,32 @@ def run(
                         consumer_gone()
                     continue
                 msg = control.recv()
-                if msg[0] == "tick":
+                if msg[0] == TICK:
                     if msg[1] and pool is not None:
                         with pool_lock:
                             pool.release(msg[1])
                     outbox.taken()
                     credits.release()
                     outbox.send_if_due()
-                elif msg[0] == "start":
+                elif msg[0] == RESET:
+                    with reset_lock:
+                        reset_at[0] = msg[1:]
+                    wake.set()
+                elif msg[0] == START:
                     start_at[0] = msg[1]
                     started.set()
-                elif msg[0] == "stop":
+                elif msg[0] == STOP:
                     break
         except (EOFError, OSError):
             consumer_gone()
         stop.set()
         started.set()
+        wake.set()
         credits.release()
 
     outbox = _Outbox(results, credits, stop)
     threading.Thread(target=listen, name="grainlike-control", daemon=True).start()
 
-    state = start
     produced = 0
     busy = waited = 0.0
     clock = time.perf_counter
@@ -457,78 +483,117 @@ def run(
             with pool_lock:
                 return pool.alloc(shape, dtype)
 
-    try:
-        if idle:
-            stop.wait()
-        task = None if stop.is_set() else cloudpickle.loads(task_bytes)
-        if hold and task is not None:
-            results.send(("ready",))
-            started.wait()
-            state = start = start_at[0]
-        # Stopped while held: nothing to produce.
-        outputs = () if stop.is_set() else task.outputs(worker_index, worker_count, start, alloc)
-        t0 = clock()
-        before = start
-        for state, output in outputs:
-            unsent = []
-            inline = True
-            if pool is not None:
-                with pool_lock:
-                    lent = pool.lent_count()
-                    output = pool.export(output)
-                    inline = pool.lent_count() == lent
-                    unsent = pool.take_unsent()
-            try:
-                if inline and not unsent:
-                    # Travels in a list. Plain pickle costs less than ForkingPickler (whose
-                    # reducers are for handles, not outputs); loads reads either.
-                    message = pickle.dumps((state, output), protocol=5)
-                else:
-                    message = ForkingPickler.dumps(("out", state, output, [u[:2] for u in unsent]))
-            except Exception as e:
+    task = None
+    outputs: Any = None
+
+    def interrupted() -> bool:
+        return stop.is_set() or reset_at[0] is not None
+
+    def produce(start: Any, first: bool) -> None:
+        """Sends the outputs from ``start`` on, then the end or the error; stops early if interrupted."""
+        nonlocal task, outputs, produced, busy, waited
+        state = start
+        try:
+            if task is None:
+                task = cloudpickle.loads(task_bytes)
+                if hold and first:
+                    results.send((READY,))
+                    started.wait()
+                    state = start = start_at[0]
+            if stop.is_set():
+                return  # Stopped while held: nothing to produce.
+            outputs = task.outputs(worker_index, worker_count, start, alloc)
+            t0 = clock()
+            before = start
+            for state, output in outputs:
+                unsent = []
+                inline = True
                 if pool is not None:
-                    pool.keep_unsent(unsent)  # Sent with a later output instead.
-                _explain_unpicklable(e, output, _origin(task, worker_index, worker_count, before, state))
-                state = before  # The output was not delivered.
-                raise
-            del output
-            before = state
-            t1 = clock()
-            busy += t1 - t0
-            if inline and not unsent:
-                outbox.add(message)
-            else:
-                outbox.send(message, [u[2] for u in unsent])
-            del message
+                    with pool_lock:
+                        lent = pool.lent_count()
+                        output = pool.export(output)
+                        inline = pool.lent_count() == lent
+                        unsent = pool.take_unsent()
+                try:
+                    if inline and not unsent:
+                        # Travels in a list. Plain pickle costs less than ForkingPickler (whose
+                        # reducers are for handles, not outputs); loads reads either.
+                        message = pickle.dumps((state, output), protocol=5)
+                    else:
+                        message = ForkingPickler.dumps((OUT, state, output, [u[:2] for u in unsent]))
+                except Exception as e:
+                    if pool is not None:
+                        pool.keep_unsent(unsent)  # Sent with a later output instead.
+                    _explain_unpicklable(e, output, _origin(task, worker_index, worker_count, before, state))
+                    state = before  # The output was not delivered.
+                    raise
+                del output
+                before = state
+                t1 = clock()
+                busy += t1 - t0
+                if inline and not unsent:
+                    outbox.add(message)
+                else:
+                    outbox.send(message, [u[2] for u in unsent])
+                del message
+                if interrupted():
+                    return
+                t0 = clock()
+                waited += t0 - t1
+                produced += 1
+            if not interrupted():
+                outbox.flush()
+            if not interrupted():
+                results.send((END, task.end_state(worker_index, worker_count, state)))
+        except SystemExit as e:
+            # sys.exit() in the user's code ends this worker process with its code, as
+            # it would a process of the user's own; the consumer reports the exit
+            # (WorkerDiedError, as grain's RuntimeError) and is not itself ended.
+            if not stop.is_set():
+                outbox.flush(credit=False)  # The outputs before it are delivered first.
+            _exit_as(e)
+        except BaseException as e:  # noqa: B902 - everything goes to the consumer
+            if not stop.is_set():
+                # The outputs before the error are delivered first (without a credit:
+                # the consumer reads every message in order).
+                outbox.flush(credit=False)
+            if not stop.is_set():
+                try:
+                    _send_error(results, state, e)
+                except Exception:
+                    # Without a report the consumer would wait for this worker: exit,
+                    # so that it reports the exit instead.
+                    os._exit(70)
+
+    first = True
+    while True:
+        if not idle and not interrupted():
+            produce(start, first)
+        first = False
+        # Done, failed or interrupted: wait to be stopped or reset. (Cleared
+        # before looking, so that a wake after the look ends the wait.)
+        while True:
+            wake.clear()
             if stop.is_set():
                 break
-            t0 = clock()
-            waited += t0 - t1
-            produced += 1
-        else:
-            if not stop.is_set():
-                outbox.flush()
-            if not stop.is_set():
-                results.send(("end", task.end_state(worker_index, worker_count, state)))
-    except SystemExit as e:
-        # sys.exit() in the user's code ends this worker process with its code, as
-        # it would a process of the user's own; the consumer reports the exit
-        # (WorkerDiedError, as grain's RuntimeError) and is not itself ended.
-        if not stop.is_set():
-            outbox.flush(credit=False)  # The outputs before it are delivered first.
-        _exit_as(e)
-    except BaseException as e:  # noqa: B902 - everything goes to the consumer
-        if not stop.is_set():
-            # The outputs before the error are delivered first (without a credit:
-            # the consumer reads every message in order).
-            outbox.flush(credit=False)
-        if not stop.is_set():
+            with reset_lock:
+                reset, reset_at[0] = reset_at[0], None
+            if reset is not None:
+                break
+            wake.wait()
+        if stop.is_set():
+            break
+        epoch, start, idle = reset
+        if outputs is not None:
+            # The iterator the old outputs came from is done with (it closes in the
+            # generator's finally); the next round starts one at the reset's state.
             try:
-                _send_error(results, state, e)
-            except Exception:
-                # Without a report the consumer would wait for this worker: exit,
-                # so that it reports the exit instead.
-                os._exit(70)
+                outputs.close()
+            except Exception:  # noqa: BLE001 - as when a stopped worker exits
+                pass
+            outputs = None
+        outbox.restart()
+        results.send((RESET_DONE, epoch))
     if profile:
         logging.getLogger("grainlike").warning(
             "grainlike worker %d of %d: %d outputs, %.3f s producing (%.2f ms each), "

@@ -52,6 +52,7 @@ from grainlike.core.errors import ClosedIteratorError, add_note, traceback_from_
 from grainlike.core.tree import Allocator
 from grainlike.dataset import shm, worker_server
 from grainlike.dataset.options import MultiprocessingOptions
+from grainlike.dataset.worker_protocol import END, ERR, OUT, OUTS, READY, RESET, RESET_DONE, START, STOP, TICK
 
 # How long close() waits for the workers to exit by themselves before terminating
 # them; and when the pool's owner was dropped (nothing will read what they compute).
@@ -342,7 +343,7 @@ def _describe_exit(code: Optional[int]) -> str:
 
 def _ask_to_stop(control: Any) -> None:
     try:
-        control.send(("stop",))
+        control.send((STOP,))
     except Exception:
         pass  # Already gone.
 
@@ -489,6 +490,11 @@ class WorkerPool:
     first, where it starts) and ``next_worker`` whose turn is next; both change
     only when an output is returned, so they are a checkpoint at every step.
 
+    Reset: ``reset()`` moves running workers to new states in the same
+    processes (grain's ``set_state`` keeps its processes too); each drops what
+    it computed ahead and goes on from its new state (``worker_protocol``'s
+    ``RESET``).
+
     Warm start: when ``next()`` has to start the workers (rather than
     ``start()`` ahead of time) and ``warm_start`` is set, each worker is started
     held. Until worker ``w`` reports that it has loaded its task, the calling
@@ -562,6 +568,10 @@ class WorkerPool:
         # Outputs that came in one message with others ("outs"), not yet returned:
         # (state, payload) per output, per worker.
         self._inbox = [collections.deque() for _ in range(worker_count)]
+        # Per worker, the number of the reset (see reset()) whose RESET_DONE is
+        # still to come: its messages until then are stale. None: none pending.
+        self._resetting: list = [None] * worker_count
+        self._resets = 0
         # Workers started held, and the in-process outputs standing in for them.
         self._held = [False] * worker_count
         self._local: dict = {}
@@ -736,7 +746,7 @@ class WorkerPool:
         while released:
             ids.append(released.popleft())
         try:
-            self._shutdown.controls[w].send(("tick", ids))
+            self._shutdown.controls[w].send((TICK, ids))
         except (OSError, ValueError):
             pass
 
@@ -826,6 +836,9 @@ class WorkerPool:
                 if found:
                     return output
                 continue
+            if self._resetting[w] is not None:
+                self._drain_stale(w)
+                continue
             inbox = self._inbox[w]
             if inbox:
                 state, output = pickle.loads(inbox[0])
@@ -833,37 +846,117 @@ class WorkerPool:
                 self.states[w] = state
                 self._advance(w)
                 return output
-            try:
-                msg = self._recv(w)
-                if msg[0] == "out" and msg[3]:
-                    # New segments: their descriptors follow the message.
-                    fds = self._recv(w, functools.partial(shm.recv_fds, count=len(msg[3])))
-                    self._shutdown.readers[w].add(msg[3], fds)
-            except WorkerDiedError as e:
-                raise self._failure(w, e) from None
-            except WorkerStalledError as e:
-                raise self._failure(w, e, responsive=False) from None
+            msg = self._message(w)
             kind = msg[0]
-            if kind == "out":
+            if kind == OUT:
                 output = self._shutdown.readers[w].materialize(msg[2])
                 self.states[w] = msg[1]
                 self._advance(w)
                 self._tick(w)
                 return output
-            if kind == "outs":
+            if kind == OUTS:
                 # Small outputs travel several to a message, each pickled on its
                 # own (worker_main._Outbox): one message, one credit.
                 inbox.extend(msg[1])
                 self._tick(w)
                 continue
-            if kind == "end":
+            if kind == END:
                 self.exhausted[w] = True
                 self.states[w] = msg[1]
                 self._advance(w)
                 continue
-            if kind == "err":
+            if kind == ERR:
                 raise self._failure(w, _rebuild_error(w, self._shutdown.procs[w].pid, msg))
             raise RuntimeError(f"unexpected message from worker {w}: {kind!r}")
+
+    def _message(self, w: int) -> tuple:
+        """Worker ``w``'s next message, with the descriptors of an ``OUT``'s new segments mapped."""
+        try:
+            msg = self._recv(w)
+            if msg[0] == OUT and msg[3]:
+                # New segments: their descriptors follow the message.
+                fds = self._recv(w, functools.partial(shm.recv_fds, count=len(msg[3])))
+                self._shutdown.readers[w].add(msg[3], fds)
+        except WorkerDiedError as e:
+            raise self._failure(w, e) from None
+        except WorkerStalledError as e:
+            raise self._failure(w, e, responsive=False) from None
+        return msg
+
+    def _drain_stale(self, w: int) -> None:
+        """Drops worker ``w``'s messages from before its latest reset, up to its ``RESET_DONE``.
+
+        They were computed from the state before ``reset()``: outputs are
+        dropped (their segments go back to the worker, and each message's
+        credit too, as if delivered), an end or an error is ignored (the worker
+        starts again from the reset's state). A death or stall meanwhile is
+        reported as at any other time.
+        """
+        while self._resetting[w] is not None:
+            msg = self._message(w)
+            kind = msg[0]
+            if kind == OUT:
+                # Mapped and let go at once: the segments are released as the
+                # arrays of an output the user dropped.
+                self._shutdown.readers[w].materialize(msg[2])
+                self._tick(w)
+            elif kind == OUTS:
+                self._tick(w)
+            elif kind == RESET_DONE and msg[1] == self._resetting[w]:
+                self._resetting[w] = None
+
+    def reset(self, states: Sequence[Any], next_worker: int, exhausted: Sequence[bool]) -> bool:
+        """Moves the running workers to new states without restarting them (grain's set_state).
+
+        Each worker is sent ``RESET`` with its state; what it computed before is
+        dropped as it arrives (``_drain_stale``, at that worker's next turn), so
+        the outputs from here on are those of workers started at ``states``,
+        from the same processes. An exhausted worker idles until a later reset.
+
+        Returns:
+          True if the workers were reset; False where they cannot be (not
+          started, closed, a worker that failed, died or is still starting or
+          held): the pool is then unchanged (closed, if a worker's pipe broke
+          during the reset) and the caller starts a new one from ``states``.
+        """
+        self._check_owner()
+        sd = self._shutdown
+        if (
+            not self._started
+            or self._closed
+            or self._dead is not None
+            or any(self._failed)
+            or any(self._held)
+            or self._local
+            or sd.launch_error is not None
+            or sd.launched != self._w
+            or any(p.exitcode is not None for p in sd.procs)
+        ):
+            return False
+        if len(states) != self._w or len(exhausted) != self._w:
+            raise ValueError(
+                f"expected {self._w} worker states and exhausted flags, got {len(states)} and {len(exhausted)}"
+            )
+        self._resets += 1
+        position = (list(states), next_worker, [bool(e) for e in exhausted])
+        # delivered() from another thread sees the new position throughout.
+        self._call_start = position
+        self._calls += 1
+        try:
+            for w in range(self._w):
+                try:
+                    sd.controls[w].send((RESET, self._resets, position[0][w], position[2][w]))
+                except (OSError, ValueError):
+                    # The worker died meanwhile: the caller starts new workers from
+                    # the new states (as before a reset).
+                    self.close()
+                    return False
+                self._resetting[w] = self._resets
+                self._inbox[w].clear()
+            self.states, self.next_worker, self.exhausted = position
+        finally:
+            self._calls += 1
+        return True
 
     def _failure(self, w: int, error: BaseException, responsive: bool = True) -> BaseException:
         """What to raise for worker ``w``'s error: it ends ``w`` only, or every worker.
@@ -895,15 +988,15 @@ class WorkerPool:
                 msg = self._recv(w)
             except WorkerDiedError as e:
                 raise self._failure(w, e) from None
-            if msg[0] == "err":  # The task failed to load in the worker.
+            if msg[0] == ERR:  # The task failed to load in the worker.
                 raise self._failure(w, _rebuild_error(w, sd.procs[w].pid, msg))
-            if msg[0] != "ready":
+            if msg[0] != READY:
                 raise RuntimeError(f"unexpected message from held worker {w}: {msg[0]!r}")
             local = self._local.pop(w, None)
             if local is not None:
                 local.close()
             try:
-                sd.controls[w].send(("start", self.states[w]))
+                sd.controls[w].send((START, self.states[w]))
             except (OSError, ValueError):
                 # The worker died after it reported ready.
                 if self._closed:

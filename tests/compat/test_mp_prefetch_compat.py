@@ -32,7 +32,7 @@ def grain_started(grain_ref):
     return grain_ref
 
 
-def _pipeline(lib, workers, n=17):
+def _pipeline(lib, workers, n=17, buffer_size=1):
     # A random map on the iterator draws per worker process, and the filter
     # makes the workers' shares uneven.
     ds = (
@@ -43,7 +43,7 @@ def _pipeline(lib, workers, n=17):
         .filter(lambda p: p[0] % 4 != 1)
         .batch(2)
     )
-    return ds.mp_prefetch(lib.MultiprocessingOptions(num_workers=workers))
+    return ds.mp_prefetch(lib.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=buffer_size))
 
 
 def _run(ds):
@@ -84,6 +84,35 @@ def test_mp_prefetch_matches_reference(grain_ref, no_leaks, workers):
     it.set_state(l_states[k])
     assert_same(l_values[k:], rest(it), f"grain restored from grainlike's state {k}")
     assert it.get_state() == l_end
+    it.close()
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_set_state_on_a_running_iterator_keeps_its_workers_and_matches_reference(grain_ref, no_leaks, workers):
+    # As grain, set_state sends the running workers their states (grain's
+    # test_set_state_does_not_restart_process): the same processes go on, with
+    # grain's outputs and states from the restored one on.
+    g_values, g_states, g_end = _run(_pipeline(grain_namespace(grain_ref), workers, buffer_size=3))
+    states = g_states + [g_end]
+    it = iter(_pipeline(GRAINLIKE, workers, buffer_size=3))
+    next(it)
+    pids = it._pool.pids
+    assert len(pids) == workers
+    # Back to the start; to the end (every worker exhausted) and on from there
+    # into the middle; then to states whose workers have outputs computed ahead.
+    for k in (0, len(states) - 1, len(states) // 2, 1, len(states) // 2 + 1):
+        it.set_state(states[k])
+        assert it.get_state() == states[k]
+        got = [next(it) for _ in range(min(2, len(g_values) - k))]
+        assert_same(g_values[k : k + len(got)], got, f"after set_state to grain's state {k}")
+        if k + len(got) < len(g_states):  # (g_end is the state after the StopIteration)
+            assert it.get_state() == g_states[k + len(got)]
+    # Two states set before the next output: the later one holds.
+    it.set_state(states[3])
+    it.set_state(states[1])
+    assert_same(g_values[1:], rest(it), "after two set_state calls")
+    assert it.get_state() == g_end
+    assert it._pool.pids == pids
     it.close()
 
 

@@ -22,6 +22,7 @@ from grainlike.dataset import IterDataset, MapDataset
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
 from grainlike.dataset.options import MultiprocessingOptions
 from grainlike.dataset.process_prefetch import MultiprocessPrefetchIterDataset
+from grainlike.dataset.repeat import RepeatIterDataset
 from grainlike.dataset.workers import WorkerDiedError
 from tests.helpers import leaks
 
@@ -109,9 +110,93 @@ def test_set_state_moves_a_running_iterator(no_leaks):
     next(it), next(it), next(it)
     mid = it.get_state()
     rest = _plain(it)
-    it.set_state(mid)  # workers restart from the saved states
+    it.set_state(mid)  # the workers go on from the saved states
     assert _plain(it) == rest == full[3:]
     it.close()
+
+
+def test_set_state_keeps_the_worker_processes_and_drops_their_shared_memory_outputs(no_leaks):
+    # Outputs of 256 KiB travel in shared-memory segments; 4 per worker are
+    # computed ahead when set_state comes. The stale ones are dropped and their
+    # segments reused (no_leaks: no fd, segment or process left).
+    def big(x):
+        return np.full(1 << 15, x, np.float64)
+
+    ds = MapDataset.range(40).map(big).to_iter_dataset().mp_prefetch(_options(2, per_worker_buffer_size=4))
+    it = iter(ds)
+    states = []
+    for _ in range(12):
+        states.append(it.get_state())
+        next(it)
+    pids = it._pool.pids
+    held = next(it)  # an output the user keeps across the set_state calls
+    for step in (11, 0, 5, 2, 11, 7):
+        it.set_state(states[step])
+        got = [int(next(it)[0]) for _ in range(3)]
+        assert got == [step, step + 1, step + 2]
+    assert it._pool.pids == pids
+    assert int(held[0]) == 12 and (held == 12).all()
+    it.set_state(states[3])
+    assert [int(b[0]) for b in it] == list(range(3, 40))
+    assert it._pool.pids == pids
+    it.close()
+
+
+def test_worker_init_fn_runs_once_per_worker_across_set_state(no_leaks, tmp_path):
+    # grain calls it once per process; set_state keeps the processes.
+    def init(worker_index, worker_count):
+        with open(tmp_path / f"init{worker_index}", "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+    it = iter(MapDataset.range(10).to_iter_dataset().mp_prefetch(_options(2), worker_init_fn=init))
+    start = it.get_state()
+    assert list(it) == list(range(10))
+    it.set_state(start)
+    assert list(it) == list(range(10))
+    it.close()
+    for w in range(2):
+        assert len((tmp_path / f"init{w}").read_text().split()) == 1
+
+
+def test_a_worker_killed_after_set_state_is_reported(no_leaks):
+    ds = MapDataset.range(400).to_iter_dataset().mp_prefetch(_options(2))
+    it = iter(ds)
+    start = it.get_state()
+    assert [next(it) for _ in range(4)] == [0, 1, 2, 3]
+    it.set_state(start)
+    pid = it._pool.pids[1]
+    os.kill(pid, signal.SIGKILL)
+    assert leaks.wait_until(lambda: pid not in leaks.worker_children())
+    got = []
+    with pytest.raises(WorkerDiedError, match=r"worker 1 of 2 .*SIGKILL"):
+        while True:
+            got.append(next(it))
+    assert got == list(range(len(got)))
+    it.close()
+
+
+def test_set_state_after_a_worker_died_starts_new_workers(no_leaks):
+    # A worker that cannot take the state (it died; one whose error was raised
+    # is stopped too) is replaced, as before any output.
+    ds = MapDataset.range(20).to_iter_dataset().mp_prefetch(_options(2))
+    it = iter(ds)
+    start = it.get_state()
+    assert [next(it) for _ in range(2)] == [0, 1]
+    old = it._pool.pids
+    os.kill(old[0], signal.SIGKILL)
+    assert leaks.wait_until(lambda: old[0] not in leaks.worker_children())
+    it.set_state(start)
+    assert list(it) == list(range(20))
+    assert not set(it._pool.pids) & set(old)
+    it.close()
+
+
+def test_repeat_over_workers_keeps_the_worker_processes(no_leaks):
+    ds = MapDataset.range(9).to_iter_dataset().map(lambda _: os.getpid())
+    it = iter(RepeatIterDataset(ds.mp_prefetch(_options(3)), num_epochs=3))
+    got = list(it)
+    it.close()
+    assert len(got) == 27 and len(set(got)) == 3 and os.getpid() not in got
 
 
 def test_bad_states_are_refused_before_anything_changes(no_leaks):

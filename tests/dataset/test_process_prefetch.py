@@ -53,6 +53,30 @@ def test_process_prefetch_state_is_the_parent_iterators_state_and_restores():
     it.close()
 
 
+def test_process_prefetch_set_state_keeps_the_process_and_restores_the_parents_outputs(no_leaks):
+    # grain sends the state to its running process (its
+    # test_set_state_does_not_restart_process); the outputs from a state are
+    # the parent iterator's from that state.
+    parent = _odd(40)
+    it = iter(ProcessPrefetchIterDataset(parent.map(lambda x: (x, os.getpid())), buffer_size=3))
+    states, values = [], []
+    for _ in range(8):
+        states.append(it.get_state())
+        values.append(next(it))
+    pid = values[0][1]
+    assert pid != os.getpid() and {p for _, p in values} == {pid}
+    for step in (7, 0, 4, 4, 1):
+        it.set_state(states[step])
+        assert it.get_state() == states[step]
+        assert [next(it) for _ in range(step, 8)] == values[step:]
+    it.set_state(states[2])
+    reference = iter(parent)
+    reference.set_state(states[2])
+    assert [x for x, _ in it] == list(reference)
+    assert it._pool.pids == [pid]
+    it.close()
+
+
 def test_process_prefetch_worker_init_fn_takes_no_arguments():
     def init():
         os.environ["GRAINLIKE_TEST_INIT"] = "ran"
