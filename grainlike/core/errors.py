@@ -5,10 +5,6 @@ counterpart in one place: each docstring says when it is raised and which grain
 class it equals or subclasses (or "none in grain" where grain has no such error).
 The modules that raise them re-export them under their old names (e.g.
 ``grainlike.sources.remote.RemoteReadError``). Numpy and the standard library only.
-
-The worker pool's errors (``WorkerError``, ``WorkerDiedError``,
-``ForeignWorkersError``, ``WorkerStalledError`` and the private ``_WorkerFailed``)
-are still defined in ``grainlike.dataset.workers``.
 """
 
 from __future__ import annotations
@@ -178,6 +174,49 @@ class _LeafMismatch(Exception):
     def __init__(self, path: tuple, detail: str):
         self.path = path
         self.detail = detail
+
+
+# -- worker processes ----------------------------------------------------------------
+
+
+class WorkerError(RuntimeError):
+    """A worker failed with an exception that could not be sent back as itself.
+
+    The message carries the worker's traceback as text. grain: none in grain
+    (grain re-raises what it can unpickle, else fails to); a ``RuntimeError``.
+    """
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process exited unexpectedly (killed, crashed, out of memory, ``sys.exit``).
+
+    The message names the worker, its pid, how it ended and its last delivered
+    state. grain: the ``RuntimeError`` "Worker process was terminated
+    unexpectedly ..." of its multiprocess prefetch, whose words it begins with.
+    """
+
+
+class ForeignWorkersError(RuntimeError):
+    """A forked child process tried to use the worker processes of its parent.
+
+    grain: none in grain (a child of grain's process shares its queues silently).
+    """
+
+
+class WorkerStalledError(RuntimeError):
+    """A worker made no progress for ``stall_timeout_s`` while its output was awaited.
+
+    The message names the worker, its pid, its last delivered state and its
+    Python stack. grain: none in grain (grain waits for ever).
+    """
+
+
+class _WorkerFailed(Exception):
+    """Carries a worker's error out of the pool's output loop when it ends only that worker."""
+
+    def __init__(self, error: BaseException):
+        super().__init__()
+        self.error = error
 
 
 class SharedMemoryFullError(OSError):

@@ -76,8 +76,10 @@ class MultiprocessingOptions:
         a worker stuck in one place (a deadlock, a hung read, a stopped process)
         is reported, never a slow one that keeps moving. The default, 300 s, is
         far longer than any single step of a healthy pipeline and short enough
-        that a stuck job fails before a scheduler's usual time limits. ``None``
-        or 0 turns the check off. grainlike only.
+        that a stuck job fails before a scheduler's usual time limits. A worker
+        still starting (no progress reported since its process began) is given
+        at least 60 s, so a short timeout does not report a slow start on a
+        loaded host. ``None`` or 0 turns the check off. grainlike only.
       restart_dead_workers: ``mp_prefetch`` only: when a worker process dies
         (killed, crashed, out of memory), start the workers again from the
         state after the last delivered element and go on, each element still

@@ -48,7 +48,16 @@ from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 import cloudpickle
 
 from grainlike.core import memfd
-from grainlike.core.errors import ClosedIteratorError, add_note, traceback_from_frames
+from grainlike.core.errors import (  # noqa: F401  (the worker errors' public home was this module)
+    ClosedIteratorError,
+    ForeignWorkersError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerStalledError,
+    _WorkerFailed,
+    add_note,
+    traceback_from_frames,
+)
 from grainlike.core.tree import Allocator
 from grainlike.dataset import shm, worker_server
 from grainlike.dataset.options import MultiprocessingOptions
@@ -63,24 +72,20 @@ _POLL_S = 0.5
 # How long a stalled worker gets to write its stack.
 _STACK_WAIT_S = 2.0
 DEFAULT_STALL_TIMEOUT_S = MultiprocessingOptions.stall_timeout_s
+# The least time a worker that has not reported any progress yet (it is still
+# starting) is given before it counts as stalled, whatever the stall timeout.
+STARTUP_TIMEOUT_S = 60.0
 # The signal on which a worker dumps its threads' stacks.
 STACK_SIGNAL = signal.SIGUSR1
 
 
-class WorkerError(RuntimeError):
-    """A worker failed with an exception that could not be sent back as itself."""
+def allowed_stall_s(stall_timeout_s: float, last_progress: float) -> float:
+    """How long a worker whose last reported progress is ``last_progress`` may not move.
 
-
-class WorkerDiedError(RuntimeError):
-    """A worker process exited unexpectedly (killed, crashed, out of memory)."""
-
-
-class ForeignWorkersError(RuntimeError):
-    """A forked child tried to use the worker processes of its parent."""
-
-
-class WorkerStalledError(RuntimeError):
-    """A worker made no progress for ``stall_timeout_s`` while its output was awaited."""
+    The progress page starts zeroed: 0.0 means the worker has not reported since
+    its process began, so it is still starting and gets ``STARTUP_TIMEOUT_S`` at least.
+    """
+    return max(stall_timeout_s, STARTUP_TIMEOUT_S) if last_progress == 0.0 else stall_timeout_s
 
 
 class PassedFd:
@@ -475,14 +480,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class _WorkerFailed(Exception):
-    """Carries a worker's error out of ``_next_output`` when it ends only that worker."""
-
-    def __init__(self, error: BaseException):
-        super().__init__()
-        self.error = error
-
-
 class WorkerPool:
     """Outputs of ``worker_count`` worker processes, taken strictly round-robin.
 
@@ -710,7 +707,10 @@ class WorkerPool:
         """Raises ``WorkerStalledError`` if worker ``w`` has not moved for the stall timeout.
 
         Only the time since the consumer began waiting counts: before that, the
-        worker may rightly have been idle with its buffer full.
+        worker may rightly have been idle with its buffer full. A worker that has
+        not reported yet is still starting (a fresh interpreter, imports, the
+        pipeline unpickled), which on a loaded host can rightly take longer than a
+        short stall timeout: it gets at least ``STARTUP_TIMEOUT_S``.
         """
         timeout = self._stall_timeout_s
         if timeout is None:
@@ -718,7 +718,9 @@ class WorkerPool:
         sd = self._shutdown
         last = waiting_since
         if sd.progress is not None:
-            last = max(last, sd.progress.last(w))
+            reported = sd.progress.last(w)
+            timeout = allowed_stall_s(timeout, reported)
+            last = max(last, reported)
         if time.monotonic() - last < timeout:
             return
         pid = sd.procs[w].pid

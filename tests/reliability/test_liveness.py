@@ -12,7 +12,7 @@ import pytest
 from grainlike.core.errors import ClosedIteratorError
 from grainlike.dataset.base import MapDataset
 from grainlike.dataset.options import MultiprocessingOptions
-from grainlike.dataset.workers import WorkerPool, WorkerStalledError
+from grainlike.dataset.workers import STARTUP_TIMEOUT_S, WorkerPool, WorkerStalledError, allowed_stall_s
 from tests.helpers.threads import next_in_thread
 from tests.reliability.transforms import Spin, StuckAt
 
@@ -105,6 +105,15 @@ def test_close_and_get_state_from_another_thread_do_not_wait_behind_a_blocked_ne
     assert not consumer.is_alive()
     assert isinstance(outcome.get("error"), ClosedIteratorError), outcome
     assert "closed" in str(outcome["error"]) and "while next() waited for worker 0" in str(outcome["error"])
+
+
+def test_a_worker_still_starting_gets_the_startup_time_not_the_stall_timeout():
+    # Before its first progress report (a fresh process, imports: slow on a loaded
+    # host, where a short stall timeout would report a healthy start) a worker gets
+    # STARTUP_TIMEOUT_S; once it has reported, the stall timeout itself.
+    assert allowed_stall_s(1.0, 0.0) == STARTUP_TIMEOUT_S
+    assert allowed_stall_s(300.0, 0.0) == 300.0
+    assert allowed_stall_s(1.0, time.monotonic()) == 1.0
 
 
 def test_stall_timeout_is_validated():
