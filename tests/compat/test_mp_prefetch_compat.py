@@ -61,7 +61,9 @@ def _run(ds):
     return values, states[:-1], end
 
 
-@pytest.mark.parametrize("workers", [1, 2, 3])
+# One worker, and several with uneven shares (the filter); each case starts grain's
+# workers twice, which dominates its time.
+@pytest.mark.parametrize("workers", [1, 3])
 def test_mp_prefetch_matches_reference(grain_ref, no_leaks, workers):
     grain_lib = grain_namespace(grain_ref)
     g_values, g_states, g_end = _run(_pipeline(grain_lib, workers))
