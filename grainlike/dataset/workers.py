@@ -151,6 +151,14 @@ def _process_state(pid: int) -> str:
         return ""
 
 
+def _exited(proc: Any) -> bool:
+    """Whether worker ``proc`` has exited, even if its parent (the worker server) has not reaped it yet."""
+    if proc.exitcode is not None:
+        return True
+    state = _process_state(proc.pid)
+    return state in ("Z", "X") or (state == "" and not shm.pid_alive(proc.pid))
+
+
 def _read_stack(pid: int, fd: int) -> str:
     """Asks worker ``pid`` for its threads' stacks and reads them from ``fd``."""
     try:
@@ -932,7 +940,7 @@ class WorkerPool:
             or self._local
             or sd.launch_error is not None
             or sd.launched != self._w
-            or any(p.exitcode is not None for p in sd.procs)
+            or any(_exited(p) for p in sd.procs)
         ):
             return False
         if len(states) != self._w or len(exhausted) != self._w:
