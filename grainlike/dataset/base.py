@@ -320,6 +320,17 @@ class MapDataset(_Dataset, Generic[T], metaclass=MapDatasetMeta):
         """
         return [self.__getitem__(i) for i in indices]
 
+    def _iter_items(self, indices: Sequence[int]) -> Iterator[Optional[T]]:
+        """The elements of ``_getitems(indices)``, each as soon as it is computed.
+
+        A reader in another thread may take the first elements of a chunk while
+        the rest are computed (as grain, which computes one element at a time,
+        delivers an element whose successor never finishes). This default
+        computes the whole chunk first; stages that compute element by element
+        (the maps) override it.
+        """
+        return iter(self._getitems(indices))
+
     def apply(self, transformations: Any) -> "MapDataset":
         """Applies one transform or a sequence of them, dispatching on their type.
 

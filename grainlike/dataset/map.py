@@ -8,7 +8,7 @@ reading the element (IterDataset).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -156,6 +156,22 @@ class ElementwiseMapDataset(MapDataset):
         except Exception as e:
             note_element(e, self, f"index {index}")
             raise
+
+    def _iter_items(self, indices: Sequence[int]) -> Iterator[Any]:
+        # The parent's chunk (one batched read at the source), then element by element.
+        elements = self._parent._iter_items(indices)
+        apply = self._apply
+        for i in indices:
+            x = next(elements)
+            if x is None:
+                yield None
+                continue
+            try:
+                y = apply(i, x)
+            except Exception as e:
+                note_element(e, self, f"index {i}")
+                raise
+            yield y
 
     def _getitems(self, indices: Sequence[int]) -> list:
         elements = self._parent._getitems(indices)

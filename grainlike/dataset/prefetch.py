@@ -7,7 +7,11 @@ double up to a cap that also keeps a chunk near ``_CHUNK_BYTES``.
 
 With read threads (``num_threads > 0`` and ``prefetch_buffer_size > 0``), chunks are
 read ahead in a thread pool, up to about ``prefetch_buffer_size`` elements in
-flight; the output order is the same as without threads. Without ``ReadOptions``,
+flight; the output order is the same as without threads. Each element of a chunk
+read in a thread is taken as soon as it is computed (``MapDataset._iter_items``):
+it does not wait for a slower element after it in its chunk (grain computes one
+element per thread, so an element whose successor never finishes is delivered
+there too). Without ``ReadOptions``,
 threads are used when some work under the iterator waits (``read_threads.py``):
 decided from the options and the stages' and sources' types, never from timings.
 
@@ -164,6 +168,48 @@ def _read(parent: MapDataset, start: int, stop: int) -> tuple[list, Optional[Bas
     return values, None
 
 
+class _Chunk:
+    """A read in a thread whose elements the iterator takes as they come (``_read_into``)."""
+
+    __slots__ = ("values", "error", "done", "waiting")
+
+    def __init__(self):
+        self.values: list = []
+        self.error: Optional[BaseException] = None
+        self.done = False
+        # Set while the iterator waits for this chunk's next element: only then
+        # does its reader notify it (and no other chunk's reader does).
+        self.waiting = False
+
+
+def _read_into(chunk: _Chunk, parent: MapDataset, start: int, stop: int, tasks: "_ReadTasks") -> None:
+    """Elements ``[start, stop)`` of ``parent`` into ``chunk``, each as it is computed (``_iter_items``).
+
+    As ``_read``: on an error, the elements from the first one not read are
+    read again one at a time, so the elements before the failing one are
+    delivered, and then its error.
+    """
+    values = chunk.values
+    append = values.append
+    try:
+        try:
+            for value in parent._iter_items(range(start, stop)):
+                append(value)
+                if chunk.waiting:
+                    tasks.wake()
+            return
+        except Exception:
+            pass
+        for i in range(start + len(values), stop):
+            try:
+                append(parent[i])
+            except Exception as e:
+                chunk.error = e
+                return
+    finally:
+        tasks.finish(chunk)
+
+
 class _ReadTasks:
     """The read threads of one iterator and its reads in flight, in order.
 
@@ -175,11 +221,17 @@ class _ReadTasks:
     def __init__(self, threads: int):
         self._threads = threads
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self.pending: collections.deque = collections.deque()  # (size, future) in order.
+        # (size, future, chunk) in order; the first one's elements are taken as they come.
+        self.pending: collections.deque = collections.deque()
         # close() may come from another thread while a thread prefetching this
         # iterator submits: no pool may start after it.
         self._lock = threading.Lock()
         self._closed = False
+        self.taken = 0  # Elements of the first pending chunk already taken.
+        # The iterator waits on this for the next element of its first chunk.
+        # (Re-entrant: the finalizer of a dropped iterator may run close() in a
+        # reader thread that holds it.)
+        self._arrived = threading.Condition(threading.RLock())
 
     def submit(self, parent: MapDataset, start: int, stop: int) -> None:
         with self._lock:
@@ -187,13 +239,41 @@ class _ReadTasks:
                 raise ClosedIteratorError(f"Trying to advance a closed iterator: reading elements {start}..{stop - 1}")
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(self._threads, thread_name_prefix="grainlike-read")
-            self.pending.append((stop - start, self._pool.submit(_read, parent, start, stop)))
+            chunk = _Chunk()
+            self.pending.append((stop - start, self._pool.submit(_read_into, chunk, parent, start, stop, self), chunk))
+
+    def wake(self) -> None:
+        """An element arrived (a reader thread, while the iterator waits)."""
+        with self._arrived:
+            self._arrived.notify_all()
+
+    def finish(self, chunk: _Chunk) -> None:
+        """A read ended (a reader thread)."""
+        chunk.done = True
+        if chunk.waiting:
+            self.wake()
+
+    def wait(self, chunk: _Chunk, taken: int) -> None:
+        """Waits until ``chunk`` holds more than ``taken`` elements, or is done."""
+        # ``waiting`` is set before the look: a reader that appended after it
+        # sees it and notifies; one that appended before is seen by the look.
+        with self._arrived:
+            chunk.waiting = True
+            try:
+                while len(chunk.values) <= taken and not chunk.done and not self._closed:
+                    self._arrived.wait()
+            finally:
+                chunk.waiting = False
+        if self._closed:
+            # close() from another thread; its read may never run (cancelled).
+            raise ClosedIteratorError("the iterator was closed while next() waited for its elements")
 
     def cancel(self) -> None:
         """Drops the reads in flight (those running finish, unread)."""
         pending = self.pending
         while pending:
             pending.popleft()[1].cancel()
+        self.taken = 0
 
     def close(self) -> None:
         """Cancels the reads and ends the threads without waiting for a read in progress."""
@@ -201,6 +281,7 @@ class _ReadTasks:
             self._closed = True
             pool, self._pool = self._pool, None
         self.cancel()
+        self.wake()  # A next() waiting in another thread.
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
 
@@ -277,13 +358,26 @@ class PrefetchDatasetIterator(NextIndexState, DatasetIterator):
     def _fill(self) -> None:
         """Moves the next chunk into ``_ready`` (and its error, if any, to ``_error``)."""
         if self._threads:
-            pending = self._tasks.pending
+            tasks = self._tasks
+            pending = tasks.pending
             if not pending:
                 self._submit()
-            size, future = pending.popleft()
-            self._in_flight -= size
-            values, error = future.result()
-            self._submit()
+            size, _, chunk = pending[0]
+            # The elements of the first chunk computed so far: an element is
+            # delivered without waiting for the rest of its chunk.
+            taken = tasks.taken
+            if len(chunk.values) <= taken and not chunk.done:
+                tasks.wait(chunk, taken)
+            done = chunk.done  # (read before the values: none come after it)
+            values = chunk.values[taken:]
+            tasks.taken = taken + len(values)
+            error = None
+            if done and tasks.taken == len(chunk.values):
+                pending.popleft()  # (wait() raised if close() in another thread emptied it)
+                tasks.taken = 0
+                self._in_flight -= size
+                error = chunk.error
+                self._submit()
         else:
             values, error = _read(self._map_parent, *self._next_chunk())
         self._fit_chunk(values)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from grainlike.core.errors import StateIndexError, StateTypeError
+from grainlike.core.errors import ClosedIteratorError, StateIndexError, StateTypeError
 from grainlike.dataset import MapDataset, get_next_index, set_next_index
 from grainlike.dataset.options import ReadOptions
 from grainlike.dataset.thread_prefetch import ThreadPrefetchDatasetIterator
@@ -101,3 +101,63 @@ def test_thread_prefetch_of_a_plain_iterator_has_no_next_index():
         set_next_index(it, 1)
     assert list(it) == [2, 3]
     it.close()
+
+
+def _blocked_at(index, release):
+    """A map that waits at ``index`` until ``release`` is set (read threads run it)."""
+
+    def fn(x):
+        if x == index:
+            release.wait(30)
+        return x
+
+    return fn
+
+
+def _next_within(it, timeout_s=10.0):
+    """``next(it)`` run in a thread: its value, or "blocked" if it did not return in time."""
+    out = ["blocked"]
+
+    def take():
+        try:
+            out[0] = next(it)
+        except Exception as e:  # noqa: BLE001 - the test looks at what came back
+            out[0] = e
+
+    t = threading.Thread(target=take, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    return out[0]
+
+
+def test_an_element_is_delivered_while_a_later_element_of_its_chunk_is_computed():
+    # grain computes one element at a time, so element 1 comes even if element
+    # 2 never finishes (grain's test_doesnt_hang_on_process_kill); grainlike
+    # reads [1, 2] as one chunk and delivers 1 as soon as it is computed.
+    release = threading.Event()
+    it = iter(MapDataset.range(12).map(_blocked_at(2, release)).to_iter_dataset())
+    try:
+        assert _next_within(it) == 0
+        assert _next_within(it) == 1
+        assert it.get_state() == {"next_index": 2}
+        release.set()
+        assert list(it) == list(range(2, 12))
+    finally:
+        release.set()
+        it.close()
+
+
+def test_close_from_another_thread_ends_a_next_waiting_inside_a_chunk():
+    release = threading.Event()
+    it = iter(MapDataset.range(12).map(_blocked_at(2, release)).to_iter_dataset())
+    try:
+        assert [next(it), next(it)] == [0, 1]
+        got = []
+        t = threading.Thread(target=lambda: got.append(_next_within(it)), daemon=True)
+        t.start()
+        time.sleep(0.2)  # (waiting for element 2, or not yet: either way close() ends it)
+        it.close()
+        t.join(15)
+        assert len(got) == 1 and isinstance(got[0], ClosedIteratorError), got
+    finally:
+        release.set()

@@ -85,6 +85,4 @@ EXCLUDED: dict[str, str] = {
 
 # Excluded tests that would run until their timeout on grainlike (a map that never
 # returns): not started at all.
-NOT_RUN: dict[str, str] = {
-    "_src/python/dataset/transformations/process_prefetch_test.py::ProcessPrefetchIterDatasetTest::test_doesnt_hang_on_process_kill": "grainlike's to_iter_dataset() computes records in chunks (batched reads), so element 2 is delivered only once the map of element 3, which never returns here, has finished; grain maps one record at a time",
-}
+NOT_RUN: dict[str, str] = {}
