@@ -73,7 +73,7 @@ def _write(directory: str) -> dict:
 def measure(fmt: str, where: str, workers: int, endpoint: str, data_dir: str, cache_dir: str) -> dict:
     """Runs in the child: one epoch through the DataLoader; records/s."""
     import grainlike as gl
-    from grainlike.sources.remote import RemoteOptions
+    from grainlike.sources.formats.remote_files import RemoteOptions
 
     names = sorted(n for n in os.listdir(data_dir) if n.endswith("." + fmt))
     if where == "local":

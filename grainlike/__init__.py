@@ -109,7 +109,7 @@ _LAZY = {
     # Sources of Parquet files, Hugging Face datasets, remote files (grainlike only).
     "ParquetDataSource": "grainlike.sources.parquet:ParquetDataSource",
     "HuggingFaceDataSource": "grainlike.sources.hf:HuggingFaceDataSource",
-    "RemoteOptions": "grainlike.sources.remote:RemoteOptions",
+    "RemoteOptions": "grainlike.sources.formats.remote_files:RemoteOptions",
 }
 
 __getattr__, __dir__ = _attach(globals(), _LAZY)

@@ -39,7 +39,7 @@ from grainlike.dataset.element_spec import ShapeDtypeStruct, ShapeDtypeStructPro
 from grainlike.device_put import device_put
 from grainlike.dataset.rng_pool import RngPool
 from grainlike.dataset.performance import PerformanceConfig, pick_performance_config
-from grainlike.dataset.parquet import ParquetIterDataset
+from grainlike.dataset.parquet_iter_dataset import ParquetIterDataset
 
 __all__ = [
     "BOSHandling",

@@ -48,3 +48,19 @@ def test_an_upward_import_breaks_the_layers_contract(tmp_path):
     assert result.returncode == 1, f"{result.stdout}\n{result.stderr}"
     assert "grainlike.core is not allowed to import grainlike.loader" in result.stdout, result.stdout
     assert "grainlike.core.record -> grainlike.loader.data_loader" in result.stdout, result.stdout
+
+
+def test_a_file_format_importing_a_source_breaks_the_formats_contract(tmp_path):
+    # grainlike.sources.formats sits below the sources that read through it: a format
+    # module that imports a source (inside a function) must be reported.
+    shutil.copytree(
+        os.path.join(ROOT, "grainlike"), tmp_path / "grainlike",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    shutil.copy(os.path.join(ROOT, "pyproject.toml"), tmp_path / "pyproject.toml")
+    with open(tmp_path / "grainlike" / "sources" / "formats" / "tfrecord_files.py", "a") as f:
+        f.write("\n\ndef _upward():\n    from grainlike.sources import keys  # noqa\n")
+    result = _lint(str(tmp_path))
+    assert result.returncode == 1, f"{result.stdout}\n{result.stderr}"
+    assert "Sources stand on their file formats, which use core only BROKEN" in result.stdout, result.stdout
+    assert "grainlike.sources.formats.tfrecord_files -> grainlike.sources.keys" in result.stdout, result.stdout

@@ -22,7 +22,7 @@ from grainlike.sources.hf import HuggingFaceDataSource
 from grainlike.sources.in_memory import InMemoryDataSource, SharedMemoryDataSource
 from grainlike.sources.parquet import ParquetDataSource
 from grainlike.sources.protocol import DeclaresWaiting, RandomAccessDataSource, RangeDataSource, SupportsBatchedRead
-from grainlike.sources.remote import RemoteOptions
+from grainlike.sources.formats.remote_files import RemoteOptions
 from grainlike.sources.tfds import TfdsDataSource, tfds_source
 
 __all__ = [

@@ -12,7 +12,7 @@ imported only when a reader is opened, so importing this module costs nothing.
 Remote files (``s3://``, ``gs://``, any fsspec URL, or an etils ``epath.Path``)
 are copied once into a local cache by parallel ranged reads (the ArrayRecord
 reader opens local files only) and read from there; while one file is read the
-next is fetched in the background. See ``grainlike.sources.remote``.
+next is fetched in the background. See ``grainlike.sources.formats.remote_files``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any, Iterator, Optional, SupportsIndex
 import numpy as np
 
 from grainlike.core.errors import RecordKeyOutOfRangeError, SourceFileNotFoundError
-from grainlike.sources import remote
+from grainlike.sources.formats import remote_files as remote
 from grainlike.sources.keys import check_keys, group_by
 
 __all__ = ["ArrayRecordDataSource", "RecordKeyOutOfRangeError", "SourceFileNotFoundError"]

@@ -9,7 +9,7 @@ through the data in order, or shuffled within a window, read each row group once
 
 Files are opened lazily, in the process that reads, and dropped when the source
 is pickled; paths may be local, ``file://``, ``s3://`` or ``gs://`` URLs or etils
-``epath`` objects (see ``grainlike.sources.remote``). ``pyarrow`` is imported only
+``epath`` objects (see ``grainlike.sources.formats.remote_files``). ``pyarrow`` is imported only
 when a file is opened: ``pip install "grainlike[parquet]"``.
 """
 
@@ -27,46 +27,13 @@ from typing import Any, Optional, SupportsIndex
 import numpy as np
 
 from grainlike.core.errors import add_note
-from grainlike.sources import remote
+from grainlike.sources.formats import remote_files as remote
+from grainlike.sources.formats.parquet_files import columns_to_numpy, open_parquet
 from grainlike.sources.keys import check_keys, group_by
 
 __all__ = ["ParquetDataSource", "columns_to_numpy"]
 
 _MAX_OPENING_THREADS = 64
-
-
-def _pyarrow_parquet():
-    try:
-        import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
-    except ImportError as e:
-        raise ImportError('reading Parquet files needs pyarrow: pip install "grainlike[parquet]"') from e
-    return pq
-
-
-def columns_to_numpy(table: Any) -> dict:
-    """``{column name: numpy array}`` of an Arrow table, as grain's Parquet reader makes them.
-
-    Numbers become numeric arrays, strings object arrays of ``str``, lists object
-    arrays of numpy arrays (``pyarrow``'s ``to_numpy()``).
-    """
-    return {table.field(i).name: table.column(i).to_numpy() for i in range(table.num_columns)}
-
-
-def _open_parquet(
-    path: Any, options: remote.RemoteOptions, read_kwargs: dict, pin: Optional[dict] = None
-) -> Any:
-    """Opens a Parquet file; a remote one at the version ``pin`` names (by default its current one)."""
-    pq = _pyarrow_parquet()
-    url = remote.to_url(path)
-    with remote.pinned_input(url, options, pin) as source:
-        if isinstance(source, str) and not os.path.exists(source):
-            raise FileNotFoundError(f"ParquetDataSource: file not found: {url!r}")
-        try:
-            return pq.ParquetFile(source, **read_kwargs)
-        except (FileNotFoundError, PermissionError, remote.RemoteReadError):
-            raise
-        except Exception as e:
-            raise ValueError(f"{url!r} is not a readable Parquet file: {type(e).__name__}: {e}") from e
 
 
 class ParquetDataSource:
@@ -77,7 +44,7 @@ class ParquetDataSource:
         of them.
       columns: the columns to read (all when None); a record has these keys.
       remote_options: how remote files are reached (credentials, retries,
-        read-ahead, a local cache); see ``grainlike.sources.remote.RemoteOptions``.
+        read-ahead, a local cache); see ``grainlike.sources.formats.remote_files.RemoteOptions``.
       cached_row_groups: how many decoded row groups each process keeps.
       **read_kwargs: passed to ``pyarrow.parquet.ParquetFile`` (as grain's
         ``ParquetIterDataset`` passes them).
@@ -133,7 +100,7 @@ class ParquetDataSource:
             # that reads it: a file overwritten during an epoch raises
             # ObjectChangedError instead of mixing rows of two versions.
             self._pins[file_index] = remote.object_info(path, self._options)
-        pf = _open_parquet(path, self._options, self._read_kwargs, self._pins[file_index])
+        pf = open_parquet(path, self._options, self._read_kwargs, self._pins[file_index])
         try:
             if self._columns is not None:
                 names = set(pf.schema_arrow.names)
@@ -176,7 +143,7 @@ class ParquetDataSource:
             idle = self._files.get(file_index)
             pf = idle.pop() if idle else None
         if pf is None:
-            pf = _open_parquet(
+            pf = open_parquet(
                 self._paths[file_index], self._options, self._read_kwargs, self._pins[file_index]
             )
         try:

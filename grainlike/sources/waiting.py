@@ -70,7 +70,8 @@ def source_waits(source: Any) -> bool:
     declared = declared_waits(source)
     if declared is not None:
         return declared
-    from grainlike.sources import remote, tfds
+    from grainlike.sources import tfds
+    from grainlike.sources.formats import remote_files as remote
 
     if tfds.is_tfds_source(source):
         data_dir = getattr(source.dataset_info, "data_dir", None)

@@ -42,7 +42,7 @@ from typing import Any, Optional
 import numpy as np
 
 from grainlike.core.errors import add_note
-from grainlike.formats import encode_record
+from grainlike.sources.formats.record_codec import encode_record
 
 __all__ = [
     "IMAGE_EXTENSIONS",

@@ -334,7 +334,7 @@ def describe_array_record(path: str, record: int = 0) -> str:
       FileNotFoundError / ValueError: the file is missing or not ArrayRecord.
       IndexError: ``record`` is out of range (the message gives the count).
     """
-    from grainlike import formats  # pylint: disable=g-import-not-at-top
+    from grainlike.sources.formats import record_codec as formats  # pylint: disable=g-import-not-at-top
     from grainlike.sources.array_record import _open_reader  # pylint: disable=g-import-not-at-top
 
     reader = _open_reader(path, "readahead_buffer_size:0")

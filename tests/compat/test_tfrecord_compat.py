@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
-from grainlike.dataset.crc32c import masked_crc32c
+from grainlike.sources.formats.crc32c_checksum import masked_crc32c
 from grainlike.dataset.tfrecord import CorruptRecordError, TFRecordIterDataset, write_tfrecords
 from tests.compat.dataset_pairs import GRAINLIKE, check_pipeline, grain_namespace
 from tests.compat.experimental_pairs import experimental

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from grainlike.core.errors import ClosedIteratorError
-from grainlike.dataset import crc32c as crc_module
-from grainlike.dataset import tfrecord
+from grainlike.sources.formats import crc32c_checksum as crc_module
+from grainlike.sources.formats import tfrecord_files
 from grainlike.dataset.tfrecord import CorruptRecordError, TFRecordIterDataset, write_tfrecords
 
-ALONE = tfrecord._ALONE_BYTES
+ALONE = tfrecord_files._ALONE_BYTES
 
 
 def _table() -> list:

@@ -15,7 +15,7 @@ import pytest
 
 import grainlike as gl
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
-from grainlike.sources import remote
+from grainlike.sources.formats import remote_files as remote
 from grainlike.sources.array_record import ArrayRecordDataSource
 from grainlike.sources.parquet import ParquetDataSource
 

@@ -17,8 +17,8 @@ import pytest
 
 import grainlike as gl
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
-from grainlike.dataset.parquet import ParquetIterDataset
-from grainlike.sources import remote
+from grainlike.dataset.parquet_iter_dataset import ParquetIterDataset
+from grainlike.sources.formats import remote_files as remote
 from grainlike.sources.array_record import ArrayRecordDataSource, SourceFileNotFoundError
 from grainlike.sources.parquet import ParquetDataSource
 
@@ -474,7 +474,7 @@ def test_gs_without_gcsfs_says_what_to_install(monkeypatch):
     import importlib
     import sys
 
-    from grainlike.sources import remote
+    from grainlike.sources.formats import remote_files as remote
 
     registry = importlib.import_module("fsspec.registry")  # fsspec.registry is a mapping
 

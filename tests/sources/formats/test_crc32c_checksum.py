@@ -13,8 +13,8 @@ import types
 import numpy as np
 import pytest
 
-from grainlike.dataset import crc32c as crc_module
-from grainlike.dataset.crc32c import NUMPY_MIN, crc32c, crc32c_many, masked, masked_crc32c
+from grainlike.sources.formats import crc32c_checksum as crc_module
+from grainlike.sources.formats.crc32c_checksum import NUMPY_MIN, crc32c, crc32c_many, masked, masked_crc32c
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -121,7 +121,7 @@ def test_without_the_library_tfrecord_files_are_read_and_checked_in_numpy(tmp_pa
     code = f"""
 import sys
 sys.modules["google_crc32c"] = None
-from grainlike.dataset import crc32c
+from grainlike.sources.formats import crc32c_checksum as crc32c
 from grainlike.dataset.tfrecord import CorruptRecordError, TFRecordIterDataset, write_tfrecords
 assert crc32c.IMPLEMENTATION == "numpy", crc32c.IMPLEMENTATION
 records = [bytes([i % 251]) * (i * 37 % 3000) for i in range(200)] + [b"y" * 40_000]

@@ -7,7 +7,7 @@ checkpoints restore in either library. Several files are interleaved, at most
 16 at a time (grain's ``InterleaveIterDataset`` with ``cycle_length=16``).
 
 Paths may be local, ``file://``, ``s3://`` or ``gs://`` URLs (see
-``grainlike.sources.remote``); ``pyarrow`` is imported when a file is opened.
+``grainlike.sources.formats.remote_files``); ``pyarrow`` is imported when a file is opened.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any, Optional, Union
 
 from grainlike.dataset.base import DatasetIterator, IterDataset
-from grainlike.sources import remote
-from grainlike.sources.parquet import _open_parquet, columns_to_numpy
+from grainlike.sources.formats import remote_files as remote
+from grainlike.sources.formats.parquet_files import columns_to_numpy, open_parquet
 
 __all__ = ["ParquetIterDataset"]
 
@@ -40,7 +40,7 @@ class _ParquetDatasetIterator(DatasetIterator):
         self._options = options
         self._read_kwargs = read_kwargs
         self._pin = remote.object_info(path, options) if remote.is_remote(path) else None
-        self._file = _open_parquet(path, options, read_kwargs, self._pin)
+        self._file = open_parquet(path, options, read_kwargs, self._pin)
         self._row_group = 0
         self._index = 0
         self._columns: dict = {}
@@ -81,7 +81,7 @@ class _ParquetDatasetIterator(DatasetIterator):
         pin = {"size": int(saved["size"]), "version": str(saved["version"])}
         pin.update({k: saved.get(k) for k in ("etag", "version_id", "generation")})
         try:
-            self._file = _open_parquet(self._path, self._options, self._read_kwargs, pin)
+            self._file = open_parquet(self._path, self._options, self._read_kwargs, pin)
         except (remote.ObjectChangedError, FileNotFoundError) as e:
             error = remote.ObjectChangedError(
                 self._path, f"{pin['version']} ({pin['size']} bytes)",
@@ -134,7 +134,7 @@ class ParquetIterDataset(IterDataset):
       path: a path or URL (``str``, ``os.PathLike``, ``epath.Path``) or a sequence of
         them. Several files are interleaved, at most 16 read at a time.
       remote_options: credentials, retries, read-ahead and cache for remote files
-        (grainlike only; see ``grainlike.sources.remote.RemoteOptions``).
+        (grainlike only; see ``grainlike.sources.formats.remote_files.RemoteOptions``).
       **read_kwargs: passed to ``pyarrow.parquet.ParquetFile``.
 
     Example:

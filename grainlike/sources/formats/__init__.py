@@ -1,0 +1,16 @@
+"""File formats and file access under the sources: numpy and the standard library only.
+
+* ``crc32c_checksum``: CRC-32C, the checksum of TFRecord files (google-crc32c, numpy
+  fallback);
+* ``tfrecord_files``: reading and writing TFRecord files (framing and checksums);
+* ``parquet_files``: opening Parquet files (pyarrow, imported when a file is opened)
+  and converting their columns to numpy;
+* ``record_codec``: the self-describing record format ``grainlike-convert`` writes
+  (``grainlike.formats``);
+* ``remote_files``: ``s3://`` / ``gs://`` / ``file://`` objects through fsspec, with
+  retries, version pins and the private local cache.
+
+The sources (``grainlike.sources``) and the Dataset stages that read files
+(``grainlike.dataset.tfrecord``, ``grainlike.dataset.parquet_iter_dataset``) are built on
+these modules; they import ``grainlike.core`` only.
+"""

@@ -1,0 +1,1050 @@
+"""Remote files for the file sources: ``s3://``, ``gs://``, ``file://`` through fsspec.
+
+Three ways a source reads a remote object, all with the same retries and errors:
+
+* ``RemoteFile``: a seekable, read-only file object doing ranged reads, one block
+  (``RemoteOptions.block_size``) at a time, with read-ahead threads fetching the
+  next blocks while the caller works on this one (remote latency is where threads
+  pay). Parquet files are read through it.
+* ``LocalCache.fetch``: the whole object copied once into a local directory by
+  parallel ranged reads, bounded in bytes (least recently used files go first).
+  ArrayRecord files are read this way (their reader opens local paths only), and
+  Parquet files too when a cache directory is given.
+* ``with_retries``: transient failures (lost or reset connections, timeouts of
+  ``RemoteOptions.timeout_s``, throttling, HTTP 5xx) are retried with exponential
+  backoff; then ``RemoteReadError`` names the object, the HTTP status and the
+  tries. Missing objects raise ``FileNotFoundError`` and missing or refused
+  credentials ``RemoteAccessError`` (a ``PermissionError``) at once, naming the
+  object.
+
+Each object is pinned to the version (ETag, S3 VersionId, GCS generation) seen
+when it is first opened: every ranged read asks for that version and checks the
+one that answered, so an object overwritten while it is read raises
+``ObjectChangedError`` instead of mixing two versions. The cache directory must
+be the user's own (``UnsafeCacheDirError`` otherwise) and its files are opened
+without following links; see ``LocalCache`` and docs/security.md.
+
+Filesystems are created lazily, once per process (never pickled): a source sent
+to a worker process opens its own connections there. ``fsspec`` and the
+filesystem's package (``s3fs``, ``gcsfs``) are imported only when a remote path
+is read: ``pip install "grainlike[remote]"``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import hashlib
+import io
+import json
+import os
+import re
+import secrets
+import stat
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from concurrent import futures
+from typing import Any, Callable, Iterator, Optional, TypeVar
+
+from grainlike.core.errors import (
+    CacheFullError,
+    ObjectChangedError,
+    RemoteAccessError,
+    RemoteReadError,
+    UnsafeCacheDirError,
+)
+
+__all__ = [
+    "CacheFullError",
+    "LocalCache",
+    "ObjectChangedError",
+    "RemoteAccessError",
+    "RemoteFile",
+    "RemoteOptions",
+    "RemoteReadError",
+    "UnsafeCacheDirError",
+    "is_remote",
+    "open_input",
+    "pinned_input",
+    "to_url",
+    "with_retries",
+]
+
+T = TypeVar("T")
+
+_LOCAL_PROTOCOLS = ("file", "local")
+# Exception class names (anywhere in the MRO) of failures worth retrying: lost or
+# refused connections, timeouts, throttling and unavailable services, from
+# botocore, aiohttp, requests, google-cloud and fsspec alike.
+_TRANSIENT_NAME = re.compile(
+    r"Connection|Timeout|Throttl|SlowDown|ServiceUnavailable|TooManyRequests|"
+    r"ServerDisconnected|IncompleteRead|ResponseStreamingError|ProtocolError|"
+    r"Payload|ContentLength"
+)
+_TRANSIENT_TEXT = re.compile(
+    r"SlowDown|Throttl|Too Many Requests|\b503\b|\b429\b|\b500\b|ServiceUnavailable|"
+    r"RequestTimeout|Connection (reset|refused|aborted)|Could not connect"
+)
+_CREDENTIALS_NAME = re.compile(r"Credential|Unauthenticated|Forbidden|AccessDenied|RefreshError")
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteOptions:
+    """How remote objects are reached, retried, read ahead and cached.
+
+    Attributes:
+      storage_options: keyword arguments of the fsspec filesystem, e.g.
+        ``{"endpoint_url": "http://localhost:9000", "key": ..., "secret": ...}``
+        for ``s3fs`` or ``{"token": "anon"}`` for ``gcsfs``. Credentials are
+        otherwise found as the filesystem's package finds them (environment,
+        ``~/.aws``, metadata server).
+      attempts: tries per request before ``RemoteReadError`` (at least 1). A store
+        that keeps answering HTTP 5xx, a reset connection or a timeout is tried this
+        many times (the filesystem's own client may retry inside one try too).
+      backoff_s: wait after the first failed try; doubled after each one.
+      max_backoff_s: the longest wait between two tries.
+      timeout_s: seconds one request may wait for the store to connect, or between
+        two pieces of its answer, before that try fails (then it is retried). Given
+        to ``s3fs`` as botocore's ``connect_timeout``/``read_timeout`` and to
+        ``gcsfs`` as ``requests_timeout`` unless ``storage_options`` set them. For
+        ``s3://`` grainlike's tries are the only ones (botocore's and s3fs's own
+        retries are set to one try unless ``config_kwargs`` sets ``retries``), so a
+        read ends after about ``attempts * timeout_s`` plus the backoff waits at the
+        latest; it never hangs. (``gcsfs`` retries some failures inside one try.)
+      block_size: bytes per ranged read.
+      read_ahead: blocks fetched ahead, in threads, while a file is read in order.
+      cache_dir: a local directory that keeps whole copies of remote files. ArrayRecord
+        files always go through a cache (``default_cache_dir()`` when this is None);
+        Parquet files do only when this is set. It is created mode 0700 if missing and
+        refused (``UnsafeCacheDirError``) if it is a symlink, owned by another user
+        or writable by group or others.
+      cache_max_bytes: bound of the cache; least recently used files are removed
+        beyond it, except while a reader is opening them (it may be exceeded by
+        the files opened at the same time). None: unbounded.
+
+    Example:
+        options = RemoteOptions(storage_options={"anon": True}, cache_dir="/tmp/shards",
+                                cache_max_bytes=20 << 30)
+    """
+
+    storage_options: Optional[dict] = None
+    attempts: int = 5
+    backoff_s: float = 0.2
+    max_backoff_s: float = 5.0
+    timeout_s: float = 60.0
+    block_size: int = 4 << 20
+    read_ahead: int = 4
+    cache_dir: Optional[str] = None
+    cache_max_bytes: Optional[int] = None
+
+    def __post_init__(self):
+        if self.attempts < 1:
+            raise ValueError(f"RemoteOptions.attempts must be >= 1, got {self.attempts}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"RemoteOptions.timeout_s must be > 0, got {self.timeout_s}")
+        if self.block_size < 1:
+            raise ValueError(f"RemoteOptions.block_size must be >= 1, got {self.block_size}")
+        if self.read_ahead < 0:
+            raise ValueError(f"RemoteOptions.read_ahead must be >= 0, got {self.read_ahead}")
+        if self.cache_max_bytes is not None and self.cache_max_bytes < 0:
+            raise ValueError(
+                f"RemoteOptions.cache_max_bytes must be >= 0 or None, got {self.cache_max_bytes}"
+            )
+
+    def _key(self) -> str:
+        return repr((sorted((self.storage_options or {}).items()), self.timeout_s))
+
+    def _filesystem_options(self, protocol: str) -> dict:
+        """``storage_options`` with ``timeout_s`` as the filesystem's request timeouts."""
+        out = dict(self.storage_options or {})
+        if protocol in ("s3", "s3a"):
+            config = dict(out.get("config_kwargs") or {})
+            config.setdefault("connect_timeout", self.timeout_s)
+            config.setdefault("read_timeout", self.timeout_s)
+            # One retry policy, grainlike's: botocore's own retries would multiply
+            # ``attempts`` and the time a failing read takes.
+            config.setdefault("retries", {"total_max_attempts": 1})
+            out["config_kwargs"] = config
+        elif protocol in ("gs", "gcs"):
+            out.setdefault("requests_timeout", self.timeout_s)
+        return out
+
+
+def to_url(path: Any) -> str:
+    """``path`` as a string: a ``str``, an ``os.PathLike`` or an etils ``epath.Path``."""
+    if isinstance(path, str):
+        return path
+    if isinstance(path, os.PathLike):
+        return os.fspath(path)
+    raise TypeError(f"expected a path (str or os.PathLike), got {path!r} of type {type(path).__name__}")
+
+
+def _protocol(url: str) -> str:
+    return url.split("://", 1)[0].lower() if "://" in url else "file"
+
+
+def is_remote(path: Any) -> bool:
+    """Whether ``path`` names an object that fsspec reads (not a local file)."""
+    return _protocol(to_url(path)) not in _LOCAL_PROTOCOLS
+
+
+def local_path(path: Any) -> str:
+    """A local path or ``file://`` URL as a plain path."""
+    url = to_url(path)
+    return url.split("://", 1)[1] if "://" in url else url
+
+
+# -- filesystems, one per process -----------------------------------------------
+
+_FS_LOCK = threading.Lock()
+_FILESYSTEMS: dict = {}
+_FS_PID = os.getpid()
+
+
+def _filesystem(url: str, options: RemoteOptions) -> Any:
+    global _FS_PID
+    protocol = _protocol(url)
+    key = (protocol, options._key())
+    with _FS_LOCK:
+        if _FS_PID != os.getpid():
+            # A forked child must not share the parent's connections or event loop.
+            _FILESYSTEMS.clear()
+            _FS_PID = os.getpid()
+        fs = _FILESYSTEMS.get(key)
+        if fs is None:
+            try:
+                import fsspec  # pylint: disable=g-import-not-at-top
+            except ImportError as e:
+                raise ImportError(
+                    f"reading {url!r} needs fsspec and its filesystem for {protocol!r}: "
+                    'pip install "grainlike[remote]" (s3fs for s3://, gcsfs for gs://)'
+                ) from e
+            try:
+                fs = fsspec.filesystem(protocol, **options._filesystem_options(protocol))
+            except ImportError as e:
+                raise ImportError(f"reading {url!r}: {e}") from e
+            if protocol in ("s3", "s3a") and hasattr(fs, "retries"):
+                # s3fs retries timeouts and resets inside one request (5 times by
+                # default), which would multiply ``attempts`` too.
+                fs.retries = 1
+            _FILESYSTEMS[key] = fs
+    return fs
+
+
+def _fs_path(url: str) -> str:
+    return url.split("://", 1)[1] if "://" in url else url
+
+
+# -- retries and errors -----------------------------------------------------------
+
+
+def _names(e: BaseException) -> str:
+    return " ".join(c.__name__ for c in type(e).__mro__)
+
+
+def _is_credentials_error(e: BaseException) -> bool:
+    if isinstance(e, PermissionError) or _CREDENTIALS_NAME.search(_names(e)):
+        return True
+    # gcsfs raises a refusal as a plain OSError("Forbidden: ...") (403) or an
+    # HttpError carrying the status (401), with no telling class name.
+    return getattr(e, "code", None) in (401, 403) or str(e).startswith("Forbidden:")
+
+
+def _http_status(e: Optional[BaseException]) -> Optional[int]:
+    """The HTTP status behind a store's exception or its causes, if one says it."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):  # botocore's ClientError (s3fs keeps it as the cause)
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if isinstance(status, int):
+                return status
+        for attr in ("code", "status"):  # gcsfs's HttpError, aiohttp's ClientResponseError
+            status = getattr(e, attr, None)
+            if isinstance(status, int) and 100 <= status < 600:
+                return status
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _is_transient(e: BaseException) -> bool:
+    if isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError, ObjectChangedError)):
+        return False
+    if isinstance(e, (ConnectionError, TimeoutError)):
+        return True
+    status = _http_status(e)
+    # 5xx: the store failed (s3fs turns S3's 500 "InternalError" into a bare OSError
+    # whose text says no status); 408/429: timed out or throttled.
+    if status is not None and (status >= 500 or status in (408, 429)):
+        return True
+    return bool(_TRANSIENT_NAME.search(_names(e)) or _TRANSIENT_TEXT.search(str(e)))
+
+
+def with_retries(fn: Callable[[], T], url: str, what: str, options: RemoteOptions) -> T:
+    """Returns ``fn()``, retrying transient failures with exponential backoff.
+
+    Args:
+      fn: the remote operation (no arguments).
+      url: the object it touches, named in errors.
+      what: what it does ("read bytes 0-4096 of", "list"), named in errors.
+      options: attempts and backoff.
+
+    Raises:
+      FileNotFoundError: the object does not exist.
+      RemoteAccessError: credentials are missing or refused.
+      RemoteReadError: still failing after ``options.attempts`` tries.
+    """
+    delay = options.backoff_s
+    for attempt in range(1, options.attempts + 1):
+        try:
+            return fn()
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"{url!r}: no such object ({what}): {e}") from e
+        except ObjectChangedError:
+            raise
+        except Exception as e:  # pylint: disable=broad-except
+            if _is_credentials_error(e) and not _is_transient(e):
+                raise RemoteAccessError(
+                    f"{url!r}: access denied or no credentials ({what}): {type(e).__name__}: {e}. "
+                    "Set the store's credentials (for s3://: AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY or a profile; for gs://: "
+                    "GOOGLE_APPLICATION_CREDENTIALS), or pass them in "
+                    "RemoteOptions(storage_options=...)."
+                ) from e
+            if not _is_transient(e):
+                raise
+            if attempt == options.attempts:
+                status = _http_status(e)
+                answer = f" (the store answered HTTP {status})" if status is not None else ""
+                raise RemoteReadError(
+                    f"{url!r}: failed to {what} after {attempt} attempts{answer}: "
+                    f"{type(e).__name__}: {e}. Tries, backoff and the request timeout are "
+                    f"RemoteOptions.attempts (now {options.attempts}), .backoff_s and .timeout_s "
+                    f"(now {options.timeout_s:g} s).",
+                    url,
+                    status,
+                    attempt,
+                ) from e
+            time.sleep(delay)
+            delay = min(delay * 2, options.max_backoff_s)
+    raise AssertionError("unreachable")
+
+
+# -- read-ahead threads, one pool per process -----------------------------------
+
+_POOL_LOCK = threading.Lock()
+_POOLS: dict = {}
+_POOL_PID = 0
+_POOL_THREADS = 16
+
+
+def _pool(kind: str = "read") -> futures.ThreadPoolExecutor:
+    """The process's threads of one kind, made on first use.
+
+    ``"read"`` runs block reads and fetches ahead; ``"copy"`` the ranged reads of
+    a whole-file copy, which a fetch on a "read" thread waits for: two pools, so
+    that waiting never holds the threads the awaited work needs.
+    """
+    global _POOL_PID
+    with _POOL_LOCK:
+        if _POOL_PID != os.getpid():
+            # Pools inherited through fork have no threads behind them: make new ones.
+            _POOLS.clear()
+            _POOL_PID = os.getpid()
+        pool = _POOLS.get(kind)
+        if pool is None:
+            pool = futures.ThreadPoolExecutor(_POOL_THREADS, thread_name_prefix=f"grainlike-remote-{kind}")
+            _POOLS[kind] = pool
+        return pool
+
+
+def submit(fn: Callable[..., Any], *args: Any) -> futures.Future:
+    """Runs ``fn(*args)`` on the process's read-ahead threads (fetches ahead of need)."""
+    return _pool().submit(fn, *args)
+
+
+# What this process last learnt of each object: url -> object_info.
+_INFOS: dict = {}
+
+
+def object_info(url: str, options: RemoteOptions) -> dict:
+    """What identifies the object's current contents.
+
+    Returns:
+      ``{"size": bytes, "version": str, "etag": str or None, "version_id": S3
+      VersionId or None, "generation": GCS generation or None}``; ``version`` is
+      the generation, else the ETag, else the modification time.
+    """
+    fs = _filesystem(url, options)
+    info = with_retries(lambda: fs.info(_fs_path(url)), url, "get the size of", options)
+    if info.get("type") == "directory":
+        raise IsADirectoryError(f"{url!r} is a directory, not a file")
+    etag = info.get("ETag") or info.get("etag")
+    generation = info.get("generation")
+    version = generation or etag or info.get("mtime") or info.get("LastModified")
+    out = {
+        "size": int(info["size"]),
+        "version": str(version),
+        "etag": None if etag is None else str(etag),
+        "version_id": info.get("VersionId") or None,
+        "generation": None if generation is None else str(generation),
+    }
+    _INFOS[url] = out
+    return out
+
+
+def known_info(url: str) -> Optional[dict]:
+    """The ``object_info`` this process last read for ``url``, if any (no request)."""
+    return _INFOS.get(url)
+
+
+def object_size(url: str, options: RemoteOptions) -> int:
+    """The size in bytes of the object at ``url``."""
+    return object_info(url, options)["size"]
+
+
+def check_pin(url: str, pin: dict, info: dict) -> None:
+    """Raises ``ObjectChangedError`` if ``info`` is not the version ``pin`` recorded."""
+    if (info["version"], info["size"]) != (pin["version"], pin["size"]):
+        raise ObjectChangedError(
+            url, f"{pin['version']} ({pin['size']} bytes)", f"{info['version']} ({info['size']} bytes)"
+        )
+
+
+def read_range(url: str, start: int, end: int, options: RemoteOptions, pin: Optional[dict] = None) -> bytes:
+    """Bytes ``[start, end)`` of the object at ``url``, with retries.
+
+    With ``pin`` (an ``object_info``), only that version's bytes are returned: a
+    changed object raises ``ObjectChangedError``.
+    """
+    return _read_range(url, start, end, options, pin)
+
+
+async def _s3_get(fs: Any, bucket: str, key: str, request: dict) -> tuple:
+    response = await fs._call_s3("get_object", Bucket=bucket, Key=key, **request)  # pylint: disable=protected-access
+    try:
+        return response.get("ETag"), await response["Body"].read()
+    finally:
+        response["Body"].close()
+
+
+def _pinned_s3_range(fs: Any, url: str, start: int, end: int, pin: dict) -> bytes:
+    """A ranged GET sent with ``If-Match`` (and the VersionId when the bucket has them)."""
+    import fsspec.asyn  # pylint: disable=g-import-not-at-top
+
+    bucket, key, _ = fs.split_path(_fs_path(url))
+    request = {"Range": f"bytes={start}-{end - 1}", "IfMatch": pin["etag"]}
+    if pin.get("version_id"):
+        request["VersionId"] = pin["version_id"]
+    try:
+        etag, data = fsspec.asyn.sync(fs.loop, _s3_get, fs, bucket, key, request)
+    except Exception as e:  # pylint: disable=broad-except
+        if _http_status(e) == 412 or "PreconditionFailed" in f"{_names(e)} {e}":
+            try:
+                now = _current_version(fs, url)
+            except Exception as ask:  # pylint: disable=broad-except
+                now = f"unknown ({type(ask).__name__}: {ask})"  # The 412 alone says it changed.
+            raise ObjectChangedError(url, pin["etag"], now) from e
+        raise
+    # A store that ignores If-Match still says which version answered.
+    if etag is not None and etag != pin["etag"]:
+        raise ObjectChangedError(url, pin["etag"], etag)
+    return data
+
+
+def _pinned_gcs_range(fs: Any, url: str, start: int, end: int, pin: dict) -> bytes:
+    """A ranged GET of the pinned generation, checked against the generation that answered.
+
+    GCS names the generation it served in ``x-goog-generation``; where the answer
+    does not (some emulators ignore ``generation=`` too), the object's generation
+    is asked after the read: generations only grow, so an unchanged one then
+    means these bytes are the pinned version's.
+    """
+    import fsspec.asyn  # pylint: disable=g-import-not-at-top
+
+    target = fs.url(_fs_path(url), generation=pin["generation"])
+    try:
+        headers, data = fsspec.asyn.sync(
+            fs.loop, fs._call, "GET", target, headers={"Range": f"bytes={start}-{end - 1}"}  # pylint: disable=protected-access
+        )
+    except FileNotFoundError as e:
+        now = _current_version(fs, url)
+        if now != pin["generation"]:
+            raise ObjectChangedError(url, f"generation {pin['generation']}", f"generation {now}") from e
+        raise
+    answered = {k.lower(): v for k, v in (headers or {}).items()}.get("x-goog-generation")
+    if answered is None:
+        answered = _current_version(fs, url)
+    if str(answered) != pin["generation"]:
+        raise ObjectChangedError(url, f"generation {pin['generation']}", f"generation {answered}")
+    return data
+
+
+def _current_version(fs: Any, url: str) -> str:
+    """The object's version now, asked afresh ("deleted" if it is gone); other failures raise."""
+    try:
+        fs.invalidate_cache(_fs_path(url))
+        info = fs.info(_fs_path(url))
+    except FileNotFoundError:
+        return "deleted"
+    return str(info.get("generation") or info.get("ETag") or info.get("etag") or info.get("mtime"))
+
+
+def _read_range(url: str, start: int, end: int, options: RemoteOptions, pin: Optional[dict] = None) -> bytes:
+    fs = _filesystem(url, options)
+    protocol = _protocol(url)
+
+    def read() -> bytes:
+        if pin is not None and pin.get("etag") and protocol in ("s3", "s3a") and hasattr(fs, "_call_s3"):
+            data = _pinned_s3_range(fs, url, start, end, pin)
+        elif pin is not None and pin.get("generation") and protocol in ("gs", "gcs") and hasattr(fs, "_call"):
+            data = _pinned_gcs_range(fs, url, start, end, pin)
+        else:
+            data = fs.cat_file(_fs_path(url), start=start, end=end)
+        if len(data) != end - start:
+            raise ConnectionError(f"short read: got {len(data)} of {end - start} bytes")
+        return data
+
+    return with_retries(read, url, f"read bytes {start}-{end}", options)
+
+
+class RemoteFile(io.RawIOBase):
+    """A read-only, seekable file over a remote object, read in ranged blocks.
+
+    Blocks are read ahead in threads while the file is read in order; up to
+    ``read_ahead + 2`` blocks are held. Not shared between threads.
+
+    Args:
+      url: the object, e.g. ``"s3://bucket/train-0.parquet"``.
+      options: retries, block size and read-ahead.
+      size: the object's size if known (saves a request when ``pin`` is given too).
+      pin: the ``object_info`` of the version to read (as it was when first
+        opened); by default the current one. Reads of another version raise
+        ``ObjectChangedError``.
+
+    Example:
+        with RemoteFile("s3://bucket/data.parquet", RemoteOptions()) as f:
+            magic = f.read(4)
+    """
+
+    def __init__(
+        self, url: str, options: RemoteOptions, size: Optional[int] = None, pin: Optional[dict] = None
+    ):
+        super().__init__()
+        self._url = url
+        self._options = options
+        if pin is None or size is None:
+            info = object_info(url, options)
+            if pin is not None:
+                check_pin(url, pin, info)
+            pin = pin or info
+        # Every block is read from this version of the object: a change raises
+        # ObjectChangedError instead of mixing two versions.
+        self._pin = pin
+        self._size = pin["size"] if size is None else size
+        self._pos = 0
+        self._blocks: OrderedDict[int, futures.Future] = OrderedDict()
+        self._last_block = -2
+
+    @property
+    def name(self) -> str:
+        return self._url
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def pin(self) -> dict:
+        """The ``object_info`` of the version this file reads."""
+        return self._pin
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            pos = offset
+        elif whence == io.SEEK_CUR:
+            pos = self._pos + offset
+        elif whence == io.SEEK_END:
+            pos = self._size + offset
+        else:
+            raise ValueError(f"RemoteFile.seek: whence must be 0, 1 or 2, got {whence}")
+        if pos < 0:
+            raise ValueError(f"RemoteFile.seek: negative position {pos} in {self._url!r}")
+        self._pos = pos
+        return pos
+
+    def _submit(self, block: int) -> futures.Future:
+        future = self._blocks.get(block)
+        if future is None:
+            start = block * self._options.block_size
+            end = min(start + self._options.block_size, self._size)
+            future = _pool().submit(_read_range, self._url, start, end, self._options, self._pin)
+            self._blocks[block] = future
+        else:
+            self._blocks.move_to_end(block)
+        return future
+
+    def _block(self, block: int) -> bytes:
+        future = self._submit(block)
+        last = (self._size - 1) // self._options.block_size
+        if block == self._last_block + 1:
+            # Reading in order: fetch the next blocks while this one is used.
+            for ahead in range(block + 1, min(block + self._options.read_ahead, last) + 1):
+                self._submit(ahead)
+        self._last_block = block
+        while len(self._blocks) > self._options.read_ahead + 2:
+            _, old = self._blocks.popitem(last=False)
+            old.cancel()
+        try:
+            return future.result()
+        except BaseException:
+            # A failed block is not kept: the next read of it tries again.
+            self._blocks.pop(block, None)
+            raise
+
+    def readinto(self, buffer: Any) -> int:
+        if self.closed:
+            raise ValueError(f"I/O operation on closed RemoteFile {self._url!r}")
+        view = memoryview(buffer).cast("B")
+        want = min(len(view), max(self._size - self._pos, 0))
+        done = 0
+        bs = self._options.block_size
+        while done < want:
+            block, offset = divmod(self._pos + done, bs)
+            data = self._block(block)
+            n = min(len(data) - offset, want - done)
+            view[done : done + n] = data[offset : offset + n]
+            done += n
+        self._pos += done
+        return done
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            size = max(self._size - self._pos, 0)
+        buffer = bytearray(min(size, max(self._size - self._pos, 0)))
+        n = self.readinto(buffer)
+        return bytes(buffer[:n])
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def close(self) -> None:
+        for future in self._blocks.values():
+            future.cancel()
+        self._blocks.clear()
+        super().close()
+
+
+class LocalCache:
+    """Whole copies of remote files in a local directory, bounded in bytes.
+
+    The directory is the user's own: created mode 0700 if missing, and refused
+    with ``UnsafeCacheDirError`` if it is a symlink, owned by another user, or
+    writable by group or others (``default_cache_dir()`` must not be readable by
+    them either), as ssh treats ``~/.ssh``. Every file in it is opened relative to
+    the directory's descriptor with ``O_NOFOLLOW``, mode 0600.
+
+    A file is fetched by parallel ranged reads of one pinned version into a new
+    temporary name (``O_EXCL``) and renamed when complete, so processes sharing
+    the directory never read a partial copy. Next to each copy a sidecar
+    (``.meta-<name>``, written atomically after it) records the object's size and
+    version (ETag or generation) it was fetched at; a copy is used only if both
+    match the object and the copy's own size, else it is fetched again (a copy
+    damaged or truncated later is thus replaced). Every write is checked: a full
+    disk raises ``CacheFullError`` naming the object and the directory, and leaves
+    no partial file. Beyond ``max_bytes`` the least recently used copies are
+    removed, except those ``pinned`` now by any process sharing the directory (a
+    reader that has one open keeps reading it after its removal).
+
+    Args:
+      directory: where the copies live; created (0700) if missing.
+      options: retries and block size of the ranged reads.
+      max_bytes: the bound; None for none.
+      private: also refuse a directory that group or others can read (the default
+        directory, whose name anyone can guess, is private).
+
+    Example:
+        cache = LocalCache("/tmp/shards", RemoteOptions(), max_bytes=10 << 30)
+        local = cache.fetch("s3://bucket/train-00000-of-00008.array_record")
+    """
+
+    def __init__(
+        self, directory: str, options: RemoteOptions, max_bytes: Optional[int] = None, private: bool = False
+    ):
+        self._dir = os.path.abspath(directory)
+        self._options = options
+        self._max_bytes = max_bytes
+        self._private = private
+        self._lock = threading.Lock()
+
+    @property
+    def directory(self) -> str:
+        return self._dir
+
+    def _name(self, url: str, info: dict) -> str:
+        digest = hashlib.sha1(f"{url}\0{info['size']}\0{info['version']}".encode()).hexdigest()[:20]
+        base = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[-80:]
+        return f"{digest}-{base}"
+
+    @contextlib.contextmanager
+    def _opened_dir(self) -> Iterator[int]:
+        fd = secure_directory(self._dir, private=self._private)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def fetch(self, url: str, info: Optional[dict] = None) -> str:
+        """Returns a local path holding the contents of ``url``, fetching it if needed.
+
+        Args:
+          url: the remote object.
+          info: its ``object_info``, if known (the version to copy): a file already
+            cached is then found without asking the store.
+
+        Raises:
+          UnsafeCacheDirError: the directory is not the user's own (see the class).
+          CacheFullError: the disk under the directory is full.
+          ObjectChangedError: the object changed from ``info`` while it was copied.
+        """
+        if info is None:
+            info = object_info(url, self._options)
+        name = self._name(url, info)
+        with self._opened_dir() as dir_fd:
+            if _valid_copy(dir_fd, name, info):
+                return os.path.join(self._dir, name)
+            # One copy at a time per file, across the processes and threads sharing the
+            # directory: the others wait here, then find it done.
+            lock = _open_private(dir_fd, f".lock-{name}")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not _valid_copy(dir_fd, name, info):
+                    self._copy(url, info, dir_fd, name)
+            finally:
+                os.close(lock)
+            self._evict(dir_fd, keep=name)
+        return os.path.join(self._dir, name)
+
+    @contextlib.contextmanager
+    def pinned(self, url: str, info: Optional[dict] = None) -> Iterator[str]:
+        """``fetch``, and the copy stays until the block ends: open it inside.
+
+        Another thread or process sharing the directory may evict the copy
+        between ``fetch`` returning and the caller opening it; a pinned copy is
+        skipped by every eviction (a shared lock on its lock file).
+        """
+        if info is None:
+            info = object_info(url, self._options)
+        for _ in range(_PIN_ATTEMPTS):
+            path = self.fetch(url, info)
+            name = os.path.basename(path)
+            with self._opened_dir() as dir_fd:
+                lock = _open_private(dir_fd, f".lock-{name}")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH)
+                with self._opened_dir() as dir_fd:
+                    valid = _valid_copy(dir_fd, name, info)
+                if valid:
+                    try:
+                        yield path
+                    finally:
+                        os.close(lock)
+                        lock = -1
+                        # Copies kept over the bound while pinned go now (least
+                        # recently used first; this one was just used).
+                        with self._opened_dir() as dir_fd:
+                            self._evict(dir_fd, keep=name)
+                    return
+            finally:
+                if lock >= 0:
+                    os.close(lock)
+            # Evicted before the pin: fetched again.
+        raise RemoteReadError(
+            f"{url!r}: its local copy in {self._dir!r} was evicted {_PIN_ATTEMPTS} times before "
+            "it could be opened; raise RemoteOptions.cache_max_bytes (it must hold the files "
+            "read at the same time)",
+            url,
+        )
+
+    def _copy(self, url: str, info: dict, dir_fd: int, name: str) -> None:
+        size = info["size"]
+        tmp = f".partial-{name}-{os.getpid()}-{secrets.token_hex(4)}"
+        fd = _open_private(dir_fd, tmp, create_new=True, write=True)
+        copied = False
+        try:
+            bs = self._options.block_size
+            ranges = [(s, min(s + bs, size)) for s in range(0, size, bs)]
+
+            def copy(r: tuple[int, int]) -> None:
+                _pwrite_all(fd, _read_range(url, r[0], r[1], self._options, info), r[0])
+
+            # Blocks of one file in parallel: remote latency, not bandwidth, bounds
+            # a single ranged read. Every block is of the pinned version.
+            pending = [_pool("copy").submit(copy, r) for r in ranges]
+            try:
+                for f in pending:
+                    f.result()
+            finally:
+                # No block may still write to ``fd`` once it is closed (its number
+                # could by then name another file).
+                for f in pending:
+                    f.cancel()
+                futures.wait(pending)
+            os.fsync(fd)
+            os.close(fd)
+            fd = -1
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            tmp = None
+            copied = True
+            _write_sidecar(dir_fd, name, url, info)
+        except OSError as e:
+            if copied:
+                # Without its sidecar the copy would be fetched again anyway.
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dir_fd)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT) and not isinstance(e, RemoteReadError):
+                raise CacheFullError(
+                    e.errno,
+                    f"{url!r}: no space left to cache it ({size} bytes) in {self._dir!r}: {e}. "
+                    "No partial copy was kept. Free space there, lower "
+                    "RemoteOptions.cache_max_bytes, or pass a directory on a larger disk as "
+                    "RemoteOptions(cache_dir=...).",
+                ) from e
+            raise
+        finally:
+            _discard(fd, tmp, dir_fd)
+
+    def _evict(self, dir_fd: int, keep: str) -> None:
+        if self._max_bytes is None:
+            return
+        with self._lock:
+            entries = []
+            for name in os.listdir(dir_fd):
+                if name.startswith("."):
+                    continue
+                try:
+                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                entries.append((st.st_mtime, st.st_size, name))
+            total = sum(size for _, size, _ in entries)
+            for _, size, name in sorted(entries):
+                if total <= self._max_bytes:
+                    break
+                if name != keep and _remove_unpinned(dir_fd, name):
+                    total -= size
+
+
+# Fetches of one file before its copy could be pinned, when other readers keep
+# evicting it (a cache bound smaller than the files read at the same time).
+_PIN_ATTEMPTS = 20
+_SIDECAR_MAX_BYTES = 1 << 16
+
+
+def secure_directory(path: str, private: bool = False) -> int:
+    """Opens the cache directory ``path`` (creating it 0700), checked to be the user's own.
+
+    Returns:
+      A descriptor of the directory (the caller closes it); files are opened
+      relative to it so no later path lookup goes through a link.
+
+    Raises:
+      UnsafeCacheDirError: ``path`` is a symlink or not a directory, is owned by
+        another user, or is writable (``private``: accessible) by group or others.
+    """
+    parent = os.path.dirname(path)
+    if parent and not os.path.isdir(parent):
+        os.makedirs(parent, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    fix = (
+        f"Remove it (if it is not yours, ask who made it) or pass a directory of your own as "
+        f"RemoteOptions(cache_dir=...)."
+    )
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeCacheDirError(
+                f"remote file cache {path!r} is a symlink or not a directory; refusing to use it "
+                f"(another user could redirect it). {fix}"
+            ) from e
+        raise
+    st = os.fstat(fd)
+    problem = None
+    if st.st_uid != os.geteuid():
+        problem = f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    elif private and st.st_mode & 0o077 and not st.st_mode & 0o022:
+        # Ours and writable by us alone (as earlier versions made the default
+        # directory, 0755): nobody else could have put anything in it, so it is
+        # made private rather than refused.
+        os.fchmod(fd, 0o700)
+    elif st.st_mode & (0o077 if private else 0o022):
+        problem = (
+            f"has mode {stat.S_IMODE(st.st_mode):04o}: "
+            f"{'group or others can reach it' if private else 'group or others can write it'} "
+            f"(it must be {'0700' if private else 'writable by its owner only'})"
+        )
+    if problem is not None:
+        os.close(fd)
+        raise UnsafeCacheDirError(
+            f"remote file cache {path!r} {problem}; refusing to use it (its copies or locks "
+            f"could be another user's). {fix}"
+        )
+    return fd
+
+
+def _open_private(dir_fd: int, name: str, create_new: bool = False, write: bool = False) -> int:
+    """Opens (creating, 0600) ``name`` in the directory, never through a symlink."""
+    flags = os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_WRONLY if write else os.O_RDWR)
+    if create_new:
+        flags |= os.O_EXCL
+    return os.open(name, flags, 0o600, dir_fd=dir_fd)
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Writes all of ``data`` at ``offset``; a short write is continued, a write of 0 is ENOSPC."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, "write made no progress (disk full?)")
+        view = view[n:]
+        offset += n
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, "write made no progress (disk full?)")
+        view = view[n:]
+
+
+def _write_sidecar(dir_fd: int, name: str, url: str, info: dict) -> None:
+    """Records the size and version ``name`` was fetched at, atomically (temp + rename)."""
+    record = {"url": url, "size": info["size"], "version": info["version"], "etag": info.get("etag")}
+    tmp = f".partial-meta-{name}-{os.getpid()}-{secrets.token_hex(4)}"
+    fd = _open_private(dir_fd, tmp, create_new=True, write=True)
+    try:
+        _write_all(fd, json.dumps(record).encode())
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, f".meta-{name}", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        tmp = None
+    finally:
+        _discard(fd, tmp, dir_fd)
+
+
+
+def _discard(fd: int, tmp: Optional[str], dir_fd: int) -> None:
+    """Closes ``fd`` (if still open, >= 0) and removes the temporary file ``tmp`` (if not renamed into place)."""
+    if fd >= 0:
+        os.close(fd)
+    if tmp is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+
+def _valid_copy(dir_fd: int, name: str, info: dict) -> bool:
+    """Whether ``name`` is a regular file of the object's size whose sidecar records its version.
+
+    A valid copy is marked recently used.
+    """
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != info["size"]:
+            return False
+        fd = os.open(f".meta-{name}", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            record = json.loads(os.read(fd, _SIDECAR_MAX_BYTES))
+        finally:
+            os.close(fd)
+        if record.get("size") != info["size"] or record.get("version") != info["version"]:
+            return False
+        os.utime(name, dir_fd=dir_fd, follow_symlinks=False)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _remove_unpinned(dir_fd: int, name: str) -> bool:
+    """Removes a cached copy unless it is pinned or being fetched (never waits)."""
+    try:
+        fd = _open_private(dir_fd, f".lock-{name}")
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.unlink(name, dir_fd=dir_fd)
+        with contextlib.suppress(OSError):
+            os.unlink(f".meta-{name}", dir_fd=dir_fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # Releases the lock.
+
+
+def default_cache_dir() -> str:
+    """The cache directory used when ``RemoteOptions.cache_dir`` is None.
+
+    ``$TMPDIR/grainlike-remote-cache-<uid>``: a guessable name, so it is used only
+    if it is this user's own, mode 0700 (see ``LocalCache``).
+    """
+    return os.path.join(tempfile.gettempdir(), f"grainlike-remote-cache-{os.getuid()}")
+
+
+def cache_for(options: RemoteOptions) -> LocalCache:
+    """The cache ``options`` describe (the default directory when it names none)."""
+    if options.cache_dir is None:
+        return LocalCache(default_cache_dir(), options, options.cache_max_bytes, private=True)
+    return LocalCache(options.cache_dir, options, options.cache_max_bytes)
+
+
+@contextlib.contextmanager
+def pinned_input(
+    path: Any, options: Optional[RemoteOptions] = None, pin: Optional[dict] = None
+) -> Iterator[Any]:
+    """``open_input``, with a cached copy kept from eviction until the block ends.
+
+    Open the file inside the block; the open file stays readable after it.
+    """
+    options = options or RemoteOptions()
+    url = to_url(path)
+    if is_remote(url) and options.cache_dir is not None:
+        with cache_for(options).pinned(url, pin) as local:
+            yield local
+    else:
+        yield open_input(url, options, pin)
+
+
+def open_input(path: Any, options: Optional[RemoteOptions] = None, pin: Optional[dict] = None) -> Any:
+    """Opens ``path`` for reading: a local path, a cached local copy or a ``RemoteFile``.
+
+    Returns a path string for local files and for remote ones when
+    ``options.cache_dir`` is set, else a ``RemoteFile``. A remote object is read
+    at the version ``pin`` (an ``object_info``) names, by default its current one;
+    a change raises ``ObjectChangedError``.
+    """
+    options = options or RemoteOptions()
+    url = to_url(path)
+    if not is_remote(url):
+        return local_path(url)
+    if options.cache_dir is not None:
+        return cache_for(options).fetch(url, pin)
+    return RemoteFile(url, options, None if pin is None else pin["size"], pin)
