@@ -9,7 +9,8 @@ Loaded with ``-p grain_alias`` in a separate pytest process (see
    helper`` looks the name up under the module's own name (``grainlike._src.x``),
    so such a file is found under that name too;
 2. grainlike's module of the same path (``grain._src.x`` -> ``grainlike._src.x``,
-   ``grain.python`` -> ``grainlike.python``), the module object itself.
+   ``grain.python`` -> ``grainlike.python``), the module object itself; ``grain``
+   is a module with grainlike's attributes whose ``__file__`` is in the copied tree.
 
 A path that neither has fails to import, as it would for a user, except the
 grain-internal modules in ``_PLACEHOLDERS``: a test file imports them for a few
@@ -93,6 +94,35 @@ class _PlaceholderLoader(importlib.abc.Loader):
         pass
 
 
+class _GrainPackage(types.ModuleType):
+    """``grain`` itself: grainlike's names, with ``__file__`` in the copied wheel tree.
+
+    Some test modules find their data beside ``grain.__file__`` (their
+    ``setup_module`` points absl's ``--test_srcdir`` at ``<grain>/_src/python``,
+    where the wheel keeps ``testdata``): here that is the copy the tests run in.
+    Every other attribute is grainlike's.
+    """
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name not in ("__version__", "__all__"):
+            raise AttributeError(name)
+        return getattr(importlib.import_module("grainlike"), name)
+
+    def __dir__(self):
+        return dir(importlib.import_module("grainlike"))
+
+
+class _GrainPackageLoader(importlib.abc.Loader):
+    def create_module(self, spec):
+        module = _GrainPackage("grain")
+        module.__file__ = os.path.join(_ROOT, "__init__.py")
+        module.__path__ = []  # submodules resolve through the finder
+        return module
+
+    def exec_module(self, module) -> None:
+        pass
+
+
 class _GrainToGrainlike(importlib.abc.MetaPathFinder):
     @staticmethod
     def _placeholder(fullname: str, grain_name: str):
@@ -110,7 +140,9 @@ class _GrainToGrainlike(importlib.abc.MetaPathFinder):
             if grain_name in _PLACEHOLDERS and importlib.util.find_spec(fullname.rpartition(".")[0]) is not None:
                 return self._placeholder(fullname, grain_name)
             return None
-        if fullname != "grain" and not fullname.startswith("grain."):
+        if fullname == "grain":
+            return importlib.util.spec_from_loader(fullname, _GrainPackageLoader(), is_package=True)
+        if not fullname.startswith("grain."):
             return None
         parts = fullname.split(".")[1:]
         copied = os.path.join(_ROOT, *parts) + ".py"
