@@ -12,8 +12,8 @@ import json
 import time
 
 import grainlike as grain
-from grainlike.loader import elastic
-from grainlike.loader.state import Positions, dumps
+from grainlike.loader import elastic_restore as elastic
+from grainlike.loader.legacy_state import Positions, dumps
 
 RECORDS, OLD, NEW, WORKERS, DONE = 1_000_000, 4, 3, 2, 0.48
 

@@ -51,7 +51,7 @@ from grainlike.dataset import (
 from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
 from grainlike.loader.data_loader import DataLoader, DataLoaderIterator, PyGrainDatasetIterator
 from grainlike.loader.load import load
-from grainlike.loader.state import InvalidStateError
+from grainlike.loader.legacy_state import InvalidStateError
 from grainlike.sources import (
     ArrayRecordDataSource,
     InMemoryDataSource,

@@ -44,7 +44,7 @@ from grainlike.core.transforms import (
 )
 from grainlike import loader as _loader_package
 from grainlike.loader.data_loader import DataLoader
-from grainlike.loader.options import ReadOptions
+from grainlike.dataset.options import ReadOptions
 
 __all__ = ["BuiltLoader", "LoaderBuilder", "from_source"]
 

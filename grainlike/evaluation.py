@@ -28,7 +28,7 @@ from grainlike.core import sharding as sharding_lib
 from grainlike.core.sampling import PaddedEpochSampler
 from grainlike.core.transforms import Batch, MapWithIndexTransform
 from grainlike.loader.data_loader import DataLoader
-from grainlike.loader.options import ReadOptions
+from grainlike.dataset.options import ReadOptions
 
 __all__ = ["evaluate"]
 

@@ -32,7 +32,7 @@ import numpy as np
 from grainlike.core import tree
 from grainlike.core.transforms import Batch, MapTransform, batch_elements
 from grainlike.loader import pipeline
-from grainlike.loader.options import ReadOptions
+from grainlike.dataset.options import ReadOptions
 
 __all__ = ["element_spec", "first_output", "zeros_batch"]
 

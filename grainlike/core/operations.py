@@ -226,7 +226,7 @@ def loader_operation(op: Any, position: int) -> Any:
     if type(op) is BatchOperation:
         return op.as_batch()
     if is_flat_map(op):
-        return op  # Split records, as grain's DataLoader does (loader/flatmap.py).
+        return op  # Split records, as grain's DataLoader does (loader/flatmap_records.py).
     if (
         not isinstance(op, BatchOperation)
         and getattr(op, "batch_size", None) is not None

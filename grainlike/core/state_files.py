@@ -248,7 +248,7 @@ def _read_state_for_process(iterator: Any, directory: Any) -> tuple[str, Any]:
 
     A checkpoint of another number of processes (``process_*-of-N.json``, N not
     this job's) is restored elastically: a DataLoader iterator gets the state
-    continuing all N shards' states (``loader/elastic.py``); a Dataset iterator,
+    continuing all N shards' states (``loader/elastic_restore.py``); a Dataset iterator,
     the state every process wrote, if all wrote the same (``ElasticIterator``).
     """
     filename = process_state_path(directory)

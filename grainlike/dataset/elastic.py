@@ -307,7 +307,7 @@ class SkipPositionsIterDataset(IterDataset):
 
     ``mp_prefetch`` puts it in a worker's pipeline only while that worker's
     state names positions to skip (after a restore on another worker count);
-    the DataLoader has it in its per-record pipeline (``loader/elastic.py``).
+    the DataLoader has it in its per-record pipeline (``loader/elastic_restore.py``).
     With nothing to skip it costs one call per element.
     """
 

@@ -12,9 +12,10 @@ from grainlike.core import sharding
 from grainlike.core.errors import ClosedIteratorError
 from grainlike.core.transforms import Batch, FilterTransform, Map, MapWithIndex, RandomMap, is_flat_map
 from grainlike.dataset.base import IterDataset, close_dropped
-from grainlike.loader import elastic, pipeline
-from grainlike.loader import state as state_lib
-from grainlike.loader.options import MultiprocessingOptions, ReadOptions
+from grainlike.loader import elastic_restore as elastic
+from grainlike.loader import pipeline
+from grainlike.loader import legacy_state as state_lib
+from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
 
 
 def _determine_worker_count(worker_count: Optional[int]) -> int:

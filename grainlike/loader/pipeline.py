@@ -32,9 +32,9 @@ from grainlike.core.transforms import (
 )
 from grainlike.dataset.base import IterDataset
 from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
-from grainlike.loader import state as state_lib
+from grainlike.loader import legacy_state as state_lib
 from grainlike.dataset.elastic import SkipPositionsIterDataset, contains_skip_stage
-from grainlike.loader.elastic import ElasticRecordsIterDataset
+from grainlike.loader.elastic_restore import ElasticRecordsIterDataset
 from grainlike.loader.chunked import ChunkedRecordsIterDataset, chunkable
 from grainlike.loader.stages import (
     BatchRecordsIterDataset,
@@ -48,7 +48,7 @@ from grainlike.loader.stages import (
     short_repr,
 )
 from grainlike.core.transforms import is_flat_map
-from grainlike.loader.flatmap import FlatMapRecordsIterDataset
+from grainlike.loader.flatmap_records import FlatMapRecordsIterDataset
 
 
 def check_operations(operations: Sequence[Any]) -> list:
@@ -122,7 +122,7 @@ def records_dataset(
       worker: ``(w, W)``: only worker ``w`` of ``W``'s positions ``w, w + W, ...``
         (``mp_prefetch`` slices a copy for each worker itself).
       per_record: only the per-record stages, which can skip records (an
-        elastic restore's, see ``elastic.py``); otherwise a pipeline reading
+        elastic restore's, see ``elastic_restore.py``); otherwise a pipeline reading
         without them computes the same beside them, used while nothing is skipped.
     """
     unsliced = records

@@ -46,7 +46,7 @@ from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
 from grainlike.dataset.filter import FilterThresholdChecker
 from grainlike.dataset.map import PassThroughStateIterator
 from grainlike.dataset.prefetch import NextIndexState, PrefetchDatasetIterator, PrefetchIterDataset
-from grainlike.loader import state as state_lib
+from grainlike.loader import legacy_state as state_lib
 
 
 def operation_functions(op: Any) -> tuple:

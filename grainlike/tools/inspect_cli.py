@@ -223,7 +223,7 @@ def _sampler_of(data: dict, shard: Optional[tuple[int, int]] = None) -> Any:
 
 
 def _codec(data: dict, workers: int, shard_index: int, shard_count: int, sampler: Any) -> Any:
-    from grainlike.loader import state as state_lib
+    from grainlike.loader import legacy_state as state_lib
 
     local_length = len(sampler) // shard_count if sampler is not None else sys.maxsize // 2
     return state_lib.LegacyState(
@@ -261,8 +261,8 @@ def describe_restore(
       Lines saying, per new process, where each worker starts, how many delivered
       positions it skips and how many remain; or why the restore is impossible.
     """
-    from grainlike.loader import elastic
-    from grainlike.loader import state as state_lib
+    from grainlike.loader import elastic_restore as elastic
+    from grainlike.loader import legacy_state as state_lib
 
     datas = {i: _load_state(s, f"state of process {i}") for i, s in states.items()}
     m_count = process_count if processes is None else processes

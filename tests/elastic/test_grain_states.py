@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import grainlike as grain
-from grainlike.loader.state import SKIP_KEY
+from grainlike.loader.legacy_state import SKIP_KEY
 
 N = 24
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import grainlike as grain
-from grainlike.loader import elastic
-from grainlike.loader.state import dumps
+from grainlike.loader import elastic_restore as elastic
+from grainlike.loader.legacy_state import dumps
 from grainlike.tools import inspect_cli as inspect
 
 RECORDS, EPOCHS = 24, 2

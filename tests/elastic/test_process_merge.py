@@ -15,8 +15,8 @@ import pytest
 import grainlike as grain
 from grainlike.core.errors import InvalidStateError
 from grainlike.core.sharding import even_split
-from grainlike.loader import elastic
-from grainlike.loader.state import dumps
+from grainlike.loader import elastic_restore as elastic
+from grainlike.loader.legacy_state import dumps
 
 EPOCHS = 2
 

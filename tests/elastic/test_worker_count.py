@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import grainlike as grain
-from grainlike.loader.state import SKIP_KEY
+from grainlike.loader.legacy_state import SKIP_KEY
 
 COUNTS = (0, 1, 2, 3)
 CHECKPOINTS = (0, 1, 2, 3, 5)

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import grainlike as grain
-from grainlike.loader.state import InvalidStateError, Positions
+from grainlike.loader.legacy_state import InvalidStateError, Positions
 from tests.reliability.transforms import Plus
 
 N = 30

@@ -11,7 +11,7 @@ one such state per worker. ``LegacyState`` converts between the two, and checks 
 legacy state completely before anything is restored from it.
 
 Elastic restore (see "Elastic restore" in ``docs/checkpointing.md``): a state
-of another worker count is restored by ``grainlike.loader.elastic``: every
+of another worker count is restored by ``grainlike.loader.elastic_restore``: every
 worker's delivered positions are merged, and the new workers start at the first
 position not delivered, skipping the few delivered above it. While such skipped
 positions are pending, the state carries them as sampler global indices under
@@ -212,7 +212,7 @@ class LegacyState:
                 "The data source is compared by `repr(data_source)`."
             )
         if elastic:
-            from grainlike.loader import elastic as elastic_lib
+            from grainlike.loader import elastic_restore as elastic_lib
 
             last_seen = data["last_seen_indices"]
             if not isinstance(last_seen, dict) or len(last_seen) != max(data["worker_count"], 1):

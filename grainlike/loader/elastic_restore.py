@@ -30,7 +30,7 @@ import numpy as np
 from grainlike.core.errors import InvalidStateError
 from grainlike.dataset.base import DatasetIterator, IterDataset
 from grainlike.dataset.elastic import SkipPositionsDatasetIterator, round_robin_frontier
-from grainlike.loader import state as state_lib
+from grainlike.loader import legacy_state as state_lib
 
 
 def frontier(codec: state_lib.LegacyState, positions: state_lib.Positions) -> tuple[int, list[int]]:
