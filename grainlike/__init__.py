@@ -13,7 +13,7 @@ a feature needs them.
 from grainlike.core.record import Record, RecordMetadata
 from grainlike.builder import LoaderBuilder, from_source
 from grainlike.core.config import config
-from grainlike.core.constants import (
+from grainlike.core.meta_features import (
     DATASET_INDEX,
     EPOCH,
     INDEX,

@@ -1,6 +1,6 @@
 """``grain.constants``: names of the meta features of index-based pipelines."""
 
-from grainlike.core.constants import (
+from grainlike.core.meta_features import (
     DATASET_INDEX,
     EPOCH,
     INDEX,
