@@ -101,10 +101,10 @@ _LAZY = {
     # Self-describing ArrayRecord files that grainlike-convert writes (grainlike only).
     "formats": "grainlike.formats",
     # Errors from worker processes and shared memory (grainlike only).
-    "WorkerError": "grainlike.dataset.workers:WorkerError",
-    "WorkerDiedError": "grainlike.dataset.workers:WorkerDiedError",
-    "WorkerStalledError": "grainlike.dataset.workers:WorkerStalledError",
-    "ForeignWorkersError": "grainlike.dataset.workers:ForeignWorkersError",
+    "WorkerError": "grainlike.core.errors:WorkerError",
+    "WorkerDiedError": "grainlike.core.errors:WorkerDiedError",
+    "WorkerStalledError": "grainlike.core.errors:WorkerStalledError",
+    "ForeignWorkersError": "grainlike.core.errors:ForeignWorkersError",
     "SharedMemoryFullError": "grainlike.core.errors:SharedMemoryFullError",
     # Sources of Parquet files, Hugging Face datasets, remote files (grainlike only).
     "ParquetDataSource": "grainlike.sources.parquet:ParquetDataSource",
@@ -172,6 +172,6 @@ __all__ = [
 # Workers start from a server when they cannot fork from this process (JAX
 # initialised, reader or OpenCV threads running): boot it now, beside the
 # program's own set-up, rather than at the first iterator.
-from grainlike.dataset import worker_server as _worker_server  # noqa: E402
+from grainlike.workers import server as _worker_server  # noqa: E402
 
 _worker_server.start_server_early()

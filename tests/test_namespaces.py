@@ -271,8 +271,8 @@ def test_worker_and_shared_memory_errors_are_public_and_lazy():
 
     code = (
         "import sys, grainlike\n"
-        "assert 'grainlike.dataset.workers' not in sys.modules\n"
-        "from grainlike.dataset import workers\n"
+        "assert 'grainlike.workers.pool' not in sys.modules\n"
+        "from grainlike.core import errors as workers\n"
         "from grainlike.core import shm_owner\n"
         "assert grainlike.WorkerDiedError is workers.WorkerDiedError\n"
         "assert grainlike.WorkerStalledError is workers.WorkerStalledError\n"

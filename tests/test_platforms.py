@@ -90,7 +90,7 @@ def test_without_fork_workers_are_spawned_and_read_the_owners_memory(monkeypatch
 _SPAWNING_SCRIPT = """
 import multiprocessing
 import grainlike  # imported again by each spawned child as it prepares, before its parent is known
-from grainlike.dataset import worker_server
+from grainlike.workers import server as worker_server
 
 
 def servers(_):

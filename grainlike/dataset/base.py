@@ -19,7 +19,6 @@ import abc
 import builtins
 import dataclasses
 import functools
-import sys
 import threading
 from typing import Any, Callable, Generic, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar, Union
 
@@ -29,26 +28,6 @@ from grainlike.core.errors import ClosedIteratorError
 
 T = TypeVar("T")
 S = TypeVar("S")
-
-
-def native_thread_count() -> int:
-    """The threads of this process, native ones included (0 where the OS does not say)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Threads:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-# The threads running when grainlike was imported: numpy's BLAS pool, which
-# survives a fork. Workers fork from the calling process only while no thread has
-# started since (workers.fork_is_safe); 0 (unknown) when a library that starts
-# threads of its own (OpenCV, ArrayRecord, torch, TensorFlow) was loaded first.
-_THREAD_STARTERS = ("cv2", "array_record", "torch", "tensorflow")
-THREADS_AT_IMPORT = 0 if any(m in sys.modules for m in _THREAD_STARTERS) else native_thread_count()
 
 
 class _Dropping(threading.local):

@@ -7,6 +7,8 @@ import enum
 import logging
 from typing import Any, Optional
 
+from grainlike.workers.liveness import DEFAULT_STALL_TIMEOUT_S
+
 
 def _check_non_negative_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
@@ -94,7 +96,7 @@ class MultiprocessingOptions:
     enable_profiling: bool = False
     # grainlike-only fields stay out of the repr, which is grain's.
     warm_start: bool = dataclasses.field(default=False, repr=False)
-    stall_timeout_s: Optional[float] = dataclasses.field(default=300.0, repr=False)
+    stall_timeout_s: Optional[float] = dataclasses.field(default=DEFAULT_STALL_TIMEOUT_S, repr=False)
     restart_dead_workers: bool = dataclasses.field(default=False, repr=False)
 
     def __post_init__(self):

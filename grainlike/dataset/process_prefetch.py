@@ -7,7 +7,7 @@ indices ``w, w + W, ...``; with ``sequential_slice`` each source keeps worker
 its iterators told they run as process ``w`` of ``W``. The outputs are taken
 round-robin; a worker that ends is skipped, and the iteration ends when all
 have. Everything runs on the shared worker pool
-(``workers.WorkerPool``): the same process start, shared-memory batches,
+(``grainlike.workers.pool.WorkerPool``): the same process start, shared-memory batches,
 liveness checks and error reports as the DataLoader's workers.
 
 The state is grain 0.2.18's (its ``mp_prefetch`` interleaves one prefetching
@@ -50,7 +50,9 @@ from grainlike.dataset.base import (
     set_next_index,
 )
 from grainlike.dataset.state import interleave_state
-from grainlike.dataset.workers import DEFAULT_STALL_TIMEOUT_S, WorkerDiedError, WorkerPool
+from grainlike.core.errors import WorkerDiedError
+from grainlike.workers.liveness import DEFAULT_STALL_TIMEOUT_S
+from grainlike.workers.pool import WorkerPool
 
 # Restarts of the workers (restart_dead_workers) within one next() before the
 # death is raised: a worker that dies on the same element again would loop.

@@ -143,9 +143,9 @@ class DataLoader:
             self._codec,
         )
         if worker_count > 0:
-            from grainlike.dataset import workers
+            from grainlike.workers import start
 
-            workers.prestart()
+            start.prestart()
 
     @property
     def multiprocessing_options(self) -> MultiprocessingOptions:

@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent(
     sys.path.insert(0, {root!r})
     import psutil
     import grainlike as gl
-    from grainlike.dataset import workers
+    from grainlike.workers import start as worker_start
 
     how = {how!r}
     if how == "thread":
@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent(
         import jax.numpy as jnp
         jnp.zeros(1).block_until_ready()  # starts the CPU backend
     elif how == "server":
-        workers.fork_is_safe = lambda: False
+        worker_start.fork_is_safe = lambda: False
     elif how == "array_record":
         # An open reader's thread pool: a child forked with it copied crashes
         # on its first read.
@@ -59,7 +59,7 @@ SCRIPT = textwrap.dedent(
         operations=[Square(), gl.Batch(4)],
         worker_count=2,
     )
-    safe = workers.fork_is_safe()
+    safe = worker_start.fork_is_safe()
     it = iter(loader)
     out = [next(it).tolist()]
     parents = sorted({{psutil.Process(p.pid).ppid() == os.getpid() for p in it._stream._shutdown.procs}})

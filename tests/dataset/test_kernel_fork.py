@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SETUP = """
 import json, os, threading, time
 import grainlike as gl
-from grainlike.dataset import workers
+from grainlike.workers import start as worker_start
 
 class Where(gl.MapTransform):
     def map(self, x):
@@ -67,7 +67,7 @@ def _run(kc, code: str) -> tuple[str, list]:
 def test_workers_fork_from_a_jupyter_kernel_and_their_output_reaches_it(kernel):
     _run(kernel, SETUP)
     text, [[safe, kernel_pid, parents]] = _run(
-        kernel, "print('RESULT', json.dumps([workers.fork_is_safe(), os.getpid(), parents()]))"
+        kernel, "print('RESULT', json.dumps([worker_start.fork_is_safe(), os.getpid(), parents()]))"
     )
     assert safe is True
     assert parents == [kernel_pid]
@@ -81,7 +81,7 @@ def test_a_thread_of_the_users_sends_workers_to_the_server(kernel):
         kernel,
         "stop = threading.Event(); t = threading.Thread(target=stop.wait); t.start()\n"
         "try:\n"
-        "    print('RESULT', json.dumps([workers.fork_is_safe(), os.getpid(), parents()]))\n"
+        "    print('RESULT', json.dumps([worker_start.fork_is_safe(), os.getpid(), parents()]))\n"
         "finally:\n"
         "    stop.set(); t.join()",
     )

@@ -23,7 +23,7 @@ from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
 from grainlike.dataset.options import MultiprocessingOptions
 from grainlike.dataset.process_prefetch import MultiprocessPrefetchIterDataset
 from grainlike.dataset.repeat import RepeatIterDataset
-from grainlike.dataset.workers import WorkerDiedError
+from grainlike.core.errors import WorkerDiedError
 from tests.helpers import leaks
 
 pytestmark = pytest.mark.timeout(90)

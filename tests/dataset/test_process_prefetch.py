@@ -17,7 +17,7 @@ from grainlike.dataset.base import get_next_index, set_next_index
 from grainlike.dataset.options import DatasetOptions, MultiprocessingOptions
 from grainlike.dataset.process_prefetch import ProcessPrefetchIterDataset, multiprocess_prefetch
 from grainlike.dataset.seed import WithOptionsIterDataset
-from grainlike.dataset.workers import WorkerDiedError
+from grainlike.core.errors import WorkerDiedError
 from tests.helpers import leaks
 
 pytestmark = pytest.mark.timeout(90)

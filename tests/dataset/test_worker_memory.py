@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from grainlike.dataset import worker_main
+from grainlike.workers import main as worker_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

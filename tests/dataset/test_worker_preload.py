@@ -19,13 +19,13 @@ SCRIPT = textwrap.dedent(
     import sys
     {first}
     {second}
-    from grainlike.dataset import workers, worker_server
+    from grainlike.workers import server as worker_server, start as worker_start
 
     if {disable}:
         worker_server.PRELOAD_IF_LOADED = ()
     # The preloaded server's imports are under test: a worker forked from this
     # process (fork_is_safe) has every module it has.
-    workers.fork_is_safe = lambda: False
+    worker_start.fork_is_safe = lambda: False
 
 
     class Probe(gl.MapTransform):

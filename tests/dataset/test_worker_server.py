@@ -22,7 +22,7 @@ WORKERS_AFTER_JAX = textwrap.dedent(
     import os
     import grainlike as gl
     from multiprocessing import forkserver
-    from grainlike.dataset import workers, worker_server
+    from grainlike.workers import server as worker_server, start as worker_start
 
     servers_at_import = [s._forkserver_pid for s in worker_server._servers.values()]
     import jax
@@ -42,7 +42,7 @@ WORKERS_AFTER_JAX = textwrap.dedent(
     )
     parents = sorted(set(int(p) for p in loader))
     import json
-    print("RESULT", json.dumps([servers_at_import, parents, workers.fork_is_safe(), forkserver._forkserver._forkserver_pid]))
+    print("RESULT", json.dumps([servers_at_import, parents, worker_start.fork_is_safe(), forkserver._forkserver._forkserver_pid]))
     """
 )
 
@@ -79,12 +79,12 @@ NO_SERVER_IN_CHILDREN = textwrap.dedent(
 
     def child(q):
         import grainlike
-        from grainlike.dataset import workers, worker_server
+        from grainlike.workers import server as worker_server, start as worker_start
         q.put(len(worker_server._servers))
 
     if __name__ == "__main__":
         import grainlike
-        from grainlike.dataset import workers, worker_server
+        from grainlike.workers import server as worker_server, start as worker_start
         q = mp.get_context("spawn").Queue()
         p = mp.get_context("spawn").Process(target=child, args=(q,))
         p.start()
@@ -105,7 +105,7 @@ SERVER_ENDS_WITH_PROCESS = textwrap.dedent(
     """
     import os, sys
     import grainlike
-    from grainlike.dataset import workers, worker_server
+    from grainlike.workers import server as worker_server, start as worker_start
 
     print("RESULT", os.getsid(0), flush=True)
     """
@@ -130,7 +130,7 @@ USER_FORKSERVER_PRELOAD = textwrap.dedent(
     import sys
 
     def probe(q):
-        q.put(["colorsys" in sys.modules, "grainlike.dataset.worker_main" in sys.modules])
+        q.put(["colorsys" in sys.modules, "grainlike.workers.main" in sys.modules])
 
     if __name__ == "__main__":
         import grainlike

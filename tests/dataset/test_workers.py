@@ -13,7 +13,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from grainlike.dataset.workers import WorkerDiedError, WorkerPool
+from grainlike.core.errors import WorkerDiedError
+from grainlike.workers.pool import WorkerPool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

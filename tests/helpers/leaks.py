@@ -93,7 +93,7 @@ def _long_lived_fds() -> set:
     # So do grainlike's worker servers.
     from multiprocessing import forkserver, resource_tracker
 
-    from grainlike.dataset import worker_server
+    from grainlike.workers import server as worker_server
 
     fds = {
         getattr(forkserver._forkserver, "_forkserver_alive_fd", None),

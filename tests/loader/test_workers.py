@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import grainlike as grain
-from grainlike.dataset.workers import WorkerDiedError
+from grainlike.core.errors import WorkerDiedError
 from tests.helpers import leaks
 from tests.reliability.transforms import Slow
 

@@ -13,7 +13,7 @@ import pytest
 
 from grainlike.dataset import MapDataset
 from grainlike.dataset.options import MultiprocessingOptions
-from grainlike.dataset.workers import WorkerDiedError
+from grainlike.core.errors import WorkerDiedError
 from tests.helpers import leaks
 
 pytestmark = pytest.mark.timeout(120)

@@ -20,8 +20,8 @@ import psutil
 import pytest
 
 import grainlike as grain
-from grainlike.dataset import shm
-from grainlike.dataset.workers import WorkerDiedError
+from grainlike.workers import shm
+from grainlike.core.errors import WorkerDiedError
 from tests.helpers import leaks
 from tests.reliability.transforms import Big, Slow
 

@@ -24,7 +24,7 @@ sys.path.insert(0, {root!r})
 import grainlike as grain
 from grainlike.dataset.base import MapDataset
 from grainlike.dataset.options import MultiprocessingOptions
-from grainlike.dataset.workers import ForeignWorkersError
+from grainlike.core.errors import ForeignWorkersError
 
 face, how = sys.argv[1], sys.argv[2]
 

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 import grainlike as grain
-from grainlike.dataset.workers import pickle_task
+from grainlike.workers.start import pickle_task
 from grainlike.sources.in_memory import InMemoryDataSource
 from tests.helpers import leaks
 from tests.helpers.processes import in_session

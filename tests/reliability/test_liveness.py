@@ -12,7 +12,9 @@ import pytest
 from grainlike.core.errors import ClosedIteratorError
 from grainlike.dataset.base import MapDataset
 from grainlike.dataset.options import MultiprocessingOptions
-from grainlike.dataset.workers import STARTUP_TIMEOUT_S, WorkerPool, WorkerStalledError, allowed_stall_s
+from grainlike.core.errors import WorkerStalledError
+from grainlike.workers.liveness import STARTUP_TIMEOUT_S, allowed_stall_s
+from grainlike.workers.pool import WorkerPool
 from tests.helpers.threads import next_in_thread
 from tests.reliability.transforms import Spin, StuckAt
 

@@ -158,7 +158,7 @@ class _FdLimit:
 def test_workers_raise_their_own_open_file_limit(no_leaks):
     import resource
 
-    from grainlike.dataset.workers import WorkerPool
+    from grainlike.workers.pool import WorkerPool
 
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = min(1 << 16, hard if hard != resource.RLIM_INFINITY else 1 << 16)
@@ -192,7 +192,7 @@ def _fd_count(pid="self"):
 
 
 def test_holding_many_batches_costs_no_descriptors_in_either_process(no_leaks):
-    from grainlike.dataset.workers import WorkerPool
+    from grainlike.workers.pool import WorkerPool
 
     count = 300
     with WorkerPool(_Frames(count), 1, [0], buffer_size=2) as pool:

@@ -99,7 +99,7 @@ def test_a_killed_process_group_leaves_a_folder_the_next_program_removes(tmp_pat
     # Another user's folder, and a live process's, of the same shape stay.
     (tmpdir / f"glsrv-{os.getpid()}-alive").mkdir()
     env = {**os.environ, "TMPDIR": str(tmpdir), "PYTHONPATH": os.getcwd(), "JAX_PLATFORMS": "cpu"}
-    code = "import grainlike; from grainlike.dataset import worker_server as w; w.running_server(); print(w._folder)"
+    code = "import grainlike; from grainlike.workers import server as w; w.running_server(); print(w._folder)"
     with in_session([sys.executable, "-c", code], env=env) as proc:
         out, errors = proc.communicate(timeout=60)
     assert proc.returncode == 0, errors

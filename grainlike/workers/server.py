@@ -2,7 +2,7 @@
 
 A ``multiprocessing`` forkserver of grainlike's own (not the process-wide one,
 which stays the program's: its preloads, Python 3.14's default start method)
-that has preloaded ``worker_main``, booted when grainlike is imported
+that has preloaded ``main``, booted when grainlike is imported
 (``start_server_early``) so that it is ready by the first ``iter()``. A worker it
 forks receives preparation data that names no main module, so it never re-runs
 the user's ``__main__``. Importing this module costs the standard library only.
@@ -28,12 +28,36 @@ import types
 import weakref
 from typing import Any, Optional
 
-WORKER_MODULE = "grainlike.dataset.worker_main"
+WORKER_MODULE = "grainlike.workers.main"
+# The modules mp_prefetch's task is unpickled with in every worker, preloaded by
+# name (the worker layer imports nothing above it).
+TASK_MODULES = ("grainlike.dataset.process_prefetch", "grainlike.dataset.source")
 # Heavy modules the worker server imports too when this process has them loaded:
 # their sources (TFDS, Hugging Face datasets, Parquet, s3fs) need them in every
 # worker, and importing tensorflow_datasets or datasets costs each worker 1-2 s.
 PRELOAD_IF_LOADED = ("tensorflow_datasets", "datasets", "pyarrow.parquet", "s3fs", "gcsfs")
 _lock = threading.Lock()
+
+
+def native_thread_count() -> int:
+    """The threads of this process, native ones included (0 where the OS does not say)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+# The threads running when grainlike was imported (this module is imported then):
+# numpy's BLAS pool, which survives a fork. Workers fork from the calling process
+# only while no thread has started since (``start.fork_is_safe``); 0 (unknown) when
+# a library that starts threads of its own (OpenCV, ArrayRecord, torch,
+# TensorFlow) was loaded first.
+_THREAD_STARTERS = ("cv2", "array_record", "torch", "tensorflow")
+THREADS_AT_IMPORT = 0 if any(m in sys.modules for m in _THREAD_STARTERS) else native_thread_count()
 
 
 def _strip_main(data: dict) -> dict:
@@ -152,7 +176,7 @@ def _server_preload() -> tuple:
     from multiprocessing import forkserver
 
     user = [m for m in getattr(forkserver._forkserver, "_preload_modules", []) if m != "__main__"]
-    wanted = [WORKER_MODULE] + [m for m in PRELOAD_IF_LOADED if m in sys.modules]
+    wanted = [WORKER_MODULE, *TASK_MODULES] + [m for m in PRELOAD_IF_LOADED if m in sys.modules]
     return tuple(wanted + [m for m in user if m not in wanted])
 
 

@@ -16,7 +16,6 @@ import struct
 import sys
 import threading
 import time
-import traceback
 from typing import Any, Optional
 
 from multiprocessing.reduction import ForkingPickler
@@ -24,40 +23,10 @@ from multiprocessing.reduction import ForkingPickler
 import cloudpickle
 import numpy as np  # Also preloaded for the forked workers.
 
-from grainlike.core import memfd, tree
-from grainlike.core.errors import add_note
-from grainlike.dataset import shm
-from grainlike.dataset.worker_protocol import END, ERR, OUT, OUTS, READY, RESET, RESET_DONE, START, STOP, TICK
-from grainlike.dataset import process_prefetch, source  # noqa: F401  (preloaded: tasks need them)
-
-
-def _safe(fn, fallback: str) -> str:
-    try:
-        return str(fn())
-    except Exception as e:  # Formatting user objects may raise anything.
-        try:
-            return f"{fallback} ({type(e).__name__}: {e})"
-        except Exception:
-            return fallback
-
-
-def _error_text(error: BaseException) -> str:
-    """The exception's message, or as much of it as can be recovered."""
-    try:
-        return str(error)
-    except Exception as e:
-        args = _safe(lambda: repr(error.args), "<args that cannot be printed>")
-        return f"<str() of the exception raised {type(e).__name__}; its args: {args}>"
-
-
-def _pickled(obj: Any) -> "tuple[bytes | None, str]":
-    """``(cloudpickle bytes, "")``, or ``(None, why not)`` when they cannot be rebuilt."""
-    try:
-        payload = cloudpickle.dumps(obj)
-        cloudpickle.loads(payload)  # Some objects pickle but cannot be rebuilt.
-        return payload, ""
-    except BaseException as e:  # noqa: B902 - any failure means: send less
-        return None, _safe(lambda: f"{type(e).__name__}: {e}", type(e).__name__)
+from grainlike.core import memfd
+from grainlike.workers import shm
+from grainlike.workers.error_transfer import describe_origin, explain_unpicklable, send_error
+from grainlike.workers.protocol import END, OUT, OUTS, READY, RESET, RESET_DONE, START, STOP, TICK
 
 
 # Small outputs travel up to this many to a message, and up to about this many
@@ -192,87 +161,13 @@ def _exit_as(error: SystemExit) -> None:
     os._exit(code or 0)
 
 
-def _send_error(conn, state: Any, error: BaseException) -> None:
-    """Sends ``error`` to the consumer: itself if possible, else its type, text and notes.
-
-    Every part is made safely, so that an exception that cannot be printed or
-    pickled still reaches the consumer (which rebuilds it in ``workers``).
-    """
-    tb = _safe(
-        lambda: "".join(traceback.format_exception(type(error), error, error.__traceback__)),
-        "<the traceback could not be formatted>",
-    )
-    payload, why = _pickled(error)
-    type_payload = None
-    if payload is None:
-        type_payload, _ = _pickled(type(error))
-    notes = [_safe(lambda n=n: n, "<a note that cannot be printed>") for n in getattr(error, "__notes__", ())]
-    name = _safe(lambda: f"{type(error).__module__}.{type(error).__qualname__}", "<unknown type>")
-    # (file, line, function) per frame: the consumer rebuilds them as the raised exception's traceback.
-    try:
-        frames = [(str(f.filename), int(f.lineno or 0), str(f.name)) for f in traceback.extract_tb(error.__traceback__)]
-    except Exception:  # noqa: BLE001 - the text traceback above still travels
-        frames = []
-    conn.send((ERR, state, payload, name, _error_text(error), tb, type_payload, notes, why, frames))
-
-
-def _explain_unpicklable(error: BaseException, output: Any, origin: str) -> None:
-    """Adds a note to ``error`` naming the part of ``output`` that cannot be pickled, and ``origin``."""
-    culprit = f"the output itself ({type(output).__module__}.{type(output).__qualname__})"
-    try:
-        for path, leaf in tree.flatten_with_path(output):
-            try:
-                ForkingPickler.dumps(leaf)
-            except Exception:
-                kind = type(leaf)
-                what = f"{kind.__module__}.{kind.__qualname__}"
-                if isinstance(leaf, np.ndarray) and leaf.dtype == object:
-                    # A Batch stacked what a transform returned: name the item's type.
-                    for item in leaf.flat:
-                        try:
-                            ForkingPickler.dumps(item)
-                        except Exception:
-                            what = f"an object array holding {type(item).__module__}.{type(item).__qualname__}"
-                            break
-                culprit = f"the leaf at {path or '<root>'} ({what})"
-                break
-    except Exception:
-        pass
-    if "__main__" in culprit:
-        advice = (
-            "Its class is defined in __main__, which worker processes do not run: "
-            "define it in a module that both processes can import."
-        )
-    else:
-        advice = (
-            "Keep locks, open files, generators and similar objects out of outputs, "
-            "or give their class __getstate__/__reduce__."
-        )
-    add_note(
-        error,
-        f"grainlike: a worker's output cannot be sent to the consumer: {culprit} cannot be "
-        f"pickled. Outputs crossing processes must be picklable. {advice} {origin}",
-    )
-
-
-def _origin(task: Any, worker_index: int, worker_count: int, before: Any, after: Any) -> str:
-    """Where an output came from: the task's ``describe_output`` if it has one, else its states."""
-    describe = getattr(task, "describe_output", None)
-    if describe is not None:
-        try:
-            return describe(worker_index, worker_count, before, after)
-        except Exception:
-            pass
-    return f"The output came after worker state {before!r} (its state after it: {after!r})."
-
-
 # CPU time (of the process, less the sampling thread) per sample that counts as
 # progress: a blocked process uses none, a computing one about the whole interval.
 _BUSY_CPU_S = 0.002
 
 
 class _Progress:
-    """This worker's slot of the pool's progress page (see ``workers``).
+    """This worker's slot of the pool's progress page (see ``liveness.Progress``).
 
     ``sample()`` stores the time whenever the worker moved since the last sample:
     it used CPU time (in any thread but the sampling one), or its main thread is
@@ -376,7 +271,7 @@ def run(
 ) -> None:
     """Produces one worker's outputs and sends them to the consumer.
 
-    The messages are ``worker_protocol``'s. Out: ``OUT`` / ``OUTS`` outputs,
+    The messages are ``protocol``'s. Out: ``OUT`` / ``OUTS`` outputs,
     an ``ERR``, and an ``END`` when the outputs are exhausted; the descriptors
     of an ``OUT``'s new segments follow it (``shm.send_fds``), so ``results``
     is a Unix socket. In: ``TICK`` (one more output may be sent), ``RESET``
@@ -405,12 +300,12 @@ def run(
     # and stops the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # A worker forked from the consumer inherits its cleanup handler for these
-    # (worker_server.install_exit_on_signals); a worker ends on them at once.
-    from grainlike.dataset import worker_server
+    # (server.install_exit_on_signals); a worker ends on them at once.
+    from grainlike.workers import server
 
     for name in ("SIGTERM", "SIGHUP"):
         sig = getattr(signal, name, None)
-        if sig is not None and signal.getsignal(sig) is worker_server.exit_on_signal:
+        if sig is not None and signal.getsignal(sig) is server.exit_on_signal:
             signal.signal(sig, signal.SIG_DFL)
     shm.raise_fd_limit()
     keep_freed_memory()
@@ -524,7 +419,7 @@ def run(
                 except Exception as e:
                     if pool is not None:
                         pool.keep_unsent(unsent)  # Sent with a later output instead.
-                    _explain_unpicklable(e, output, _origin(task, worker_index, worker_count, before, state))
+                    explain_unpicklable(e, output, describe_origin(task, worker_index, worker_count, before, state))
                     state = before  # The output was not delivered.
                     raise
                 del output
@@ -559,7 +454,7 @@ def run(
                 outbox.flush(credit=False)
             if not stop.is_set():
                 try:
-                    _send_error(results, state, e)
+                    send_error(results, state, e)
                 except Exception:
                     # Without a report the consumer would wait for this worker: exit,
                     # so that it reports the exit instead.

@@ -1,0 +1,12 @@
+"""The worker pool: processes that each compute one worker's share of a task.
+
+``protocol``: the task and the messages; ``pool``: ``WorkerPool``;
+``start``: how a worker process starts (fork, the worker server of ``server``,
+spawn); ``main``: a worker's main loop; ``shm``: batch leaves handed over in
+shared memory; ``liveness``: a stalled or dead worker noticed and described;
+``error_transfer``: an exception raised in a worker raised in the consumer;
+``shutdown``: stopping the workers and releasing what they hold.
+
+Importing this package loads none of them: ``import grainlike`` loads only
+``server`` (it boots the worker server early).
+"""

@@ -1,0 +1,164 @@
+"""Stopping workers: one owner releases a pool's processes, pipes and memory, once.
+
+``Shutdown`` holds everything a pool must release and is called once, from
+``close()``, garbage collection or exit (``live_pools``, on SIGTERM / SIGHUP
+too). A forked child drops its copies of its parent's pools
+(``_after_fork_in_child``) and never stops the parent's workers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, Optional
+
+from grainlike.core import memfd
+from grainlike.workers import server
+from grainlike.workers.liveness import Progress
+from grainlike.workers.protocol import STOP
+
+if TYPE_CHECKING:
+    from grainlike.workers.pool import WorkerPool
+
+# How long close() waits for the workers to exit by themselves before terminating
+# them; and when the pool's owner was dropped (nothing will read what they compute).
+JOIN_TIMEOUT_S = 2.0
+DROPPED_JOIN_TIMEOUT_S = 0.1
+
+
+def ask_to_stop(control: Any) -> None:
+    try:
+        control.send((STOP,))
+    except Exception:
+        pass  # Already gone.
+
+
+def force_exit(proc: Any) -> None:
+    """Terminates, then kills, a worker that did not exit when asked to."""
+    if proc.exitcode is None:
+        proc.terminate()
+        try:
+            os.kill(proc.pid, signal.SIGCONT)  # A stopped worker acts on SIGTERM only once resumed.
+        except OSError:
+            pass
+        proc.join(1.0)
+    if proc.exitcode is None:
+        proc.kill()
+        proc.join(1.0)
+
+
+def stop_process(proc: Any, control: Any, ask: bool = True) -> None:
+    """Asks one worker to stop (unless ``ask`` is False: it cannot act on it), then makes it."""
+    if ask:
+        ask_to_stop(control)
+        proc.join(JOIN_TIMEOUT_S)
+    force_exit(proc)
+
+
+class Shutdown:
+    """Everything a pool must release; callable once, from close(), GC or exit."""
+
+    def __init__(self):
+        self.procs: list = []
+        self.controls: list = []
+        self.results: list = []
+        self.readers: list = []
+        # Read ends of the pipes each worker writes its stacks to.
+        self.stacks: list = []
+        self.progress: Optional[Progress] = None
+        # Descriptors of the memory the task refers to, until every worker has its copy.
+        self.shipped: dict = {}
+        self.done = False
+        self.lock = threading.Lock()
+        # Only this process may stop the workers: a forked child has copies of
+        # this object, and its exit must leave its parent's workers alone.
+        self.owner_pid = os.getpid()
+        # Set when workers are started from a background thread (warm start).
+        self.launcher: Optional[threading.Thread] = None
+        self.launched = 0
+        self.launch_error: Optional[BaseException] = None
+
+    def __call__(self, join_timeout_s: float = JOIN_TIMEOUT_S) -> None:
+        memfd.close_all(self.shipped)  # A forked child closes its own copies too.
+        if os.getpid() != self.owner_pid:
+            return
+        with self.lock:
+            if self.done:
+                return
+            self.done = True
+        launcher = self.launcher
+        if launcher is not None and launcher is not threading.current_thread():
+            launcher.join()  # At most one more worker start; then it sees done.
+        # All are asked first, so that they exit together, within one timeout.
+        for conn in self.controls:
+            ask_to_stop(conn)
+        deadline = time.monotonic() + join_timeout_s
+        for p in self.procs:
+            p.join(max(deadline - time.monotonic(), 0.0))
+        for p in self.procs:
+            force_exit(p)
+        self.close_ends()
+        for reader in self.readers:
+            reader.close()
+        if self.progress is not None:
+            self.progress.close()
+
+    def close_ends(self) -> None:
+        """Closes this process's ends of the workers' pipes and sockets."""
+        for conn in self.controls + self.results:
+            try:
+                conn.close()
+            except Exception:
+                pass
+        stacks, self.stacks = self.stacks, []
+        for fd in stacks:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        for p in self.procs:
+            try:
+                p.close()
+            except Exception:
+                pass
+
+
+live_pools: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all_at_exit() -> None:
+    for pool in list(live_pools):
+        if pool._shutdown.owner_pid == os.getpid():
+            pool.close()
+
+
+# Also on SIGTERM / SIGHUP (server.install_exit_on_signals).
+server.exit_cleanups.append(_close_all_at_exit)
+
+
+def _after_fork_in_child() -> None:
+    """Makes a forked child independent of its parent's workers.
+
+    The child keeps copies of the parent's pools (using one raises
+    ``ForeignWorkersError``); here it drops what would let it touch the parent's
+    workers: its copies of their pipes, and multiprocessing's record of them as
+    children (whose exit handler would terminate them). The worker server is
+    forgotten too (``server``), so the child starts workers of its own.
+    """
+    from multiprocessing import process
+
+    for pool in list(live_pools):
+        sd = pool._shutdown
+        sd.close_ends()
+        for proc in sd.procs:
+            process._children.discard(proc)
+    live_pools.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,252 @@
+"""Process start: workers fork from the calling process, from the worker server, or are spawned.
+
+Workers fork from the calling process while that is safe (``fork_is_safe``: no
+other thread, no JAX backend), as torch's do; otherwise from the worker server
+(``server``), booted when grainlike is imported, so a worker starts in
+milliseconds either way and never re-runs the user's ``__main__``. Where there
+is no server (``server.server_supported``: no ``os.fork``, or macOS) workers
+are spawned, each a fresh interpreter that does not re-run ``__main__`` either
+(docs/platforms.md: its start cost). The task travels as cloudpickle bytes
+(``pickle_task``), so lambdas and classes defined in a notebook or an
+unguarded script work.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.context
+import os
+import sys
+import threading
+from typing import Any
+
+import cloudpickle
+
+from grainlike.core import memfd
+from grainlike.workers import server, shm
+from grainlike.workers.protocol import WorkerTask
+from grainlike.workers.shutdown import Shutdown
+
+
+class PassedFd:
+    """A file descriptor handed to a worker as it starts (duplicated into it).
+
+    Pickle it only as part of a worker's start arguments; in the worker it turns
+    into the plain int of its own copy.
+    """
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+
+        return (_detach_fd, (reduction.DupFd(self.fd),))
+
+
+def _detach_fd(dup: Any) -> int:
+    return dup.detach()
+
+
+def _jax_backend_initialised() -> bool:
+    """Whether JAX has started a backend (its runtime threads) in this process."""
+    xla_bridge = sys.modules.get("jax._src.xla_bridge")
+    if xla_bridge is None:
+        return False
+    backends = getattr(xla_bridge, "_backends", None)
+    # A JAX that keeps its backends elsewhere: assume they may be running.
+    return not isinstance(backends, dict) or bool(backends)
+
+
+# The modules whose threads a fork may leave behind: a Jupyter (IPython) kernel's
+# own threads (its sockets' pollers, heartbeat, history writer, output
+# watchers) wait on sockets and pipes and hold no lock a worker takes; ipykernel
+# itself supports forked children, routing their output back over a pipe of its
+# own. Without them no notebook could fork its workers.
+_FORK_TOLERANT = ("ipykernel.", "IPython.")
+
+
+def _fork_tolerant(thread: threading.Thread) -> bool:
+    """Whether ``thread`` belongs to a Jupyter kernel (by its class, or its target's owner)."""
+    owner = type(thread).__module__
+    target = getattr(thread, "_target", None)  # a plain Thread running a kernel's method
+    if target is not None:
+        bound = getattr(target, "__self__", None)
+        owner = type(bound).__module__ if bound is not None else getattr(target, "__module__", owner) or owner
+    return owner.startswith(_FORK_TOLERANT)
+
+
+def fork_is_safe() -> bool:
+    """Whether workers may be forked from this process directly, as torch does.
+
+    Forking copies only the calling thread: a lock another thread holds (in
+    logging, in an allocator, in JAX's runtime) stays locked forever in the
+    child. So this process must run no other thread (Python or native) than
+    those it ran when grainlike was imported (numpy's BLAS pool, a Jupyter
+    kernel's own threads: ``_FORK_TOLERANT``), and no JAX backend (importing
+    jax starts none; its first computation does). Then a fork is what the
+    worker server would do, minus the round trip (W4: the first batch with 2
+    workers in a fresh process; W4k in a notebook). Otherwise workers fork from
+    the worker server, which never has either.
+    """
+    if sys.platform != "linux" or not hasattr(os, "fork"):
+        return False
+    if _jax_backend_initialised():
+        return False
+    current = threading.current_thread()
+    if any(t is not current and not _fork_tolerant(t) for t in threading.enumerate()):
+        return False
+    # Native threads too (an ArrayRecord reader's pool, OpenCV's): a forked
+    # child reading ArrayRecord with its parent's pool copied crashes.
+    return 0 < server.native_thread_count() <= server.THREADS_AT_IMPORT
+
+
+class _ForkedWorkerProcess(multiprocessing.context.ForkProcess):
+    """A worker forked from the calling process (``fork_is_safe()``)."""
+
+
+def _forked_entry(parent_ends: list, *args) -> None:
+    # The child's copies of the consumer's ends of its own pipes: only the
+    # consumer may hold them, so that each side sees EOF when the other exits.
+    # (The ends of earlier workers were closed by _after_fork_in_child.)
+    for fd in parent_ends:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _worker_entry(*args)
+
+
+def _as_inherited(arg: Any) -> Any:
+    """A start argument for a forked worker: a ``PassedFd`` is inherited as it is."""
+    if isinstance(arg, PassedFd):
+        return arg.fd
+    if isinstance(arg, tuple):
+        return tuple(_as_inherited(a) for a in arg)
+    if isinstance(arg, dict):
+        return {k: _as_inherited(v) for k, v in arg.items()}
+    return arg
+
+
+def prestart() -> None:
+    """Starts the forkserver now so the first workers fork at once.
+
+    Called when a loader with workers is built: booting the server (a fresh
+    interpreter importing numpy and grainlike) then overlaps whatever the program
+    does before its first ``next()``. Later pools in the process reuse it. The
+    server imports the main module only if the user preloads ``"__main__"``.
+    Not while workers would fork from this process directly (``fork_is_safe``).
+    """
+    if fork_is_safe() or not server.server_supported():
+        return
+    try:
+        server.running_server()
+    except Exception:
+        pass  # Starting workers later reports the problem with its context.
+
+
+def pickle_task(task: WorkerTask) -> tuple[bytes, dict]:
+    """cloudpickle bytes of the task, or the task's own error naming what fails.
+
+    Returns:
+      ``(bytes, shipped)``: ``shipped`` maps tokens to descriptors of the
+      anonymous memory the task refers to (an ``InMemoryDataSource``'s data),
+      which every worker receives with the bytes; the caller closes them.
+    """
+    with memfd.shipping() as shipped:
+        try:
+            return cloudpickle.dumps(task), shipped
+        except Exception as e:
+            raise task.pickling_error(e) from e
+
+
+def launch(
+    sd: Shutdown,
+    payload: bytes,
+    worker_count: int,
+    starts: list,
+    exhausted: list,
+    buffer_size: int,
+    profile: bool,
+    hold: bool,
+    on_release: list,
+) -> None:
+    """Starts the worker processes, registering each with ``sd`` once it runs.
+
+    An exhausted worker's process only waits to be stopped.
+    Stops early if ``sd`` is shutting down; a failure is kept in
+    ``sd.launch_error`` for the consumer to raise (it may run in a thread).
+    """
+    forked = not hold and fork_is_safe()
+    served = not forked and server.server_supported()
+    if forked:
+        from grainlike.workers import main  # noqa: F401  (imported once, here, not in each child)
+
+        ctx = multiprocessing.get_context("fork")
+    elif served:
+        ctx = multiprocessing.get_context("forkserver")
+        serving = server.running_server()
+    else:
+        ctx = multiprocessing.get_context("spawn")
+    try:
+        for w in range(worker_count):
+            if sd.done:
+                return
+            # A socket: segment descriptors travel with the outputs (SCM_RIGHTS).
+            result_r, result_w = ctx.Pipe(duplex=True)
+            control_r, control_w = ctx.Pipe(duplex=False)
+            stack_r, stack_w = os.pipe()
+            os.set_inheritable(stack_r, False)
+            progress = None if sd.progress is None else PassedFd(sd.progress.fd)
+            shipped = {token: PassedFd(fd) for token, fd in sd.shipped.items()}
+            args = (
+                payload, w, worker_count, starts[w], buffer_size,
+                result_w, control_r, os.getpid(), profile, hold,
+                exhausted[w], (progress, w, PassedFd(stack_w)), shipped,
+            )
+            if forked:
+                proc = _ForkedWorkerProcess(
+                    target=_forked_entry,
+                    args=([result_r.fileno(), control_w.fileno(), stack_r], *_as_inherited(args)),
+                    name=f"grainlike-worker-{w}",
+                    daemon=True,
+                )
+            elif served:
+                proc = server.WorkerProcess(
+                    target=_worker_entry, args=args, name=f"grainlike-worker-{w}", daemon=True
+                )
+                server.server_of[proc] = serving
+            else:
+                proc = server.SpawnedWorkerProcess(
+                    target=_worker_entry, args=args, name=f"grainlike-worker-{w}", daemon=True
+                )
+            try:
+                proc.start()
+            except BaseException:
+                os.close(stack_r)
+                raise
+            finally:
+                # Only the worker may hold these ends, so that EOF means its exit.
+                result_w.close()
+                control_r.close()
+                os.close(stack_w)
+            sd.procs.append(proc)
+            sd.results.append(result_r)
+            sd.controls.append(control_w)
+            sd.stacks.append(stack_r)
+            sd.readers.append(shm.SegmentReader(on_release[w]))
+            sd.launched = w + 1
+    except BaseException as e:  # noqa: B902 - handed to the consumer
+        if sd.launcher is None:
+            raise
+        sd.launch_error = e
+    finally:
+        if sd.progress is not None:
+            sd.progress.close_fd()
+        memfd.close_all(sd.shipped)  # Every worker has its copy.
+
+
+def _worker_entry(*args) -> None:
+    from grainlike.workers import main
+
+    main.run(*args)
