@@ -18,35 +18,32 @@ next is fetched in the background. See ``grainlike.sources.formats.remote_files`
 from __future__ import annotations
 
 import bisect
-import contextlib
 import hashlib
 import logging
 import operator
 import os
 import re
-import tempfile
 import threading
 from collections.abc import Sequence
 from concurrent import futures
-from typing import Any, Iterator, Optional, SupportsIndex
+from typing import Any, Optional, SupportsIndex
 
 import numpy as np
 
 from grainlike.core.errors import RecordKeyOutOfRangeError, SourceFileNotFoundError
 from grainlike.sources.formats import remote_files as remote
+from grainlike.sources.formats.array_record_files import (
+    BASE_READER_OPTIONS,
+    count_remote_records,
+    missing_file_error,
+    open_reader,
+)
 from grainlike.sources.keys import check_keys, group_by
 
 __all__ = ["ArrayRecordDataSource", "RecordKeyOutOfRangeError", "SourceFileNotFoundError"]
 
 _log = logging.getLogger(__name__)
 
-# No readahead (it only helps sequential scans, and costs a 16 MiB buffer per
-# reader), as grain; a file buffer of 8 KiB (grain: 32 KiB): a random read of a
-# record smaller than the buffer copies the whole buffer from the page cache,
-# and for 7 KiB JPEG records that copy was a fifth of the read's CPU (larger
-# records need reads of their own size either way).
-_BASE_READER_OPTIONS = "readahead_buffer_size:0"
-_FILE_READER_BUFFER_SIZE = 8192
 _MAX_COUNTING_THREADS = 64
 _SLICED_PATH = re.compile(r"(.*)\[(\d+):(\d+)\]")
 
@@ -66,66 +63,6 @@ def _is_file_instruction(x: Any) -> bool:
 
 def _is_local(path: str) -> bool:
     return not remote.is_remote(path)
-
-
-def _missing(path: str) -> SourceFileNotFoundError:
-    return SourceFileNotFoundError(f"ArrayRecordDataSource: file not found: {path!r}")
-
-
-@contextlib.contextmanager
-def _local_copy(
-    path: str, remote_options: Optional[remote.RemoteOptions], info: Optional[dict] = None
-) -> Iterator[str]:
-    """A local path with the contents of ``path``: itself, or its cached copy if remote.
-
-    A cached copy is kept from eviction until the block ends: open it inside.
-    """
-    if _is_local(path):
-        yield remote.local_path(path)
-        return
-    cache = remote.cache_for(remote_options or remote.RemoteOptions())
-    with contextlib.ExitStack() as stack:
-        try:
-            local = stack.enter_context(cache.pinned(path, info))
-        except FileNotFoundError as e:
-            raise SourceFileNotFoundError(f"ArrayRecordDataSource: file not found: {path!r} ({e})") from e
-        yield local
-
-
-def _open_reader(
-    path: str,
-    options: str,
-    remote_options: Optional[remote.RemoteOptions] = None,
-    info: Optional[dict] = None,
-):
-    from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
-
-    url = path
-    with _local_copy(url, remote_options, info) as path:
-        reader = array_record_module.ArrayRecordReader(
-            path, options=options, file_reader_buffer_size=_FILE_READER_BUFFER_SIZE
-        )
-        # A missing or unreadable file still constructs a reader; it reports not-ok
-        # and 0 records, which would silently make an empty source.
-        if not reader.ok():
-            try:
-                reader.close()  # Raises the reader's status, the only account of why.
-                detail = ""
-            except Exception as e:  # pylint: disable=broad-except
-                detail = f" ({e})"
-            if not os.path.exists(path):
-                raise _missing(url)
-            if detail in ("", " ()"):
-                # The reader gives no reason for a file cut at a block boundary or empty.
-                try:
-                    detail = (
-                        f" (its footer could not be read; the file is {os.path.getsize(path)} "
-                        "bytes: truncated, empty, or not an ArrayRecord file)"
-                    )
-                except OSError as e:
-                    detail = f" ({e})"
-            raise ValueError(f"ArrayRecordDataSource: {url!r} is not a readable ArrayRecord file{detail}.")
-        return reader
 
 
 def _warn_group_size(path: str, reader: Any) -> None:
@@ -161,54 +98,6 @@ def _normalize_paths(paths: Any) -> list:
     )
 
 
-# The first tail of a remote file fetched to count its records; grown 8x until the
-# footer fits (a file written with group_size:1 has a footer entry per record).
-_FIRST_TAIL_BYTES = 1 << 20
-
-
-def _count_remote_records(url: str, remote_options: Optional[remote.RemoteOptions]) -> int:
-    """The number of records of a remote ArrayRecord file, from its tail only.
-
-    The reader opens local files and reads only the footer to count: it is given a
-    sparse local file of the object's size holding the object's last bytes. A
-    footer that starts before them reads as zeros, which fail the chunks' hashes,
-    and a longer tail is fetched (in the end the whole file).
-    """
-    from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
-
-    options = remote_options or remote.RemoteOptions()
-    try:
-        # The version counted here is the one the cached copy is fetched at later
-        # (the source keeps this info): a file changed in between is an error.
-        info = remote.object_info(url, options)
-        size = info["size"]
-    except FileNotFoundError as e:
-        raise SourceFileNotFoundError(f"ArrayRecordDataSource: file not found: {url!r} ({e})") from e
-    tail = min(size, _FIRST_TAIL_BYTES)
-    with tempfile.TemporaryDirectory(prefix="grainlike-footer-") as directory:
-        path = os.path.join(directory, "tail.array_record")
-        while True:
-            with open(path, "wb") as f:
-                f.truncate(size)
-                f.seek(size - tail)
-                f.write(remote.read_range(url, size - tail, size, options, info))
-            try:
-                reader = array_record_module.ArrayRecordReader(path, options=_BASE_READER_OPTIONS)
-                try:
-                    if reader.ok():
-                        return reader.num_records()
-                finally:
-                    try:
-                        reader.close()
-                    except Exception:  # pylint: disable=broad-except
-                        pass  # A reader that read zeros reports it again here.
-            except Exception:  # pylint: disable=broad-except
-                pass
-            if tail == size:
-                raise ValueError(f"ArrayRecordDataSource: {url!r} is not a readable ArrayRecord file.")
-            tail = min(size, tail * 8)
-
-
 def _read_instruction(
     path: Any, remote_options: Optional[remote.RemoteOptions] = None
 ) -> tuple[str, int, int]:
@@ -228,16 +117,16 @@ def _read_instruction(
     else:
         filename = os.fspath(path)
         if not _is_local(filename):
-            return filename, 0, _count_remote_records(filename, remote_options)
+            return filename, 0, count_remote_records(filename, remote_options)
         # Counting only reads the footer; default options, as Grain does.
-        reader = _open_reader(filename, "", remote_options)
+        reader = open_reader(filename, "", remote_options)
         try:
             start, end = 0, reader.num_records()
         finally:
             reader.close()
         return filename, start, end
     if _is_local(filename) and not os.path.exists(remote.local_path(filename)):
-        raise _missing(filename)
+        raise missing_file_error(filename)
     return filename, start, max(end, start)
 
 
@@ -282,7 +171,7 @@ class ArrayRecordDataSource:
     ):
         self._remote_options = remote_options
         extra = ",".join(f"{k}:{v}" for k, v in (reader_options or {}).items())
-        self._reader_options = f"{_BASE_READER_OPTIONS},{extra}" if extra else _BASE_READER_OPTIONS
+        self._reader_options = f"{BASE_READER_OPTIONS},{extra}" if extra else BASE_READER_OPTIONS
         normalized = _normalize_paths(paths)
         if len(normalized) == 1:
             instructions = [_read_instruction(normalized[0], remote_options)]
@@ -323,7 +212,7 @@ class ArrayRecordDataSource:
                 reader = self._readers[file_index]
                 if reader is None:
                     filename = self._filenames[file_index]
-                    reader = _open_reader(
+                    reader = open_reader(
                         filename, self._reader_options, self._remote_options,
                         self._infos.get(filename),
                     )

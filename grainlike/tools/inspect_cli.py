@@ -335,9 +335,9 @@ def describe_array_record(path: str, record: int = 0) -> str:
       IndexError: ``record`` is out of range (the message gives the count).
     """
     from grainlike.sources.formats import record_codec as formats  # pylint: disable=g-import-not-at-top
-    from grainlike.sources.array_record import _open_reader  # pylint: disable=g-import-not-at-top
+    from grainlike.sources.formats.array_record_files import open_reader  # pylint: disable=g-import-not-at-top
 
-    reader = _open_reader(path, "readahead_buffer_size:0")
+    reader = open_reader(path, "readahead_buffer_size:0")
     try:
         count = reader.num_records()
         options = reader.writer_options_string()

@@ -400,7 +400,7 @@ def test_epath_objects_name_remote_files(up, tmp_path):
 
 
 def test_array_record_counts_from_the_tail_without_copying_the_files(up, tmp_path, monkeypatch):
-    from grainlike.sources import array_record
+    from grainlike.sources.formats import array_record_files
 
     reads = []
     original = remote.read_range
@@ -411,7 +411,7 @@ def test_array_record_counts_from_the_tail_without_copying_the_files(up, tmp_pat
 
     monkeypatch.setattr(remote, "read_range", recording)
     # A tail far smaller than the footer: the count must grow it, never guess from zeros.
-    monkeypatch.setattr(array_record, "_FIRST_TAIL_BYTES", 16)
+    monkeypatch.setattr(array_record_files, "_FIRST_TAIL_BYTES", 16)
     source = ArrayRecordDataSource(_urls("ar"), remote_options=_options(up, tmp_path))
     assert len(source) == SHARDS * PER_SHARD
     assert not os.path.exists(tmp_path / "cache")  # nothing copied to build it

@@ -1,5 +1,10 @@
-"""File formats and file access under the sources: numpy and the standard library only.
+"""File formats and file access under the sources.
 
+Importing them costs numpy and the standard library; ``array_record``, ``pyarrow`` and
+``fsspec`` are imported when a file is opened.
+
+* ``array_record_files``: opening ArrayRecord readers on local or remote files, counting
+  a remote file's records from its tail;
 * ``crc32c_checksum``: CRC-32C, the checksum of TFRecord files (google-crc32c, numpy
   fallback);
 * ``tfrecord_files``: reading and writing TFRecord files (framing and checksums);
