@@ -32,6 +32,7 @@ import numpy as np
 
 from grainlike.core.errors import RecordKeyOutOfRangeError, SourceFileNotFoundError
 from grainlike.sources.formats import remote_files as remote
+from grainlike.sources.formats.file_cache import cache_for
 from grainlike.sources.formats.array_record_files import (
     BASE_READER_OPTIONS,
     count_remote_records,
@@ -228,7 +229,7 @@ class ArrayRecordDataSource:
         filename = self._filenames[file_index]
         if _is_local(filename):
             return
-        cache = remote.cache_for(self._remote_options or remote.RemoteOptions())
+        cache = cache_for(self._remote_options or remote.RemoteOptions())
         # A failure is not reported here: the read of that file will retry and raise.
         remote.submit(cache.fetch, filename, self._infos.get(filename))
 

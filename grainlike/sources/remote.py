@@ -1,8 +1,7 @@
-"""Remote files and the local cache: defined in ``grainlike.sources.formats.remote_files``."""
+"""Remote files and the local cache: defined in ``grainlike.sources.formats.remote_files`` and ``file_cache``."""
 
 from grainlike.sources.formats.remote_files import (
     CacheFullError,
-    LocalCache,
     ObjectChangedError,
     RemoteAccessError,
     RemoteFile,
@@ -15,6 +14,7 @@ from grainlike.sources.formats.remote_files import (
     to_url,
     with_retries,
 )
+from grainlike.sources.formats.file_cache import LocalCache
 
 __all__ = [
     "CacheFullError",

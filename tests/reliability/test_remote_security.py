@@ -19,6 +19,7 @@ import time
 import numpy as np
 import pytest
 
+from grainlike.sources.formats import file_cache
 from grainlike.sources.formats import remote_files as remote
 
 pytest.importorskip("s3fs")
@@ -120,9 +121,9 @@ def test_default_cache_dir_planted_by_another_user_is_refused_and_its_symlink_no
     monkeypatch.setattr(tempfile, "tempdir", shared_tmp)
     options = _options(s3)
     url = _url("blob.bin")
-    cache_dir = remote.default_cache_dir()
+    cache_dir = file_cache.default_cache_dir()
     assert os.path.dirname(cache_dir) == shared_tmp
-    name = remote.LocalCache(cache_dir, options)._name(url, remote.object_info(url, options))
+    name = file_cache.LocalCache(cache_dir, options)._name(url, remote.object_info(url, options))
     victim = tmp_path / "victim"
     victim.mkdir()
     target = victim / "created-by-root"
@@ -133,7 +134,7 @@ def test_default_cache_dir_planted_by_another_user_is_refused_and_its_symlink_no
         f"printf attacker > {cache_dir}/{name}; chmod 0666 {cache_dir}/{name}"
     )
     with pytest.raises(remote.UnsafeCacheDirError, match=rf"{cache_dir}.*owned by uid {NOBODY}.*cache_dir"):
-        remote.cache_for(options).fetch(url)
+        file_cache.cache_for(options).fetch(url)
     assert not target.exists()
 
 
@@ -141,11 +142,11 @@ def test_default_cache_dir_planted_by_another_user_is_refused_and_its_symlink_no
 def test_default_cache_dir_that_is_another_users_symlink_is_refused(s3, shared_tmp, tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", shared_tmp)
     options = _options(s3)
-    cache_dir = remote.default_cache_dir()
+    cache_dir = file_cache.default_cache_dir()
     elsewhere = os.path.join(shared_tmp, "attackers")
     _as_nobody(f"mkdir -m 0777 {elsewhere}; ln -s {elsewhere} {cache_dir}")
     with pytest.raises(remote.UnsafeCacheDirError, match=rf"{cache_dir}.*symlink.*cache_dir"):
-        remote.cache_for(options).fetch(_url("blob.bin"))
+        file_cache.cache_for(options).fetch(_url("blob.bin"))
     assert os.listdir(elsewhere) == []
 
 
@@ -154,16 +155,16 @@ def test_a_given_cache_dir_writable_by_group_is_refused_naming_it(s3, tmp_path):
     cache_dir.mkdir()
     os.chmod(cache_dir, 0o775)
     with pytest.raises(remote.UnsafeCacheDirError, match=rf"{cache_dir}.*mode 0775.*cache_dir"):
-        remote.cache_for(_options(s3, str(cache_dir))).fetch(_url("blob.bin"))
+        file_cache.cache_for(_options(s3, str(cache_dir))).fetch(_url("blob.bin"))
 
 
 @needs_root
 def test_an_own_default_cache_dir_only_readable_by_others_is_made_private(s3, shared_tmp, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", shared_tmp)
-    cache_dir = remote.default_cache_dir()
+    cache_dir = file_cache.default_cache_dir()
     os.mkdir(cache_dir, 0o755)  # as earlier versions made it
     os.chmod(cache_dir, 0o755)
-    remote.cache_for(_options(s3)).fetch(_url("blob.bin"))
+    file_cache.cache_for(_options(s3)).fetch(_url("blob.bin"))
     assert stat.S_IMODE(os.lstat(cache_dir).st_mode) == 0o700
 
 
@@ -173,14 +174,14 @@ def test_a_cache_dir_owned_by_another_user_is_refused(s3, tmp_path):
     cache_dir.mkdir(mode=0o755)
     os.chown(cache_dir, NOBODY, NOBODY)
     with pytest.raises(remote.UnsafeCacheDirError, match=rf"{cache_dir}.*owned by uid {NOBODY}"):
-        remote.cache_for(_options(s3, str(cache_dir))).fetch(_url("blob.bin"))
+        file_cache.cache_for(_options(s3, str(cache_dir))).fetch(_url("blob.bin"))
 
 
 def test_a_new_cache_dir_is_0700_and_its_files_0600(s3, corpus, tmp_path):
     old = os.umask(0)  # the mode must not depend on a permissive umask
     try:
         cache_dir = tmp_path / "parent" / "cache"
-        path = remote.cache_for(_options(s3, str(cache_dir))).fetch(_url("blob.bin"))
+        path = file_cache.cache_for(_options(s3, str(cache_dir))).fetch(_url("blob.bin"))
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.lstat(cache_dir).st_mode) == 0o700
@@ -196,7 +197,7 @@ def test_a_new_cache_dir_is_0700_and_its_files_0600(s3, corpus, tmp_path):
 
 
 def test_a_truncated_cached_copy_is_detected_and_fetched_again(s3, corpus, tmp_path):
-    cache = remote.cache_for(_options(s3, str(tmp_path / "cache")))
+    cache = file_cache.cache_for(_options(s3, str(tmp_path / "cache")))
     path = cache.fetch(_url("blob.bin"))
     os.truncate(path, 1000)  # as a disk that filled up under an earlier writer leaves it
     again = cache.fetch(_url("blob.bin"))
@@ -207,7 +208,7 @@ def test_a_truncated_cached_copy_is_detected_and_fetched_again(s3, corpus, tmp_p
 def test_short_writes_are_continued_until_the_block_is_written(s3, corpus, tmp_path, monkeypatch):
     real = os.pwrite
     monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: real(fd, bytes(data[: max(1, len(data) // 3)]), offset))
-    path = remote.cache_for(_options(s3, str(tmp_path / "cache"), block_size=64 << 10)).fetch(_url("blob.bin"))
+    path = file_cache.cache_for(_options(s3, str(tmp_path / "cache"), block_size=64 << 10)).fetch(_url("blob.bin"))
     monkeypatch.undo()
     with open(path, "rb") as f, open(corpus["blob.bin"], "rb") as g:
         assert f.read() == g.read()
@@ -226,7 +227,7 @@ def test_a_full_disk_is_one_clear_error_and_leaves_no_partial_copy(s3, tmp_path,
     monkeypatch.setattr(os, "pwrite", short_then_full)
     cache_dir = tmp_path / "cache"
     with pytest.raises(remote.CacheFullError, match=rf"blob\.bin.*no space.*{cache_dir}.*cache_dir") as e:
-        remote.cache_for(_options(s3, str(cache_dir), block_size=64 << 10, attempts=1)).fetch(_url("blob.bin"))
+        file_cache.cache_for(_options(s3, str(cache_dir), block_size=64 << 10, attempts=1)).fetch(_url("blob.bin"))
     assert e.value.errno == errno.ENOSPC
     assert [n for n in os.listdir(cache_dir) if not n.startswith(".lock-")] == []
 
@@ -242,10 +243,10 @@ def test_a_real_full_tmpfs_is_one_clear_error_and_leaves_no_partial_copy(s3, tmp
     try:
         cache_dir = mount / "cache"
         with pytest.raises(remote.CacheFullError, match=rf"big\.bin.*{cache_dir}"):
-            remote.cache_for(_options(s3, str(cache_dir), attempts=1)).fetch(_url("big.bin"))
+            file_cache.cache_for(_options(s3, str(cache_dir), attempts=1)).fetch(_url("big.bin"))
         assert [n for n in os.listdir(cache_dir) if not n.startswith(".lock-")] == []
         # Room again (a smaller object): the cache works on the same disk.
-        small = remote.cache_for(_options(s3, str(cache_dir))).fetch(_url("blob.bin"))
+        small = file_cache.cache_for(_options(s3, str(cache_dir))).fetch(_url("blob.bin"))
         assert os.path.getsize(small) == 300_000
     finally:
         subprocess.run(["umount", str(mount)], check=True)
@@ -316,7 +317,7 @@ def test_a_cached_copy_is_of_the_pinned_version_or_an_error(s3, corpus, tmp_path
     pin = remote.object_info(_url(key), options)
     _overwrite(s3, key, _write_parquet(str(tmp_path / "new.parquet"), 1000))
     with pytest.raises(remote.ObjectChangedError, match=r"changing\.parquet"):
-        remote.cache_for(options).fetch(_url(key), pin)
+        file_cache.cache_for(options).fetch(_url(key), pin)
     assert [n for n in os.listdir(tmp_path / "cache") if not n.startswith(".lock-")] == []
 
 
@@ -417,7 +418,7 @@ def test_a_full_disk_while_writing_the_sidecar_leaves_no_copy(s3, tmp_path, monk
     monkeypatch.setattr(os, "write", full)
     cache_dir = tmp_path / "cache"
     with pytest.raises(remote.CacheFullError, match=rf"blob\.bin.*{cache_dir}"):
-        remote.cache_for(_options(s3, str(cache_dir), attempts=1)).fetch(_url("blob.bin"))
+        file_cache.cache_for(_options(s3, str(cache_dir), attempts=1)).fetch(_url("blob.bin"))
     monkeypatch.setattr(os, "write", real)
     assert [n for n in os.listdir(cache_dir) if not n.startswith(".lock-")] == []
 

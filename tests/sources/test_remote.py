@@ -18,6 +18,7 @@ import pytest
 import grainlike as gl
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
 from grainlike.dataset.parquet_iter_dataset import ParquetIterDataset
+from grainlike.sources.formats import file_cache
 from grainlike.sources.formats import remote_files as remote
 from grainlike.sources.array_record import ArrayRecordDataSource, SourceFileNotFoundError
 from grainlike.sources.parquet import ParquetDataSource
@@ -257,7 +258,7 @@ def test_a_pinned_copy_is_not_evicted_until_released(up, local_files, tmp_path):
     # between must not remove it (ParquetDataSource opens its files in threads).
     size = os.path.getsize(_local(local_files, "pq")[0])
     directory = tmp_path / "cache"
-    cache = remote.LocalCache(str(directory), _options(up), max_bytes=size + size // 2)
+    cache = file_cache.LocalCache(str(directory), _options(up), max_bytes=size + size // 2)
     first, second = _urls("pq")[:2]
     with cache.pinned(first) as pinned_path:
         other = cache.fetch(second)  # Over the bound: the unpinned would go.
@@ -267,9 +268,9 @@ def test_a_pinned_copy_is_not_evicted_until_released(up, local_files, tmp_path):
 
 
 def test_a_copy_evicted_before_every_pin_is_a_clear_error(up, tmp_path, monkeypatch):
-    cache = remote.LocalCache(str(tmp_path / "cache"), _options(up))
+    cache = file_cache.LocalCache(str(tmp_path / "cache"), _options(up))
     # Always gone (or damaged) before the pin.
-    monkeypatch.setattr(remote, "_valid_copy", lambda dir_fd, name, info: False)
+    monkeypatch.setattr(file_cache, "_valid_copy", lambda dir_fd, name, info: False)
     with pytest.raises(remote.RemoteReadError, match=r"part-0\.parquet.*evicted.*cache_max_bytes"):
         with cache.pinned(_urls("pq")[0]):
             pass
@@ -434,7 +435,7 @@ def test_threads_fetching_one_file_copy_it_once(up, local_files, tmp_path, monke
         return original(url, start, end, options, pin)
 
     monkeypatch.setattr(remote, "_read_range", counting)
-    cache = remote.LocalCache(str(tmp_path / "cache"), _options(up))
+    cache = file_cache.LocalCache(str(tmp_path / "cache"), _options(up))
     with futures.ThreadPoolExecutor(4) as pool:
         paths = list(pool.map(cache.fetch, [_urls("pq")[0]] * 4))
     assert len(set(paths)) == 1 and len(copies) == 1

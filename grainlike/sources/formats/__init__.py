@@ -13,7 +13,8 @@ Importing them costs numpy and the standard library; ``array_record``, ``pyarrow
 * ``record_codec``: the self-describing record format ``grainlike-convert`` writes
   (``grainlike.formats``);
 * ``remote_files``: ``s3://`` / ``gs://`` / ``file://`` objects through fsspec, with
-  retries, version pins and the private local cache.
+  retries and version pins;
+* ``file_cache``: the private local cache of whole remote files.
 
 The sources (``grainlike.sources``) and the Dataset stages that read files
 (``grainlike.dataset.tfrecord``, ``grainlike.dataset.parquet_iter_dataset``) are built on

@@ -1,7 +1,7 @@
 """ArrayRecord files: opening a reader on a local or remote file, counting a remote file's records.
 
 ``array_record`` is imported only when a reader is opened. A remote file is
-copied once into the local cache (``remote_files.LocalCache``; the ArrayRecord
+copied once into the local cache (``file_cache.LocalCache``; the ArrayRecord
 reader opens local files only); counting a remote file's records fetches only
 its tail. The source over these files is ``grainlike.sources.ArrayRecordDataSource``.
 """
@@ -15,6 +15,7 @@ from typing import Iterator, Optional
 
 from grainlike.core.errors import SourceFileNotFoundError
 from grainlike.sources.formats import remote_files as remote
+from grainlike.sources.formats.file_cache import cache_for
 
 __all__ = ["BASE_READER_OPTIONS", "count_remote_records", "local_copy", "missing_file_error", "open_reader"]
 
@@ -43,7 +44,7 @@ def local_copy(
     if not remote.is_remote(path):
         yield remote.local_path(path)
         return
-    cache = remote.cache_for(remote_options or remote.RemoteOptions())
+    cache = cache_for(remote_options or remote.RemoteOptions())
     with contextlib.ExitStack() as stack:
         try:
             local = stack.enter_context(cache.pinned(path, info))

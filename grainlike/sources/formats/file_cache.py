@@ -1,0 +1,397 @@
+"""The private local cache of remote files: whole copies in a directory, bounded in bytes.
+
+``LocalCache.fetch`` copies a remote object once by parallel ranged reads (through
+``remote_files``, with its retries and version pins) into a directory that must be
+the user's own (``UnsafeCacheDirError`` otherwise); its files are opened without
+following links. ArrayRecord files are read this way (their reader opens local
+paths only), and Parquet files too when ``RemoteOptions.cache_dir`` is given. See
+docs/security.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import secrets
+import stat
+import tempfile
+import threading
+from concurrent import futures
+from typing import Iterator, Optional
+
+from grainlike.core.errors import CacheFullError, RemoteReadError, UnsafeCacheDirError
+from grainlike.sources.formats import remote_files as remote
+
+__all__ = ["LocalCache", "cache_for", "default_cache_dir", "secure_directory"]
+
+
+class LocalCache:
+    """Whole copies of remote files in a local directory, bounded in bytes.
+
+    The directory is the user's own: created mode 0700 if missing, and refused
+    with ``UnsafeCacheDirError`` if it is a symlink, owned by another user, or
+    writable by group or others (``default_cache_dir()`` must not be readable by
+    them either), as ssh treats ``~/.ssh``. Every file in it is opened relative to
+    the directory's descriptor with ``O_NOFOLLOW``, mode 0600.
+
+    A file is fetched by parallel ranged reads of one pinned version into a new
+    temporary name (``O_EXCL``) and renamed when complete, so processes sharing
+    the directory never read a partial copy. Next to each copy a sidecar
+    (``.meta-<name>``, written atomically after it) records the object's size and
+    version (ETag or generation) it was fetched at; a copy is used only if both
+    match the object and the copy's own size, else it is fetched again (a copy
+    damaged or truncated later is thus replaced). Every write is checked: a full
+    disk raises ``CacheFullError`` naming the object and the directory, and leaves
+    no partial file. Beyond ``max_bytes`` the least recently used copies are
+    removed, except those ``pinned`` now by any process sharing the directory (a
+    reader that has one open keeps reading it after its removal).
+
+    Args:
+      directory: where the copies live; created (0700) if missing.
+      options: retries and block size of the ranged reads.
+      max_bytes: the bound; None for none.
+      private: also refuse a directory that group or others can read (the default
+        directory, whose name anyone can guess, is private).
+
+    Example:
+        cache = LocalCache("/tmp/shards", remote.RemoteOptions(), max_bytes=10 << 30)
+        local = cache.fetch("s3://bucket/train-00000-of-00008.array_record")
+    """
+
+    def __init__(
+        self, directory: str, options: remote.RemoteOptions, max_bytes: Optional[int] = None, private: bool = False
+    ):
+        self._dir = os.path.abspath(directory)
+        self._options = options
+        self._max_bytes = max_bytes
+        self._private = private
+        self._lock = threading.Lock()
+
+    @property
+    def directory(self) -> str:
+        return self._dir
+
+    def _name(self, url: str, info: dict) -> str:
+        digest = hashlib.sha1(f"{url}\0{info['size']}\0{info['version']}".encode()).hexdigest()[:20]
+        base = re.sub(r"[^A-Za-z0-9._-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[-80:]
+        return f"{digest}-{base}"
+
+    @contextlib.contextmanager
+    def _opened_dir(self) -> Iterator[int]:
+        fd = secure_directory(self._dir, private=self._private)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def fetch(self, url: str, info: Optional[dict] = None) -> str:
+        """Returns a local path holding the contents of ``url``, fetching it if needed.
+
+        Args:
+          url: the remote object.
+          info: its ``object_info``, if known (the version to copy): a file already
+            cached is then found without asking the store.
+
+        Raises:
+          UnsafeCacheDirError: the directory is not the user's own (see the class).
+          CacheFullError: the disk under the directory is full.
+          ObjectChangedError: the object changed from ``info`` while it was copied.
+        """
+        if info is None:
+            info = remote.object_info(url, self._options)
+        name = self._name(url, info)
+        with self._opened_dir() as dir_fd:
+            if _valid_copy(dir_fd, name, info):
+                return os.path.join(self._dir, name)
+            # One copy at a time per file, across the processes and threads sharing the
+            # directory: the others wait here, then find it done.
+            lock = _open_private(dir_fd, f".lock-{name}")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not _valid_copy(dir_fd, name, info):
+                    self._copy(url, info, dir_fd, name)
+            finally:
+                os.close(lock)
+            self._evict(dir_fd, keep=name)
+        return os.path.join(self._dir, name)
+
+    @contextlib.contextmanager
+    def pinned(self, url: str, info: Optional[dict] = None) -> Iterator[str]:
+        """``fetch``, and the copy stays until the block ends: open it inside.
+
+        Another thread or process sharing the directory may evict the copy
+        between ``fetch`` returning and the caller opening it; a pinned copy is
+        skipped by every eviction (a shared lock on its lock file).
+        """
+        if info is None:
+            info = remote.object_info(url, self._options)
+        for _ in range(_PIN_ATTEMPTS):
+            path = self.fetch(url, info)
+            name = os.path.basename(path)
+            with self._opened_dir() as dir_fd:
+                lock = _open_private(dir_fd, f".lock-{name}")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH)
+                with self._opened_dir() as dir_fd:
+                    valid = _valid_copy(dir_fd, name, info)
+                if valid:
+                    try:
+                        yield path
+                    finally:
+                        os.close(lock)
+                        lock = -1
+                        # Copies kept over the bound while pinned go now (least
+                        # recently used first; this one was just used).
+                        with self._opened_dir() as dir_fd:
+                            self._evict(dir_fd, keep=name)
+                    return
+            finally:
+                if lock >= 0:
+                    os.close(lock)
+            # Evicted before the pin: fetched again.
+        raise RemoteReadError(
+            f"{url!r}: its local copy in {self._dir!r} was evicted {_PIN_ATTEMPTS} times before "
+            "it could be opened; raise RemoteOptions.cache_max_bytes (it must hold the files "
+            "read at the same time)",
+            url,
+        )
+
+    def _copy(self, url: str, info: dict, dir_fd: int, name: str) -> None:
+        size = info["size"]
+        tmp = f".partial-{name}-{os.getpid()}-{secrets.token_hex(4)}"
+        fd = _open_private(dir_fd, tmp, create_new=True, write=True)
+        copied = False
+        try:
+            bs = self._options.block_size
+            ranges = [(s, min(s + bs, size)) for s in range(0, size, bs)]
+
+            def copy(r: tuple[int, int]) -> None:
+                _pwrite_all(fd, remote._read_range(url, r[0], r[1], self._options, info), r[0])
+
+            # Blocks of one file in parallel: remote latency, not bandwidth, bounds
+            # a single ranged read. Every block is of the pinned version.
+            pending = [remote._pool("copy").submit(copy, r) for r in ranges]
+            try:
+                for f in pending:
+                    f.result()
+            finally:
+                # No block may still write to ``fd`` once it is closed (its number
+                # could by then name another file).
+                for f in pending:
+                    f.cancel()
+                futures.wait(pending)
+            os.fsync(fd)
+            os.close(fd)
+            fd = -1
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            tmp = None
+            copied = True
+            _write_sidecar(dir_fd, name, url, info)
+        except OSError as e:
+            if copied:
+                # Without its sidecar the copy would be fetched again anyway.
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dir_fd)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT) and not isinstance(e, RemoteReadError):
+                raise CacheFullError(
+                    e.errno,
+                    f"{url!r}: no space left to cache it ({size} bytes) in {self._dir!r}: {e}. "
+                    "No partial copy was kept. Free space there, lower "
+                    "RemoteOptions.cache_max_bytes, or pass a directory on a larger disk as "
+                    "RemoteOptions(cache_dir=...).",
+                ) from e
+            raise
+        finally:
+            _discard(fd, tmp, dir_fd)
+
+    def _evict(self, dir_fd: int, keep: str) -> None:
+        if self._max_bytes is None:
+            return
+        with self._lock:
+            entries = []
+            for name in os.listdir(dir_fd):
+                if name.startswith("."):
+                    continue
+                try:
+                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                entries.append((st.st_mtime, st.st_size, name))
+            total = sum(size for _, size, _ in entries)
+            for _, size, name in sorted(entries):
+                if total <= self._max_bytes:
+                    break
+                if name != keep and _remove_unpinned(dir_fd, name):
+                    total -= size
+
+
+# Fetches of one file before its copy could be pinned, when other readers keep
+# evicting it (a cache bound smaller than the files read at the same time).
+_PIN_ATTEMPTS = 20
+_SIDECAR_MAX_BYTES = 1 << 16
+
+
+def secure_directory(path: str, private: bool = False) -> int:
+    """Opens the cache directory ``path`` (creating it 0700), checked to be the user's own.
+
+    Returns:
+      A descriptor of the directory (the caller closes it); files are opened
+      relative to it so no later path lookup goes through a link.
+
+    Raises:
+      UnsafeCacheDirError: ``path`` is a symlink or not a directory, is owned by
+        another user, or is writable (``private``: accessible) by group or others.
+    """
+    parent = os.path.dirname(path)
+    if parent and not os.path.isdir(parent):
+        os.makedirs(parent, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    fix = (
+        f"Remove it (if it is not yours, ask who made it) or pass a directory of your own as "
+        f"RemoteOptions(cache_dir=...)."
+    )
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeCacheDirError(
+                f"remote file cache {path!r} is a symlink or not a directory; refusing to use it "
+                f"(another user could redirect it). {fix}"
+            ) from e
+        raise
+    st = os.fstat(fd)
+    problem = None
+    if st.st_uid != os.geteuid():
+        problem = f"is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    elif private and st.st_mode & 0o077 and not st.st_mode & 0o022:
+        # Ours and writable by us alone (as earlier versions made the default
+        # directory, 0755): nobody else could have put anything in it, so it is
+        # made private rather than refused.
+        os.fchmod(fd, 0o700)
+    elif st.st_mode & (0o077 if private else 0o022):
+        problem = (
+            f"has mode {stat.S_IMODE(st.st_mode):04o}: "
+            f"{'group or others can reach it' if private else 'group or others can write it'} "
+            f"(it must be {'0700' if private else 'writable by its owner only'})"
+        )
+    if problem is not None:
+        os.close(fd)
+        raise UnsafeCacheDirError(
+            f"remote file cache {path!r} {problem}; refusing to use it (its copies or locks "
+            f"could be another user's). {fix}"
+        )
+    return fd
+
+
+def _open_private(dir_fd: int, name: str, create_new: bool = False, write: bool = False) -> int:
+    """Opens (creating, 0600) ``name`` in the directory, never through a symlink."""
+    flags = os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_WRONLY if write else os.O_RDWR)
+    if create_new:
+        flags |= os.O_EXCL
+    return os.open(name, flags, 0o600, dir_fd=dir_fd)
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Writes all of ``data`` at ``offset``; a short write is continued, a write of 0 is ENOSPC."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, "write made no progress (disk full?)")
+        view = view[n:]
+        offset += n
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, "write made no progress (disk full?)")
+        view = view[n:]
+
+
+def _write_sidecar(dir_fd: int, name: str, url: str, info: dict) -> None:
+    """Records the size and version ``name`` was fetched at, atomically (temp + rename)."""
+    record = {"url": url, "size": info["size"], "version": info["version"], "etag": info.get("etag")}
+    tmp = f".partial-meta-{name}-{os.getpid()}-{secrets.token_hex(4)}"
+    fd = _open_private(dir_fd, tmp, create_new=True, write=True)
+    try:
+        _write_all(fd, json.dumps(record).encode())
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, f".meta-{name}", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        tmp = None
+    finally:
+        _discard(fd, tmp, dir_fd)
+
+
+
+def _discard(fd: int, tmp: Optional[str], dir_fd: int) -> None:
+    """Closes ``fd`` (if still open, >= 0) and removes the temporary file ``tmp`` (if not renamed into place)."""
+    if fd >= 0:
+        os.close(fd)
+    if tmp is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+
+def _valid_copy(dir_fd: int, name: str, info: dict) -> bool:
+    """Whether ``name`` is a regular file of the object's size whose sidecar records its version.
+
+    A valid copy is marked recently used.
+    """
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != info["size"]:
+            return False
+        fd = os.open(f".meta-{name}", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            record = json.loads(os.read(fd, _SIDECAR_MAX_BYTES))
+        finally:
+            os.close(fd)
+        if record.get("size") != info["size"] or record.get("version") != info["version"]:
+            return False
+        os.utime(name, dir_fd=dir_fd, follow_symlinks=False)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _remove_unpinned(dir_fd: int, name: str) -> bool:
+    """Removes a cached copy unless it is pinned or being fetched (never waits)."""
+    try:
+        fd = _open_private(dir_fd, f".lock-{name}")
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.unlink(name, dir_fd=dir_fd)
+        with contextlib.suppress(OSError):
+            os.unlink(f".meta-{name}", dir_fd=dir_fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # Releases the lock.
+
+
+def default_cache_dir() -> str:
+    """The cache directory used when ``RemoteOptions.cache_dir`` is None.
+
+    ``$TMPDIR/grainlike-remote-cache-<uid>``: a guessable name, so it is used only
+    if it is this user's own, mode 0700 (see ``LocalCache``).
+    """
+    return os.path.join(tempfile.gettempdir(), f"grainlike-remote-cache-{os.getuid()}")
+
+
+def cache_for(options: remote.RemoteOptions) -> LocalCache:
+    """The cache ``options`` describe (the default directory when it names none)."""
+    if options.cache_dir is None:
+        return LocalCache(default_cache_dir(), options, options.cache_max_bytes, private=True)
+    return LocalCache(options.cache_dir, options, options.cache_max_bytes)
