@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import cloudpickle
 
+from grainlike.core import pickling
 from grainlike.core.errors import InvalidStateError, WorkersDropRemaindersWarning, add_note
 from grainlike.core.transforms import transform_name
 from grainlike.core.tree import Allocator
@@ -255,7 +256,7 @@ class _WorkerSliceTask:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         if self._dataset_bytes is None:
-            state["_dataset_bytes"] = cloudpickle.dumps(self._parent)
+            state["_dataset_bytes"] = pickling.dumps(self._parent)
         state["_parent"] = None
         state.pop("_worker_dataset", None)
         return state

@@ -20,9 +20,8 @@ import sys
 import threading
 from typing import Any
 
-import cloudpickle
 
-from grainlike.core import memfd
+from grainlike.core import memfd, pickling
 from grainlike.workers import server, shm
 from grainlike.workers.protocol import WorkerTask
 from grainlike.workers.shutdown import Shutdown
@@ -155,7 +154,7 @@ def pickle_task(task: WorkerTask) -> tuple[bytes, dict]:
     """
     with memfd.shipping() as shipped:
         try:
-            return cloudpickle.dumps(task), shipped
+            return pickling.dumps(task), shipped
         except Exception as e:
             raise task.pickling_error(e) from e
 
