@@ -9,6 +9,7 @@ The modules that raise them re-export them under their old names (e.g.
 
 from __future__ import annotations
 
+import linecache
 import sys
 import types
 from typing import Optional
@@ -39,6 +40,27 @@ class _Rebuilt(Exception):
     """
 
 
+def _stand_in(filename: str, lineno: int, name: str) -> types.FunctionType:
+    """A function named ``name`` that raises ``_Rebuilt`` at ``filename:lineno``.
+
+    Its ``raise`` starts at the real line's indentation and spans two lines, so
+    that neither the traceback module nor the interpreter's own display
+    underlines any part of the real line (whose columns the stand-in lacks).
+    """
+    line = linecache.getline(filename, lineno)
+    indent = len(line) - len(line.lstrip()) if line.strip() and lineno > 1 else 0
+    if indent:
+        source = "\n" * (lineno - 2) + "def _stand_in():\n" + " " * indent + "raise (\n_Rebuilt)"
+    else:
+        source = "\n" * (lineno - 1) + "def _stand_in(): raise (\n_Rebuilt)"
+    module = compile(source, filename, "exec")
+    body = next(c for c in module.co_consts if isinstance(c, types.CodeType))
+    renamed = body.replace(co_name=name, **({"co_qualname": name} if hasattr(body, "co_qualname") else {}))
+    namespace = {"_Rebuilt": _Rebuilt, "__name__": "grainlike.rebuilt_frame"}
+    exec(module.replace(co_consts=tuple(renamed if c is body else c for c in module.co_consts)), namespace)
+    return namespace["_stand_in"]
+
+
 def traceback_from_frames(frames: list) -> Optional[types.TracebackType]:
     """A traceback whose entries are ``frames`` (``(filename, lineno, function name)``, outermost first).
 
@@ -51,11 +73,8 @@ def traceback_from_frames(frames: list) -> Optional[types.TracebackType]:
     tb = None
     for filename, lineno, name in reversed(list(frames)[-_MAX_REBUILT_FRAMES:]):
         try:
-            # The statement spans two lines so that tracebacks underline no part
-            # of the real line (whose columns the stand-in does not have).
-            code = compile("\n" * (max(int(lineno), 1) - 1) + "raise (\n_Rebuilt)", str(filename), "exec")
-            code = code.replace(co_name=str(name))
-            exec(code, {"_Rebuilt": _Rebuilt, "__name__": "grainlike.rebuilt_frame"})
+            stand_in = _stand_in(str(filename), max(int(lineno), 1), str(name))
+            stand_in()
         except _Rebuilt:
             entry = sys.exc_info()[2].tb_next  # The stand-in's frame, below this one.
             entry.tb_next = tb

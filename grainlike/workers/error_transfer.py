@@ -159,6 +159,11 @@ def rebuild_error(w: int, pid: int, msg: tuple) -> BaseException:
         add_note(error, note)
     if why:
         add_note(error, why)
-    add_note(error, f"grainlike: raised in worker {w} (pid {pid}); the worker's traceback:\n{tb.rstrip()}")
-    # The worker's frames as the traceback's innermost entries (as grain does).
-    return error.with_traceback(traceback_from_frames(frames))
+    # The worker's frames as the traceback's innermost entries (as grain does);
+    # the note repeats them only where they could not be rebuilt.
+    rebuilt = traceback_from_frames(frames)
+    if rebuilt is not None:
+        add_note(error, f"grainlike: raised in worker {w} (pid {pid}); the worker's frames are the last entries of the traceback above")
+    else:
+        add_note(error, f"grainlike: raised in worker {w} (pid {pid}); the worker's traceback:\n{tb.rstrip()}")
+    return error.with_traceback(rebuilt)
