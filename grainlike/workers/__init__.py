@@ -1,6 +1,6 @@
 """The worker pool: processes that each compute one worker's share of a task.
 
-``protocol``: the task and the messages; ``pool``: ``WorkerPool``;
+``messages``: the task and the messages; ``pool``: ``WorkerPool``;
 ``start``: how a worker process starts (fork, the worker server of ``server``,
 spawn); ``main``: a worker's main loop; ``shm``: batch leaves handed over in
 shared memory; ``liveness``: a stalled or dead worker noticed and described;

@@ -19,7 +19,7 @@ import numpy as np
 
 from grainlike.core import tree
 from grainlike.core.errors import WorkerError, add_note, traceback_from_frames
-from grainlike.workers.protocol import ERR
+from grainlike.workers.messages import ERR
 
 
 def _safe(fn, fallback: str) -> str:

@@ -26,7 +26,7 @@ import numpy as np  # Also preloaded for the forked workers.
 from grainlike.core import memfd
 from grainlike.workers import shm
 from grainlike.workers.error_transfer import describe_origin, explain_unpicklable, send_error
-from grainlike.workers.protocol import END, OUT, OUTS, READY, RESET, RESET_DONE, START, STOP, TICK
+from grainlike.workers.messages import END, OUT, OUTS, READY, RESET, RESET_DONE, START, STOP, TICK
 
 
 # Small outputs travel up to this many to a message, and up to about this many
@@ -271,7 +271,7 @@ def run(
 ) -> None:
     """Produces one worker's outputs and sends them to the consumer.
 
-    The messages are ``protocol``'s. Out: ``OUT`` / ``OUTS`` outputs,
+    The messages are ``messages``'. Out: ``OUT`` / ``OUTS`` outputs,
     an ``ERR``, and an ``END`` when the outputs are exhausted; the descriptors
     of an ``OUT``'s new segments follow it (``shm.send_fds``), so ``results``
     is a Unix socket. In: ``TICK`` (one more output may be sent), ``RESET``

@@ -1,7 +1,7 @@
 """The worker pool: processes that each compute one worker's share of a task.
 
 A task is any picklable object with the ``WorkerTask`` methods
-(``protocol``). Worker ``w`` of ``W`` starts at a state (JSON-able: an int, a
+(``messages``). Worker ``w`` of ``W`` starts at a state (JSON-able: an int, a
 dict of indices) and yields ``(state after this output, output)``; the pool
 takes the workers' outputs strictly round-robin and keeps every worker's state
 after its last delivered output, which is all a checkpoint needs.
@@ -36,7 +36,7 @@ from grainlike.core.errors import (
 from grainlike.workers import server, shm
 from grainlike.workers.error_transfer import rebuild_error
 from grainlike.workers.liveness import DEFAULT_STALL_TIMEOUT_S, POLL_S, Progress, check_progress, died_error, exited
-from grainlike.workers.protocol import END, ERR, OUT, OUTS, READY, RESET, RESET_DONE, START, TICK, WorkerTask
+from grainlike.workers.messages import END, ERR, OUT, OUTS, READY, RESET, RESET_DONE, START, TICK, WorkerTask
 from grainlike.workers.shutdown import DROPPED_JOIN_TIMEOUT_S, JOIN_TIMEOUT_S, Shutdown, live_pools, stop_process
 from grainlike.workers.start import launch, pickle_task
 
@@ -50,7 +50,7 @@ class WorkerPool:
 
     Reset: ``reset()`` moves running workers to new states in the same
     processes (grain's ``set_state`` keeps its processes too); each drops what
-    it computed ahead and goes on from its new state (``protocol``'s
+    it computed ahead and goes on from its new state (``messages``'
     ``RESET``).
 
     Warm start: when ``next()`` has to start the workers (rather than

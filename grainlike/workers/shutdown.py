@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from grainlike.core import memfd
 from grainlike.workers import server
 from grainlike.workers.liveness import Progress
-from grainlike.workers.protocol import STOP
+from grainlike.workers.messages import STOP
 
 if TYPE_CHECKING:
     from grainlike.workers.pool import WorkerPool

@@ -23,7 +23,7 @@ from typing import Any
 
 from grainlike.core import memfd, pickling
 from grainlike.workers import server, shm
-from grainlike.workers.protocol import WorkerTask
+from grainlike.workers.messages import WorkerTask
 from grainlike.workers.shutdown import Shutdown
 
 

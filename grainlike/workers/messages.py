@@ -1,4 +1,4 @@
-"""The protocol between a worker pool (``pool``) and its workers (``main``): the task and the messages.
+"""The messages between a worker pool (``pool``) and its workers (``main``), and the task they run.
 
 ``WorkerTask`` is the work a pool runs. A message is a tuple whose first item
 is its tag, a ``Tag``; each tag is defined here once and both sides import it.
@@ -81,6 +81,7 @@ class WorkerTask(Protocol):
       ...         return state
       ...     def pickling_error(self, error):
       ...         return error
+      >>> from grainlike.workers.pool import WorkerPool
       >>> with WorkerPool(Squares(), 2, [0, 0]) as pool:
       ...     list(pool)
       [0, 1, 4, 9, 16, 25]
