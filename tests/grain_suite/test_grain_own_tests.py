@@ -161,8 +161,9 @@ class _Run:
             for test in failing:
                 if again.get(test) == "passed":
                     result[test] = "passed"
-                    self.retried.append(test)
-                    self.messages.pop(test, None)
+                    # Named in the summary with the last line of its first failure.
+                    first = [line for line in self.messages.pop(test, "").splitlines() if line.strip()]
+                    self.retried.append(f"{test} (first run: {first[-1][:300] if first else '?'})")
                 elif test in messages:
                     self.messages[test] += "\n--- and when run again alone:\n" + messages[test]
         self.outcomes = result
