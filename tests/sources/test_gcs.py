@@ -207,10 +207,7 @@ def test_remote_file_reads_ranges_like_the_local_file(up, local_files):
         assert f.read(700) == data[120:820]
 
 
-# With workers only: gcsfs's own retries (up to 6 inside each of grainlike's tries,
-# with backoff) make each run ~20 s here; the in-process path of the same stop is
-# tests/sources/test_remote.py's (S3) and the retry tests below.
-@pytest.mark.parametrize("workers", [2])
+@pytest.mark.parametrize("workers", [0, 2])
 def test_server_stopped_mid_epoch_is_a_clear_error_then_resume_after_restart(server, up, local_files, workers):
     url = f"gs://{BUCKET}/big/big.parquet"
     # Requests time out after 3 s: each read fails in about 6 s (two attempts); a
