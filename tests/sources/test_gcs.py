@@ -113,12 +113,13 @@ def _local(local_files, kind: str) -> list:
     return [local_files[key] for key in _keys(kind)]
 
 
-def _loader(source, workers: int, batch: int = 4):
+def _loader(source, workers: int, batch: int = 4, read_options=None):
     return gl.DataLoader(
         data_source=source,
         sampler=gl.IndexSampler(len(source), gl.NoSharding(), shuffle=True, num_epochs=1, seed=7),
         operations=[gl.Batch(batch)],
         worker_count=workers,
+        read_options=read_options,
     )
 
 
@@ -214,7 +215,11 @@ def test_server_stopped_mid_epoch_is_a_clear_error_then_resume_after_restart(ser
     # worker's first requests on a loaded machine can take over a second.
     options = _options(up, requests_timeout=3, block_size=1024, read_ahead=0)
     expected = _ids(_loader(ParquetDataSource(local_files["big/big.parquet"]), workers, batch=8))
-    it = iter(_loader(ParquetDataSource(url, remote_options=options, cached_row_groups=1), workers, batch=8))
+    # One read thread, little read ahead: by default a remote source gets 16 read
+    # threads, which on a quick run read the whole file before the server stops.
+    short = gl.ReadOptions(num_threads=1, prefetch_buffer_size=8)
+    it = iter(_loader(ParquetDataSource(url, remote_options=options, cached_row_groups=1), workers, batch=8,
+                      read_options=short))
     head = _ids([next(it) for _ in range(2)])
     state = it.get_state()
     server.pause()  # the server's process stops: connections open, nothing answers
