@@ -447,6 +447,8 @@ class _Ahead:
         self.fill = fill
         self._thread = Prefetcher((read() for _ in range(1)), None, None, 1, owner="reference data",
                                   name=f"grainlike-reference-data-fill-{fill}")
+        # A chain dropped before taking this fill: the thread ends and lets go of it.
+        weakref.finalize(self, self._thread.stop, False)
 
     def result(self) -> Any:
         kind, value, _ = self._thread.get()

@@ -424,7 +424,17 @@ def _after_fork_in_child() -> None:
     global _lock, _handlers_pid, _folder
     _lock = threading.Lock()
     _folder = None  # The parent's; named for the parent's pid.
-    _handlers_pid = None  # The inherited handlers only re-raise; the child installs its own when it needs them.
+    _handlers_pid = None  # The child installs its own handlers when it starts workers.
+    # The inherited handler is Python code, which a child stuck in C code (a lock
+    # another thread of the parent held at fork time) never runs: SIGTERM from
+    # ``Pool.terminate()`` would not end it. The child gets the default back.
+    for name in _EXIT_SIGNALS:
+        sig = getattr(signal, name, None)
+        try:
+            if sig is not None and signal.getsignal(sig) is exit_on_signal:
+                signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # Forked from a thread other than the main one: nothing to change.
     for server in _servers.values():
         alive_fd = getattr(server, "_forkserver_alive_fd", None)
         if alive_fd is not None:

@@ -211,3 +211,21 @@ def test_host_errors_leaves_other_errors_alone():
     with pytest.raises(ZeroDivisionError):
         with host_errors():
             1 / 0
+
+
+def test_dropped_reference_data_ends_its_read_ahead_threads():
+    import gc
+    import threading
+
+    def fills():
+        return [t for t in threading.enumerate() if t.name.startswith("grainlike-reference-data-fill")]
+
+    before = set(fills())
+    data = reference_data(source(), cache_size=2, batch_size=2)
+    draw(data, data.init(shuffle=True), 3)  # a fill is read ahead, never taken
+    assert set(fills()) - before
+    del data
+    gc.collect()
+    for t in set(fills()) - before:
+        t.join(10)
+    assert not set(fills()) - before

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from tests.helpers import leaks
-from tests.helpers.processes import in_session
+from tests.helpers.processes import in_session, run_in_session
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -107,3 +107,44 @@ def test_a_killed_process_group_leaves_a_folder_the_next_program_removes(tmp_pat
     assert not set(stale) & set(after), (stale, after)
     assert f"glsrv-{os.getpid()}-alive" in after
     assert after == sorted(["mine.txt", f"glsrv-{os.getpid()}-alive"]), after
+
+
+_FORKED_CHILD_STUCK_IN_C = r"""
+import ctypes, multiprocessing, signal
+import grainlike as grain
+from grainlike.dataset import MapDataset
+from grainlike.workers import server
+
+it = iter(MapDataset.range(100).to_iter_dataset().mp_prefetch(grain.MultiprocessingOptions(num_workers=1)))
+next(it)
+assert signal.getsignal(signal.SIGTERM) is server.exit_on_signal  # installed for cleanup
+
+
+def stuck():
+    # A default pthread mutex locked twice by one thread waits forever in C,
+    # where no Python signal handler can run: a lock another thread held at fork time.
+    libc = ctypes.CDLL(None)
+    mutex = ctypes.create_string_buffer(64)
+    libc.pthread_mutex_lock(mutex)
+    libc.pthread_mutex_lock(mutex)
+
+
+child = multiprocessing.get_context("fork").Process(target=stuck)
+child.start()
+child.join(1)
+child.terminate()  # SIGTERM
+child.join(20)
+print("exitcode", child.exitcode, flush=True)
+it.close()
+"""
+
+
+def test_a_forked_child_stuck_in_c_code_ends_on_sigterm(tmp_path):
+    # The handler the parent installs is Python code: a child that inherited it and
+    # is stuck in C would never run it, and Pool.terminate() would wait forever.
+    script = tmp_path / "fork_child.py"
+    script.write_text(_FORKED_CHILD_STUCK_IN_C)
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "JAX_PLATFORMS": "cpu"}
+    proc, out, err = run_in_session([sys.executable, str(script)], timeout=90, env=env)
+    assert proc.returncode == 0, err
+    assert f"exitcode {-signal.SIGTERM}" in out, (out, err)

@@ -2,16 +2,19 @@
 
 import dataclasses
 import hashlib
+import json
 import logging
 import multiprocessing
 import os
 import pathlib
 import pickle
+import sys
 
 import pytest
 
 from grainlike.sources import ArrayRecordDataSource, RandomAccessDataSource, SupportsBatchedRead
 from grainlike.sources.array_record import RecordKeyOutOfRangeError
+from tests.helpers.processes import run_in_session
 
 array_record_module = pytest.importorskip("array_record.python.array_record_module")
 
@@ -215,7 +218,45 @@ def _read_keys(source, keys):
     return source.__getitems__(keys) + [source[k] for k in keys]
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
+_FORKED_CHILDREN_READ = r"""
+import json, multiprocessing, sys
+from grainlike.sources import ArrayRecordDataSource
+
+paths, expected = json.loads(sys.argv[1])
+expected = [e.encode() for e in expected]
+source = ArrayRecordDataSource(paths)
+
+
+def read_keys(keys):
+    return source.__getitems__(keys) + [source[k] for k in keys]
+
+
+if __name__ == "__main__":
+    # Open readers in the parent first: a forked child must open its own.
+    assert source.__getitems__([0, 20]) == [expected[0], expected[20]]
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        got = pool.map_async(read_keys, [[1, 34], [9, 10]]).get(60)
+    assert got == [[expected[k] for k in [1, 34, 1, 34]], [expected[k] for k in [9, 10, 9, 10]]]
+    assert source[33] == expected[33]
+    source.close()
+    print("ok")
+"""
+
+
+def test_forked_children_read(files, tmp_path):
+    # In a script of its own, as a user's program forks: forking the test process,
+    # with every thread earlier tests left running (JAX's among them), may deadlock
+    # the child on a lock one of those threads held, whatever the source does.
+    paths, expected = files
+    script = tmp_path / "fork_read.py"
+    script.write_text(_FORKED_CHILDREN_READ)
+    arg = json.dumps([[str(p) for p in paths], [e.decode() for e in expected]])
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc, out, err = run_in_session([sys.executable, str(script), arg], timeout=TIMEOUT + 30, env=env)
+    assert proc.returncode == 0 and out.strip() == "ok", err
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_children_read(files, method):
     paths, expected = files
     source = ArrayRecordDataSource(paths)
