@@ -118,8 +118,13 @@ def _seeds(seed: Optional[int], indices: np.ndarray) -> Optional[np.ndarray]:
 def _permute(positions: np.ndarray, epochs: np.ndarray, n: int, seed: int) -> np.ndarray:
     """grain's shuffle: position ``i`` of epoch ``e`` goes to ``index_shuffle(i, n - 1, seed + e)``."""
     out = np.empty_like(positions)
-    # Each epoch has its own permutation; a chunk spans one or two epochs.
-    for epoch in np.unique(epochs).tolist():
+    if positions.size == 0:
+        return out
+    # Each epoch has its own permutation; a chunk spans one or two epochs. The
+    # common case, one epoch, without np.unique: it imports numpy.ma (~15 ms), in
+    # every new worker before its first batch.
+    first, last = int(epochs.min()), int(epochs.max())
+    for epoch in [first] if first == last else np.unique(epochs).tolist():
         sel = epochs == epoch
         out[sel] = index_shuffle(positions[sel], n - 1, (seed + epoch) % 2**32, _SHUFFLE_ROUNDS)
     return out

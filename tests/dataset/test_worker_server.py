@@ -9,11 +9,16 @@ iterator finds it ready.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 
+import pytest
+
 from tests.helpers.leaks import session_processes
 from tests.helpers.processes import run_in_session
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Reports the pids of grainlike's server(s), the process-wide forkserver, the
 # parent of each worker, and whether JAX's backend was up when the workers started.
@@ -152,3 +157,103 @@ def test_the_programs_own_forkserver_is_left_to_it(tmp_path):
     assert proc.returncode == 0, err
     # Its server preloads what the program asked for, and not grainlike's worker loop.
     assert _result(out) == [True, False]
+
+
+# Records every module imported after it; preloaded by the worker server after
+# grainlike's own preloads (the program's forkserver preloads come last), so in a
+# worker it sees what the worker imports after the server forked it.
+IMPORT_RECORDER = textwrap.dedent(
+    """
+    import os
+    import sys
+
+    imported = []
+    pid = os.getpid()
+
+
+    class _Recorder:
+        def find_spec(self, name, path=None, target=None):
+            imported.append(name)
+            return None
+
+
+    sys.meta_path.insert(0, _Recorder())
+    """
+)
+
+WORKER_IMPORTS = textwrap.dedent(
+    """
+    import json
+    import multiprocessing
+    import os
+    import sys
+
+    # The server imports its preloads from its working directory, this script's.
+    multiprocessing.set_forkserver_preload(["import_recorder"])
+    import grainlike as gl
+    from grainlike.workers import server as worker_server, start as worker_start
+
+    # Workers start from the server started at import, as after JAX or OpenCV.
+    worker_start.fork_is_safe = lambda: False
+
+
+    class Imported(gl.MapTransform):
+        def map(self, x):
+            import import_recorder
+
+            if import_recorder.pid == os.getpid():
+                return "recorder-imported-in-the-worker"  # It sees nothing then.
+            return " ".join(sorted(m for m in import_recorder.imported if m.split(".")[0] in ("grainlike", "numpy")))
+
+
+    if {pipeline!r} == "DataLoader":
+        pipeline = gl.DataLoader(
+            data_source=gl.RangeDataSource(0, 8, 1),
+            sampler=gl.IndexSampler(8, gl.NoSharding(), shuffle=True, num_epochs=1, seed=3),
+            operations=[Imported(), gl.Batch(2)],
+            worker_count=2,
+        )
+    else:
+        pipeline = (
+            gl.MapDataset.range(8).shuffle(seed=3).map(Imported()).batch(2)
+            .to_iter_dataset().mp_prefetch(gl.MultiprocessingOptions(num_workers=2))
+        )
+    # Each record's map sees what its worker imported until then (its first
+    # batches made and sent included, for the later records).
+    seen = sorted({{m for batch in pipeline for names in batch for m in str(names).split()}})
+    print("RESULT", json.dumps(seen))
+    """
+)
+
+
+@pytest.mark.parametrize("pipeline", ["DataLoader", "mp_prefetch"])
+def test_workers_from_the_server_import_no_grainlike_or_numpy_module_before_their_first_output(tmp_path, pipeline):
+    # What a worker imports after the server forked it, each worker pays before
+    # its first batch; the server preloads it instead, once, while the program sets up.
+    (tmp_path / "import_recorder.py").write_text(IMPORT_RECORDER)
+    (tmp_path / "script.py").write_text(WORKER_IMPORTS.format(pipeline=pipeline))
+    # This checkout's grainlike, from a working directory outside it.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    proc, out, err = run_in_session([sys.executable, "script.py"], timeout=120, cwd=str(tmp_path), env=env)
+    assert proc.returncode == 0, err
+    assert _result(out) == []
+
+
+IMPORT_IS_LEAN = textwrap.dedent(
+    """
+    import json, sys
+    import grainlike
+
+    loaded = sorted(m for m in sys.modules if m.startswith("grainlike"))
+    names = dir(grainlike)
+    print("RESULT", json.dumps([loaded, "DataLoader" in names, "MapDataset" in names, grainlike.DataLoader.__name__]))
+    """
+)
+
+
+def test_import_grainlike_loads_only_the_worker_server_and_every_name_on_first_use():
+    proc, out, err = run_in_session([sys.executable, "-c", IMPORT_IS_LEAN], timeout=60)
+    assert proc.returncode == 0, err
+    loaded, has_loader, has_dataset, loader_name = _result(out)
+    assert loaded == ["grainlike", "grainlike.core", "grainlike.core.lazy", "grainlike.workers", "grainlike.workers.server"]
+    assert has_loader and has_dataset and loader_name == "DataLoader"
