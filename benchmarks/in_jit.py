@@ -56,7 +56,7 @@ def _feed(variant: str):
     import grainlike as grain
 
     if variant == "grainlike InJitIterator":
-        from grainlike.jax_loops import ArraysSource
+        from grainlike.jax.jit_batches import ArraysSource
 
         loader = grain.DataLoader(
             data_source=ArraysSource(arrays),

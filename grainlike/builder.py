@@ -219,7 +219,7 @@ class LoaderBuilder:
             raise TypeError(
                 f".shard() takes a ShardOptions or a jax.sharding.Mesh, got {shard_options!r}"
             )
-        from grainlike.device import data_axes
+        from grainlike.jax.device_iterator import data_axes
 
         axes = data_axes(shard_options, "data" if axis is None else axis)
         return self._with(shard_options=sharding.NoSharding(), mesh=shard_options,
@@ -365,7 +365,7 @@ class LoaderBuilder:
                 f"{sampler!r} reads one shard already: give it NoSharding()"
             )
         from grainlike.core.batch_slice import BatchSliceSampler
-        from grainlike.device import process_data_shards
+        from grainlike.jax.device_iterator import process_data_shards
 
         import jax
 
@@ -437,7 +437,7 @@ class BuiltLoader(DataLoader):
         if self._read_ahead is not None:
             it = _ReadAheadIterator(it, self._read_ahead)
         if self._device_sharding is not None:
-            from grainlike.device import DeviceIterator
+            from grainlike.jax.device_iterator import DeviceIterator
 
             it = DeviceIterator(it, self._device_sharding, prefetch=self._device_prefetch)
         return it

@@ -7,7 +7,7 @@ Run it with ``./tools/demo`` (or ``python -m grainlike.demo``). It
 2. reads them with an ``IndexSampler`` (shuffled, several epochs), a decode
    ``MapTransform``, a random-shift ``RandomMapTransform`` and ``Batch``, in two
    worker processes, and moves each batch to the JAX device ahead of use
-   (``grainlike.device.DeviceIterator``);
+   (``grainlike.jax.device_iterator.DeviceIterator``);
 3. trains a two-layer MLP with Adam (written out in plain JAX), saving the model
    and the data pipeline's position with Orbax every few steps;
 4. stops part-way, as if the job had been killed, and resumes from the last
@@ -260,7 +260,7 @@ def run(args: argparse.Namespace) -> dict:
     import orbax.checkpoint as ocp
     from tqdm import tqdm
 
-    from grainlike.device import DeviceIterator
+    from grainlike.jax.device_iterator import DeviceIterator
 
     paths = prepare_data(os.path.join(args.workdir, "data"))
     ckpt_dir = os.path.join(args.workdir, "checkpoints")

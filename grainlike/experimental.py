@@ -36,7 +36,7 @@ from grainlike.dataset.cache import CacheIterDataset
 from grainlike.dataset.rebatch import RebatchIterDataset
 from grainlike.dataset.multithread import multithread_prefetch
 from grainlike.dataset.element_spec import ShapeDtypeStruct, ShapeDtypeStructProtocol, get_element_spec
-from grainlike.device_put import device_put
+from grainlike.jax.device_put import device_put
 from grainlike.dataset.rng_pool import RngPool
 from grainlike.dataset.performance import PerformanceConfig, pick_performance_config
 from grainlike.dataset.parquet_iter_dataset import ParquetIterDataset

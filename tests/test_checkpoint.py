@@ -17,7 +17,7 @@ import pytest
 
 import grainlike as grain
 from grainlike import checkpoint as gckpt
-from grainlike.device import DeviceIterator
+from grainlike.jax.device_iterator import DeviceIterator
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -59,7 +59,7 @@ def ids(it):
 
 def test_import_grainlike_loads_neither_jax_nor_orbax():
     code = (
-        "import sys, grainlike, grainlike.python, grainlike.checkpoint, grainlike.device\n"
+        "import sys, grainlike, grainlike.python, grainlike.checkpoint, grainlike.jax.device_iterator\n"
         "from grainlike.python import *\n"
         "bad = [m for m in ('jax', 'orbax', 'orbax.checkpoint') if m in sys.modules]\n"
         "assert not bad, bad\n"

@@ -13,7 +13,7 @@ import pytest
 
 import grainlike as grain
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
-from grainlike.device import DeviceIterator, make_global_batch
+from grainlike.jax.device_iterator import DeviceIterator, make_global_batch
 from tests.helpers.leaks import wait_until
 
 pytestmark = pytest.mark.timeout(60)

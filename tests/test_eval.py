@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import grainlike as grain
-from grainlike.evaluation import evaluate
+from grainlike.jax.evaluation import evaluate
 from tests.helpers.jaxprs import held_array_sizes
 
 # Every test fails if a grainlike host callback raises (tests/helpers/callbacks.py).

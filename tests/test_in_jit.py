@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import grainlike as grain
-from grainlike.in_jit import InJitIterator
-from grainlike.specs import element_spec
+from grainlike.jax.batch_specs import element_spec
+from grainlike.jax.in_jit_iterator import InJitIterator
 
 # Every test fails if a grainlike host callback raises (tests/helpers/callbacks.py).
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("callbacks_never_raise")]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import grainlike as grain
-from grainlike.specs import element_spec, first_output, zeros_batch
+from grainlike.jax.batch_specs import element_spec, first_output, zeros_batch
 from tests.helpers.leaks import worker_children
 
 pytestmark = pytest.mark.timeout(60)
@@ -236,7 +236,7 @@ def test_with_x64_the_64_bit_dtypes_stay_as_inside_jit():
     out = run_python("""
         import jax, numpy as np
         from tests.test_specs import arrays_loader, dtypes_inside_jit
-        from grainlike.specs import zeros_batch
+        from grainlike.jax.batch_specs import zeros_batch
         for dtype in (np.float64, np.int64):
             loader = arrays_loader(dtype)
             got = {k: str(v.dtype) for k, v in zeros_batch(loader).items()}
@@ -252,7 +252,7 @@ def test_without_jax_zeros_batch_keeps_the_host_dtypes():
         sys.modules["jax"] = None  # as if jax were not installed
         import numpy as np
         import grainlike as grain
-        from grainlike.specs import zeros_batch
+        from grainlike.jax.batch_specs import zeros_batch
         loader = grain.DataLoader(
             data_source=grain.ArraysSource({"v": np.arange(4.0), "i": np.arange(4)}),
             sampler=grain.IndexSampler(4, grain.NoSharding(), num_epochs=1),

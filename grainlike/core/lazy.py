@@ -26,7 +26,7 @@ def attach(
       The module's ``__getattr__`` and ``__dir__``.
 
     Example:
-      __getattr__, __dir__ = attach(globals(), {"DeviceIterator": "grainlike.device:DeviceIterator"})
+      __getattr__, __dir__ = attach(globals(), {"DeviceIterator": "grainlike.jax.device_iterator:DeviceIterator"})
     """
     module_name = module_globals["__name__"]
 

@@ -31,7 +31,7 @@ class _PutOnDevice:
         import jax
         import numpy as np
 
-        from grainlike.device import _host_leaf
+        from grainlike.jax.device_iterator import _host_leaf
 
         element = jax.tree.map(
             lambda x: _host_leaf(x, None) if isinstance(x, (np.ndarray, np.generic)) else x, element

@@ -112,7 +112,7 @@ def evaluate(
     import jax
     import jax.numpy as jnp
 
-    from grainlike.device import DeviceIterator
+    from grainlike.jax.device_iterator import DeviceIterator
 
     operations = list(operations)
     _check_args(operations, batch_size, reduce)
@@ -191,7 +191,7 @@ def _evaluate_traced(loader: DataLoader, per_record: Callable[[Any], Any],
     import jax
     import jax.numpy as jnp
 
-    from grainlike.jax_loops import FullReferenceData
+    from grainlike.jax.full_data import FullReferenceData
 
     full = FullReferenceData(loader, cache_size=min(len(loader), 16), observation_count=num_records)
     state = full.init()

@@ -49,7 +49,7 @@ import numpy as np
 from grainlike.core import tree
 from grainlike.core.errors import ClosedIteratorError
 from grainlike.core.read_ahead import Prefetcher, restore, stop_holder, take, wrapped_method
-from grainlike.jax_loops import CallbackErrors, host_callback
+from grainlike.jax.host_callbacks import CallbackErrors, host_callback
 
 __all__ = ["InJitIterator"]
 

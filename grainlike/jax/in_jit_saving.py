@@ -47,7 +47,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import numpy as np
 
 from grainlike.core.tree import map_structure, map_structure_with_key_path
-from grainlike.jax_loops import CallbackErrors, host_callback
+from grainlike.jax.host_callbacks import CallbackErrors, host_callback
 
 __all__ = [
     "Checkpoint",

@@ -87,7 +87,7 @@ def main() -> int:
     import orbax.checkpoint as ocp
 
     import grainlike as grain
-    from grainlike.device import DeviceIterator
+    from grainlike.jax.device_iterator import DeviceIterator
 
     marker("imported")
     log_path = os.path.join(args.workdir, "log")

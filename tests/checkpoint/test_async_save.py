@@ -19,7 +19,7 @@ import pytest
 import grainlike
 from grainlike import checkpoint as gckpt
 from grainlike.core import state_files
-from grainlike.device import DeviceIterator
+from grainlike.jax.device_iterator import DeviceIterator
 from tests.helpers.pipelines import build, take
 
 pytestmark = pytest.mark.timeout(120)

@@ -106,7 +106,7 @@ def test_both_handlers_write_the_same_bytes(grain_ref, tmp_path):
 def test_grain_handler_checkpoints_a_grainlike_device_iterator(grain_ref, tmp_path):
     # Code that keeps grain's handler (grain.python.PyGrainCheckpointSave) works
     # with grainlike's iterators too: the handler only calls get_state/set_state.
-    from grainlike.device import DeviceIterator
+    from grainlike.jax.device_iterator import DeviceIterator
 
     expected = take(iter(_loader(grainlike, 0)), 1000)
     with DeviceIterator(iter(_loader(grainlike, 0)), prefetch=2) as it:

@@ -83,7 +83,7 @@ class _OnDevice:
         self._loader = loader
 
     def __iter__(self):
-        from grainlike.device import DeviceIterator
+        from grainlike.jax.device_iterator import DeviceIterator
 
         return DeviceIterator(iter(self._loader), prefetch=2)
 
@@ -247,7 +247,7 @@ def test_an_iterator_still_held_goes_on_after_everything_else_is_dropped(kind, s
 
 
 def test_a_wrapped_iterator_still_held_is_not_closed_when_its_device_iterator_is_dropped(source, no_leaks):
-    from grainlike.device import DeviceIterator
+    from grainlike.jax.device_iterator import DeviceIterator
 
     inner = iter(_loader(source, 0))
     device = DeviceIterator(inner, prefetch=2)

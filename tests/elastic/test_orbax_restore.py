@@ -45,7 +45,7 @@ def two_process_checkpoint(tmp_path):
 def test_handler_restores_a_device_iterator_from_two_processes_files(two_process_checkpoint, no_leaks):
     pytest.importorskip("orbax.checkpoint")
     from grainlike import checkpoint
-    from grainlike.device import DeviceIterator
+    from grainlike.jax.device_iterator import DeviceIterator
 
     directory, before = two_process_checkpoint
     with DeviceIterator(iter(_loader(0, 1, workers=2))) as it:

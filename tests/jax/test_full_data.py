@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import grainlike as grain
-from grainlike.jax_loops import full_data_mapper, full_reference_data
+from grainlike.jax.full_data import full_data_mapper, full_reference_data
 from tests.helpers.jaxprs import held_array_sizes
 
 pytestmark = pytest.mark.timeout(120)

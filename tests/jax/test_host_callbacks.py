@@ -24,9 +24,11 @@ import pytest
 import grainlike as grain
 from grainlike import io
 from grainlike.core.errors import ClosedIteratorError
-from grainlike.evaluation import evaluate
-from grainlike.in_jit import InJitIterator
-from grainlike.jax_loops import full_reference_data, host_errors, reference_data
+from grainlike.jax.evaluation import evaluate
+from grainlike.jax.full_data import full_reference_data
+from grainlike.jax.host_callbacks import host_errors
+from grainlike.jax.in_jit_iterator import InJitIterator
+from grainlike.jax.reference_data import reference_data
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -334,7 +336,7 @@ def test_eager_calls_raise_at_once():
 
 
 def test_without_a_cpu_backend_tracing_names_what_is_needed(monkeypatch):
-    from grainlike import jax_loops
+    from grainlike.jax import host_callbacks
 
     original = jax.local_devices
 
@@ -343,7 +345,7 @@ def test_without_a_cpu_backend_tracing_names_what_is_needed(monkeypatch):
             raise RuntimeError("Unknown backend cpu. Available backends are ['cuda']")
         return original(*args, backend=backend, **kwargs)
 
-    monkeypatch.setattr(jax_loops, "_CPU_BACKEND", [])
+    monkeypatch.setattr(host_callbacks, "_CPU_BACKEND", [])
     monkeypatch.setattr(jax, "local_devices", no_cpu)
     with InJitIterator(iter(loader()), batches_per_call=1, prefetch=0) as feed:
         with pytest.raises(RuntimeError, match="set JAX_PLATFORMS=cuda,cpu"):

@@ -79,7 +79,7 @@ def test_more_samples_than_room_is_a_clear_error():
 
 
 def io_host_errors():
-    from grainlike.jax_loops import host_errors
+    from grainlike.jax.host_callbacks import host_errors
 
     return host_errors()
 

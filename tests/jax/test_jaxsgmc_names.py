@@ -6,6 +6,7 @@ because JaxSGMC is not a test dependency. The grainlike names the table gives
 must exist.
 """
 
+import importlib
 import os
 
 import grainlike as grain
@@ -46,5 +47,9 @@ def test_the_grainlike_names_the_table_gives_exist():
     for name in ["save", "load", "no_save", "DataCollector", "MemoryCollector", "HDF5Collector",
                  "register_dictionize_rule", "pytree_to_dict", "pytree_dict_keys", "dict_to_pytree", "SavingState"]:
         assert hasattr(grain.io, name), name
-    for name in ["MiniBatchInformation", "CacheState"]:
-        assert hasattr(grain.jax_loops, name), name
+    # The table names where JaxSGMC's state and batch-information types live.
+    assert hasattr(importlib.import_module("grainlike.jax.jit_batches"), "MiniBatchInformation")
+    assert hasattr(importlib.import_module("grainlike.jax.reference_data"), "CacheState")
+    table = _table()
+    assert "`grainlike.jax.jit_batches.MiniBatchInformation`" in table
+    assert "`grainlike.jax.reference_data.CacheState`" in table

@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 
 import grainlike as grain
 from grainlike.core.batch_slice import BatchSliceSampler
-from grainlike.device import process_data_shards
+from grainlike.jax.device_iterator import process_data_shards
 from tests.helpers.jax_processes import run_job
 from tests.jax import mesh_shard_job
 

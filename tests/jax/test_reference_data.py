@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 import grainlike as grain
-from grainlike.jax_loops import ArraysSource, host_errors, reference_data
+from grainlike.jax.host_callbacks import host_errors
+from grainlike.jax.jit_batches import ArraysSource
+from grainlike.jax.reference_data import reference_data
 
 pytestmark = pytest.mark.timeout(120)
 

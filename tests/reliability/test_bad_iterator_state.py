@@ -42,7 +42,7 @@ def _mp_prefetch(workers):
 
 
 def _device():
-    from grainlike.device import DeviceIterator
+    from grainlike.jax.device_iterator import DeviceIterator
 
     return DeviceIterator(iter(grain.MapDataset.range(N).batch(2).to_iter_dataset()), prefetch=0)
 

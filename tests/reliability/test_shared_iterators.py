@@ -156,7 +156,7 @@ def test_a_dataloader_iterator_shared_by_eight_threads_delivers_each_batch_once(
 @pytest.mark.parametrize("prefetch", [0, 2])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_device_iterator_shared_by_eight_threads_delivers_each_batch_once(no_leaks, workers, prefetch):
-    from grainlike.device import DeviceIterator
+    from grainlike.jax.device_iterator import DeviceIterator
 
     expected = _loader_order(workers)
     it = DeviceIterator(iter(_loader(workers)), prefetch=prefetch)

@@ -1,5 +1,5 @@
 """``grain._src.python.experimental.device_put.device_put``: grain's private path, re-exported from grainlike."""
 
-from grainlike.device_put import device_put
+from grainlike.jax.device_put import device_put
 
 __all__ = ["device_put"]
