@@ -16,8 +16,8 @@ A checkpoint of another number of processes is restored by an iterator that is a
 
 Orbax v1 (``StatefulCheckpointable``) calls an iterator's ``async save(directory)``
 and ``async load(directory)``; those delegate to ``save_state_async`` and
-``load_state_async`` here. Orbax v0's handler (``grainlike.orbax``) writes and
-reads the same files. The public names are in ``grainlike.checkpoint``.
+``load_state_async`` here. Orbax v0's handler (``grainlike.checkpoint.orbax_handler``)
+writes and reads the same files. The public names are in ``grainlike.checkpoint``.
 
 The standard library only; jax is imported for the process index when a file is
 written or read (without jax there is one process).
