@@ -69,31 +69,18 @@ class _ParquetDatasetIterator(DatasetIterator):
     def get_state(self) -> dict:
         state: dict = {"row_group": self._row_group, "index_within_row_group": self._index}
         if self._pin is not None:
-            state["object"] = {k: v for k, v in self._pin.items() if v is not None}
+            state["object"] = remote.pin_state(self._pin)
         return state
 
     def _restore_version(self, saved: Any) -> None:
         """Reopens the file at the version a checkpoint was taken on, or says why it cannot."""
-        if not isinstance(saved, dict) or not {"size", "version"} <= set(saved):
-            raise ValueError(f"ParquetIterDataset state's 'object' must name the object's size and version, got {saved!r}")
-        if (str(saved["version"]), int(saved["size"])) == (self._pin["version"], self._pin["size"]):
+        pin = remote.pin_from_state(self._path, saved)
+        if remote.same_version(pin, self._pin):
             return
-        pin = {"size": int(saved["size"]), "version": str(saved["version"])}
-        pin.update({k: saved.get(k) for k in ("etag", "version_id", "generation")})
         try:
             self._file = open_parquet(self._path, self._options, self._read_kwargs, pin)
         except (remote.ObjectChangedError, FileNotFoundError) as e:
-            error = remote.ObjectChangedError(
-                self._path, f"{pin['version']} ({pin['size']} bytes)",
-                f"{self._pin['version']} ({self._pin['size']} bytes)",
-            )
-            error.add_note(
-                f"The state being restored was saved while reading version {pin['version']} of "
-                f"{self._path!r}; the object has been overwritten since and the store does not keep "
-                "that version (an S3 bucket with versioning or GCS generations would). Restore onto "
-                "the data the checkpoint was taken on, or start the epoch again."
-            )
-            raise error from e
+            raise remote.saved_version_gone(self._path, pin, self._pin) from e
         self._pin = pin
 
     def set_state(self, state: dict) -> None:

@@ -9,13 +9,14 @@ import threading
 from typing import Any, Iterator, Optional, Sequence
 
 from grainlike.core import sharding
-from grainlike.core.errors import ClosedIteratorError
+from grainlike.core.errors import ClosedIteratorError, InvalidStateError
 from grainlike.core.transforms import Batch, FilterTransform, Map, MapWithIndex, RandomMap, is_flat_map
 from grainlike.dataset.base import IterDataset, close_dropped
 from grainlike.loader import elastic_restore as elastic
 from grainlike.loader import pipeline
 from grainlike.loader import legacy_state as state_lib
 from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
+from grainlike.sources.protocol import PinsRemoteObjects
 
 
 def _determine_worker_count(worker_count: Optional[int]) -> int:
@@ -117,6 +118,7 @@ class DataLoader:
         self._operations = pipeline.check_operations(operations)
         self._shard_options = shard_options
         self._read_options = read_options or ReadOptions()
+        self._given_read_options = read_options
         self._multiprocessing_options = MultiprocessingOptions(
             num_workers=worker_count,
             per_worker_buffer_size=max(worker_buffer_size, 1),
@@ -135,13 +137,7 @@ class DataLoader:
             data_source_repr=state_lib.source_repr(data_source),
             worker_lengths=tuple(state_lib.worker_lengths(self._local_length, worker_count)),
         )
-        self._dataset = pipeline.loader_dataset(
-            self._records,
-            self._operations,
-            read_options,
-            self._multiprocessing_options,
-            self._codec,
-        )
+        self._dataset = self._loader_dataset(self._records)
         if worker_count > 0:
             from grainlike.workers import start
 
@@ -216,6 +212,22 @@ class DataLoader:
             total += count
         return total
 
+    def _loader_dataset(self, records: pipeline.SamplerMapDataset) -> IterDataset:
+        """The whole pipeline over ``records``, with grain's legacy state at the top."""
+        return pipeline.loader_dataset(
+            records, self._operations, self._given_read_options, self._multiprocessing_options, self._codec
+        )
+
+    def _reading(self, source: Any) -> IterDataset:
+        """The pipeline reading ``source``, a copy of the data source at other object versions."""
+        if len(source) != len(self._data_source):
+            raise InvalidStateError(
+                f"the state was saved on versions of {self._data_source!r}'s remote objects that "
+                f"hold {len(source)} records; the source now holds {len(self._data_source)}. Build "
+                "the loader on the data the checkpoint was taken on."
+            )
+        return self._loader_dataset(pipeline.SamplerMapDataset(source, self._sampler, self._shard_options))
+
     def _encode(self, positions: state_lib.Positions) -> bytes:
         """The ``get_state()`` bytes of an iterator at ``positions``."""
         return state_lib.dumps(self._codec.encode(positions))
@@ -258,7 +270,11 @@ class DataLoaderIterator(Iterator[Any]):
 
     def __init__(self, loader: DataLoader):
         self._loader = loader
-        self._iterator = loader._dataset.__iter__()
+        # The source read and its pipeline: the loader's, or after a restore onto
+        # remote objects changed since the save, a copy at the saved versions.
+        self._source = loader.data_source
+        self._dataset = loader._dataset
+        self._iterator = self._dataset.__iter__()
         self._closed = False
         self._lock = threading.RLock()
 
@@ -297,30 +313,52 @@ class DataLoaderIterator(Iterator[Any]):
     def get_state(self) -> bytes:
         """The position of the iterator as grain's JSON state (bytes)."""
         with self._guard():
-            return state_lib.dumps(self._iterator.get_state())
+            return state_lib.dumps(self._with_pins(self._iterator.get_state()))
+
+    def _with_pins(self, state: dict) -> dict:
+        """``state`` and the versions of the remote objects read (none for local sources)."""
+        if isinstance(self._source, PinsRemoteObjects):
+            pins = self._source.object_pins()
+            if pins:
+                state[state_lib.OBJECTS_KEY] = pins
+        return state
 
     def set_state(self, state: bytes) -> None:
         """Restores a position from ``get_state()`` of grain or grainlike.
 
         The state is checked completely before anything changes; an invalid state
-        leaves the iterator where it was.
+        leaves the iterator where it was. A state naming versions of remote
+        objects (``PinsRemoteObjects``) that have changed since is read at those
+        versions where the store keeps them; a state without them (grain's)
+        reads the objects as they are now.
 
         Raises:
           InvalidStateError (a ValueError): malformed state, or a state of another
             pipeline (sampler, source, worker count).
+          ObjectChangedError: a remote object was overwritten since the state was
+            saved and the store does not keep the saved version.
           TypeError: state is not bytes.
         """
         data = state_lib.parse(state)
+        pins = data.pop(state_lib.OBJECTS_KEY, None)
         with self._lock:
-            if self._closed:
-                # A closed iterator restarts from the state it is given.
-                fresh = self._loader._dataset.__iter__()
+            source, dataset = self._source, self._dataset
+            if pins is not None and isinstance(source, PinsRemoteObjects):
+                source = source.at_versions(pins)
+                if source is not self._source:
+                    dataset = self._loader._reading(source)
+            if self._closed or dataset is not self._dataset:
+                # A closed iterator restarts from the state it is given, and one
+                # reading other versions starts a pipeline of its own.
+                fresh = dataset.__iter__()
                 try:
                     fresh.set_state(data)
                 except BaseException:
                     fresh.close()
                     raise
-                self._iterator, self._closed = fresh, False
+                old, self._iterator, self._closed = self._iterator, fresh, False
+                self._source, self._dataset = source, dataset
+                old.close()
                 return
             self._iterator.set_state(data)
 
@@ -368,7 +406,14 @@ class DataLoaderIterator(Iterator[Any]):
         checkpoint of another number of JAX processes restores into it.
         """
         positions = elastic.process_states(self._loader, texts, old_count)
-        return state_lib.dumps(self._loader._codec.encode(positions)).decode()
+        state = self._loader._codec.encode(positions)
+        # Every process read the same versions: any process's pins are the checkpoint's.
+        for text in texts.values():
+            pins = state_lib.parse(text).get(state_lib.OBJECTS_KEY)
+            if pins is not None:
+                state[state_lib.OBJECTS_KEY] = pins
+                break
+        return state_lib.dumps(state).decode()
 
 
 PyGrainDatasetIterator = DataLoaderIterator

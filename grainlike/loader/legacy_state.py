@@ -17,6 +17,11 @@ position not delivered, skipping the few delivered above it. While such skipped
 positions are pending, the state carries them as sampler global indices under
 ``SKIP_KEY`` (grain ignores the key), as runs or a bitmap (``core/index_set.py``);
 otherwise it is grain's state, byte for byte.
+
+A source of remote objects (``grainlike.sources.protocol.PinsRemoteObjects``)
+adds the versions it reads under ``OBJECTS_KEY`` (grain ignores the key too), so
+a restore reads those versions or refuses clearly; local sources' states have no
+such key.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from grainlike.dataset.elastic import SKIP_KEY as WORKER_SKIP_KEY
 STATE_VERSION = 2
 # Global indices delivered above some worker's position, not to deliver again.
 SKIP_KEY = "skip_indices"
+# The versions of the remote objects the source reads: {url: pin}.
+OBJECTS_KEY = "remote_objects"
 # In each worker's Dataset state, WORKER_SKIP_KEY: its own positions to skip.
 _KEYS = ("last_seen_indices", "last_worker_index", "worker_count", "sampler", "data_source")
 

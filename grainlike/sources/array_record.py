@@ -30,7 +30,7 @@ from typing import Any, Optional, SupportsIndex
 
 import numpy as np
 
-from grainlike.core.errors import RecordKeyOutOfRangeError, SourceFileNotFoundError
+from grainlike.core.errors import InvalidStateError, RecordKeyOutOfRangeError, SourceFileNotFoundError
 from grainlike.sources.formats import remote_files as remote
 from grainlike.sources.formats.file_cache import cache_for
 from grainlike.sources.formats.array_record_files import (
@@ -260,6 +260,50 @@ class ArrayRecordDataSource:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._init_readers()
+
+    # -- versions of remote files (grainlike.sources.protocol.PinsRemoteObjects) --
+
+    def object_pins(self) -> dict:
+        """``{url: pin}`` of the remote files, at the versions read (empty if all are local)."""
+        return {f: remote.pin_state(self._infos[f]) for f in self._filenames if f in self._infos}
+
+    def at_versions(self, pins: dict) -> "ArrayRecordDataSource":
+        """A copy reading the remote files at the versions ``pins`` names (see ``object_pins``).
+
+        Raises:
+          ObjectChangedError: a named version is gone from the store (named with
+            the current one).
+          InvalidStateError: ``pins`` names other files, or a saved version holds
+            another number of records than this source reads from it.
+        """
+        saved = remote.pins_from_state(self.object_pins(), pins, repr(self))
+        changed = {f: pin for f, pin in saved.items() if not remote.same_version(pin, self._infos[f])}
+        if not changed:
+            return self
+        for file_index, filename in enumerate(self._filenames):
+            pin = changed.get(filename)
+            if pin is None:
+                continue
+            try:
+                reader = open_reader(filename, "", self._remote_options, pin)
+            except (remote.ObjectChangedError, FileNotFoundError) as e:
+                raise remote.saved_version_gone(filename, pin, self._infos[filename]) from e
+            try:
+                count = reader.num_records()
+            finally:
+                reader.close()
+            needed = self._starts[file_index] + self._ends[file_index] - self._firsts[file_index]
+            if count < needed:
+                raise InvalidStateError(
+                    f"the state was saved on version {pin['version']} of {filename!r}, which has "
+                    f"{count} records; this source reads {needed} from it (version "
+                    f"{self._infos[filename]['version']}). Build the source on the data the "
+                    "checkpoint was taken on."
+                )
+        copy = ArrayRecordDataSource.__new__(ArrayRecordDataSource)
+        copy.__setstate__(self.__getstate__())
+        copy._infos = {**self._infos, **changed}
+        return copy
 
     # -- reading ---------------------------------------------------------------
 

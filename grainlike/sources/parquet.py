@@ -81,9 +81,20 @@ class ParquetDataSource:
         self._options = remote_options or remote.RemoteOptions()
         self._cached_row_groups = cached_row_groups
         self._read_kwargs = read_kwargs
+        # Each remote file is pinned to the version seen here, in every process
+        # that reads it: a file overwritten during an epoch raises
+        # ObjectChangedError instead of mixing rows of two versions.
         self._pins: list = [None] * len(paths)
-        with futures.ThreadPoolExecutor(min(len(paths), _MAX_OPENING_THREADS)) as pool:
-            metas = list(pool.map(self._row_group_sizes, range(len(paths))))
+        self._lay_out(range(len(paths)))
+        self._init_process_state()
+
+    def _lay_out(self, pin_now: Sequence[int]) -> None:
+        """Reads every file's row group sizes; files ``pin_now`` are pinned first."""
+        for file_index in pin_now:
+            if remote.is_remote(self._paths[file_index]):
+                self._pins[file_index] = remote.object_info(self._paths[file_index], self._options)
+        with futures.ThreadPoolExecutor(min(len(self._paths), _MAX_OPENING_THREADS)) as pool:
+            metas = list(pool.map(self._row_group_sizes, range(len(self._paths))))
         # One entry per row group of every file: (file index, row group index), and
         # _ends[g]: one past the global key of row group g's last row.
         self._groups = [(f, g) for f, sizes in enumerate(metas) for g in range(len(sizes))]
@@ -91,15 +102,9 @@ class ParquetDataSource:
         self._ends = np.cumsum(np.asarray(sizes, dtype=np.int64)).astype(np.int64)
         self._firsts = self._ends - np.asarray(sizes, dtype=np.int64)
         self._len = int(self._ends[-1]) if len(self._ends) else 0
-        self._init_process_state()
 
     def _row_group_sizes(self, file_index: int) -> list:
         path = self._paths[file_index]
-        if remote.is_remote(path):
-            # Each remote file is pinned to the version seen here, in every process
-            # that reads it: a file overwritten during an epoch raises
-            # ObjectChangedError instead of mixing rows of two versions.
-            self._pins[file_index] = remote.object_info(path, self._options)
         pf = open_parquet(path, self._options, self._read_kwargs, self._pins[file_index])
         try:
             if self._columns is not None:
@@ -239,6 +244,36 @@ class ParquetDataSource:
         for start in range(0, self._len, 1024):
             yield from self.__getitems__(range(start, min(start + 1024, self._len)))
 
+    # -- versions of remote files (grainlike.sources.protocol.PinsRemoteObjects) ------
+
+    def object_pins(self) -> dict:
+        """``{url: pin}`` of the remote files, at the versions read (empty if all are local)."""
+        return {p: remote.pin_state(pin) for p, pin in zip(self._paths, self._pins) if pin is not None}
+
+    def at_versions(self, pins: dict) -> "ParquetDataSource":
+        """A copy reading the remote files at the versions ``pins`` names (see ``object_pins``).
+
+        Raises:
+          ObjectChangedError: a named version is gone from the store (named with
+            the current one).
+          InvalidStateError: ``pins`` names a file this source does not read remotely.
+        """
+        saved = remote.pins_from_state(self.object_pins(), pins, repr(self))
+        if all(remote.same_version(saved[p], pin) for p, pin in zip(self._paths, self._pins) if pin is not None):
+            return self
+        copy = ParquetDataSource.__new__(ParquetDataSource)
+        copy.__setstate__(self.__getstate__())
+        copy._pins = [saved.get(p, pin) for p, pin in zip(self._paths, self._pins)]
+        try:
+            copy._lay_out(())
+        except (remote.ObjectChangedError, FileNotFoundError) as e:
+            for path, old, new in zip(self._paths, copy._pins, self._pins):
+                if new is not None and not remote.same_version(old, new):
+                    raise remote.saved_version_gone(path, old, new) from e
+            raise
+        copy._init_process_state()
+        return copy
+
     # -- identity ----------------------------------------------------------------
 
     @property
@@ -252,3 +287,4 @@ class ParquetDataSource:
         for path in self._paths:
             h.update(path.encode())
         return f"ParquetDataSource(hash_of_paths={h.hexdigest()}, columns={self._columns!r})"
+

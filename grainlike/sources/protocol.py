@@ -8,6 +8,8 @@ deterministic, and the source must pickle (cheaply: it is sent to every worker).
 A source or a transform may declare whether its work per record waits
 (``DeclaresWaiting``); that, and the kind of source, decides whether it runs in
 read threads when no ``ReadOptions`` is given (``grainlike.sources.waiting``).
+A source of remote objects pins each to the version it first saw
+(``PinsRemoteObjects``), so that the DataLoader's state names those versions.
 """
 
 from __future__ import annotations
@@ -112,6 +114,36 @@ class DeclaresWaiting(Protocol):
     """
 
     waits: bool
+
+
+@typing.runtime_checkable
+class PinsRemoteObjects(Protocol):
+    """A source that reads remote objects, each at the version it pinned when built.
+
+    The DataLoader writes ``object_pins()`` into its state (a key grain ignores)
+    when it is not empty, and on restore reads through ``at_versions(saved)`` when
+    an object's version has changed since: the saved versions where the store
+    keeps them (S3 versioning, GCS generations), else ``ObjectChangedError``
+    naming the object and both versions. ``ParquetDataSource`` and
+    ``ArrayRecordDataSource`` implement it.
+    """
+
+    def object_pins(self) -> dict:
+        """``{url: pin}`` of the remote objects read (empty when all are local).
+
+        A pin is the JSON-able dict of ``remote_files.pin_state``: size, version
+        and, where known, ETag, S3 VersionId, GCS generation.
+        """
+        ...
+
+    def at_versions(self, pins: dict) -> "PinsRemoteObjects":
+        """A copy of this source reading the objects at the versions ``pins`` names.
+
+        Raises:
+          ObjectChangedError: the store no longer has a named version.
+          InvalidStateError: ``pins`` names another object or is malformed.
+        """
+        ...
 
 
 class RangeDataSource:
