@@ -112,6 +112,43 @@ def test_spawned_children_importing_grainlike_start_no_worker_server(tmp_path):
     assert run.stdout.strip() == "[0, 0, 0, 0]"
 
 
+# A program whose socket module has no SO_PEERCRED (a platform without abstract
+# sockets): its worker server listens in a 0700 folder of its own.
+_FOLDER_SERVER = r"""
+import os, socket, stat, sys
+del socket.SO_PEERCRED
+from grainlike.workers import server as w
+s = w.running_server()
+folder = os.path.dirname(s._forkserver_address)
+print(os.path.basename(folder), oct(stat.S_IMODE(os.lstat(folder).st_mode)), os.listdir(folder) != [], flush=True)
+if sys.argv[1] == "wait":
+    sys.stdin.readline()
+"""
+
+
+def test_without_abstract_sockets_the_server_listens_in_a_private_folder_the_next_program_removes(tmp_path):
+    # The server dies with the program when the whole group is killed, and
+    # removes nothing then; the next program of this user that starts a server
+    # does. Another user's folder, and a live process's, of the same shape stay.
+    from tests.helpers.processes import in_session
+
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmpdir), "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    with in_session([sys.executable, "-c", _FOLDER_SERVER, "wait"], env=env, stdin=subprocess.PIPE) as proc:
+        name, mode, has_socket = proc.stdout.readline().split()
+        assert name.startswith(f"glsrv-{proc.pid}-") and mode == "0o700" and has_socket == "True", proc.stderr.read()
+        os.killpg(proc.pid, 9)
+        proc.wait(30)
+    assert name in os.listdir(tmpdir)
+    (tmpdir / f"glsrv-{os.getpid()}-alive").mkdir()
+    run = subprocess.run([sys.executable, "-c", _FOLDER_SERVER, "exit"], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    # Its own folder goes too: its server removes it when it exits after the program.
+    expected = [f"glsrv-{os.getpid()}-alive"]
+    assert leaks.wait_until(lambda: sorted(os.listdir(tmpdir)) == expected, timeout=20), os.listdir(tmpdir)
+
+
 # The tests run without the Linux-only calls: sources' shared memory (anonymous
 # and named), InMemoryDataSource in workers, mp_prefetch, the DataLoader's and
 # the pool's workers (spawned), liveness, SharedMemoryArray. Tests of fork,

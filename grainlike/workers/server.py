@@ -26,7 +26,7 @@ import tempfile
 import threading
 import types
 import weakref
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 WORKER_MODULE = "grainlike.workers.main"
 # The modules a worker imports before its first output, preloaded by name (the
@@ -217,24 +217,44 @@ def running_server(start: bool = True) -> Any:
             _servers[preload] = server
     if start:
         _ensure_running(server)
-        install_exit_on_signals()  # Its socket's folder must not outlive the process.
+        install_exit_on_signals()  # No folder of its own or of multiprocessing may outlive the process.
     return server
 
 
-# Worker servers' socket folders: ``$TMPDIR/glsrv-<pid of the process that started
-# them>-<random>``, each 0700 (``mkdtemp``); short, as a socket's path is at most
-# 107 bytes.
+# Where Linux's abstract socket namespace exists, a worker server listens at
+# ``\0grainlike-srv-<pid of the program>-<random>``: no file, so nothing is left
+# when the program and its server are killed together, and nothing another user
+# could plant. Abstract sockets have no permissions: the server accepts only
+# peers of its own uid that are the program or a process below it
+# (``_PeerCheckingSocket``, by SO_PEERCRED). Elsewhere the socket is a file in a
+# folder ``$TMPDIR/glsrv-<pid of the program>-<random>``, 0700 (``mkdtemp``);
+# short, as a socket's path is at most 107 bytes.
+_ABSTRACT_PREFIX = "\0grainlike-srv-"
 _FOLDER_PREFIX = "glsrv-"
 _folder: Optional[str] = None
+
+
+def abstract_sockets() -> bool:
+    """Whether worker servers listen in the abstract namespace, their peers checked by SO_PEERCRED."""
+    import socket
+
+    return sys.platform.startswith("linux") and hasattr(socket, "SO_PEERCRED")
+
+
+def _abstract_address(family: str) -> str:
+    import secrets
+
+    return f"{_ABSTRACT_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
 
 
 def _sweep_dead_folders(parent: str) -> None:
     """Removes the socket folders of this user's processes that have gone.
 
-    A server killed together with its program (SIGKILL of the process group)
-    cannot remove its folder; the next program that starts a server does. Only
-    real folders owned by this user, named for a process that no longer exists,
-    holding nothing but sockets; no link is followed.
+    Where sockets are files (no abstract namespace), a server killed together
+    with its program (SIGKILL of the process group) cannot remove its folder;
+    the next program that starts a server does. Only real folders owned by this
+    user, named for a process that no longer exists, holding nothing but
+    sockets; no link is followed.
     """
     try:
         names = os.listdir(parent)
@@ -280,14 +300,29 @@ def _socket_folder() -> str:
     return _folder
 
 
+@functools.lru_cache(maxsize=None)
+def _abstract_ensure_running() -> Callable[[Any], None]:
+    """``ForkServer.ensure_running``, the standard library's own code, binding an abstract address."""
+    from multiprocessing import connection, forkserver
+
+    namespace = dict(vars(forkserver))
+    namespace["connection"] = types.SimpleNamespace(**{**vars(connection), "arbitrary_address": _abstract_address})
+    function = forkserver.ForkServer.ensure_running
+    return types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__, function.__closure__)
+
+
 def _ensure_running(server: Any) -> None:
-    """Starts ``server`` if it is not running, its socket in this process's own folder.
+    """Starts ``server`` if it is not running: at an abstract address, else in this process's own folder.
 
     multiprocessing puts a server's socket in its per-process ``pymp-*`` folder,
-    which nothing removes if the program and its server are killed together;
-    grainlike's servers use a folder named for the program's pid instead, which
-    a later program removes once that pid has gone (``_sweep_dead_folders``).
+    which nothing removes if the program and its server are killed together.
+    An abstract socket leaves no file at all; where there are none, grainlike's
+    servers use a folder named for the program's pid, which a later program
+    removes once that pid has gone (``_sweep_dead_folders``).
     """
+    if abstract_sockets():
+        _abstract_ensure_running()(server)
+        return
     from multiprocessing import process
 
     config = process.current_process()._config
@@ -403,29 +438,30 @@ def start_server_early() -> None:
         pass  # Starting workers later reports the problem with its context.
 
 
-def _remove_own_socket_at_exit() -> None:
-    """In a worker server: removes its socket (and its folder, if then empty) when it exits.
-
-    The server exits when the process that started it has gone; if that process
-    was killed (SIGKILL), nothing else would remove the ``pymp-*`` folder that
-    holds the socket. A server killed with it (its whole process group) cannot
-    do this either.
-    """
-    import atexit
-    import re
+def _own_listener() -> Any:
+    """In a worker server: the address it listens at (None in any other process)."""
     import socket
 
     argv = getattr(sys, "orig_argv", sys.argv)
     found = re.match(r"from multiprocessing\.forkserver import main; main\((\d+), ", argv[-1] if argv else "")
     if found is None:
-        return
+        return None
     try:
         with socket.fromfd(int(found.group(1)), socket.AF_UNIX, socket.SOCK_STREAM) as listener:
-            path = listener.getsockname()
+            return listener.getsockname()
     except OSError:
-        return
-    if not isinstance(path, str) or not path:
-        return  # An abstract socket: nothing on disk.
+        return None
+
+
+def _remove_own_socket_at_exit(path: str) -> None:
+    """In a worker server listening at the file ``path``: removes it (and its folder, if then empty) at exit.
+
+    The server exits when the process that started it has gone; if that process
+    was killed (SIGKILL), nothing else would remove the ``pymp-*`` folder that
+    holds the socket. A server killed with it (its whole process group) cannot
+    do this either; an abstract socket leaves nothing to remove.
+    """
+    import atexit
 
     def remove() -> None:
         try:
@@ -439,8 +475,67 @@ def _remove_own_socket_at_exit() -> None:
     atexit.register(remove)
 
 
+def _in_tree(pid: int, root: int) -> bool:
+    """Whether process ``pid`` is ``root`` or below it (by the parents /proc names)."""
+    for _ in range(1024):
+        if pid == root:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+def _check_peers() -> None:
+    """In a worker server at an abstract address: accepts only its own program's processes.
+
+    An abstract socket has no owner or mode, so any local process could connect
+    and have the server unpickle what it sends. The server's accept loop (the
+    standard library's ``forkserver.main``) uses ``forkserver.socket.socket``:
+    here that is a socket whose ``accept`` closes every connection whose peer
+    (SO_PEERCRED) is not of this uid, or is neither the program that started the
+    server nor a process below it, and reports it as ECONNABORTED, which the loop
+    skips. Installed when the server preloads this module, before it accepts.
+    """
+    import errno
+    import socket
+    import struct
+    from multiprocessing import forkserver
+
+    uid, program = os.getuid(), os.getppid()
+
+    class _PeerCheckingSocket(socket.socket):
+        def accept(self):
+            conn, address = super().accept()
+            try:
+                pid, peer_uid, _ = struct.unpack(
+                    "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+                )
+                allowed = peer_uid == uid and _in_tree(pid, program)
+            except OSError:
+                allowed = False
+            if not allowed:
+                conn.close()
+                raise OSError(errno.ECONNABORTED, "grainlike worker server: a connection from another user or program was refused")
+            return conn, address
+
+    forkserver.socket = types.SimpleNamespace(**{**vars(socket), "socket": _PeerCheckingSocket})
+
+
+def _guard_own_listener() -> None:
+    address = _own_listener()
+    if isinstance(address, bytes) and address.startswith(_ABSTRACT_PREFIX.encode()):
+        _check_peers()
+    elif isinstance(address, str) and address:
+        _remove_own_socket_at_exit(address)
+
+
 if _started_by_multiprocessing() and multiprocessing.parent_process() is None:
-    _remove_own_socket_at_exit()
+    _guard_own_listener()
 
 
 def _after_fork_in_child() -> None:
