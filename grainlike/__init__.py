@@ -23,7 +23,44 @@ import numpy as _numpy  # noqa: E402,F401
 
 _worker_server.note_threads_at_import()
 
+from typing import TYPE_CHECKING  # noqa: E402
+
 from grainlike.core.lazy import attach as _attach  # noqa: E402
+
+if TYPE_CHECKING:
+    # What static tools (type checkers, IDEs, the API docs) read; at run time
+    # these names come from _LAZY below (tests check that both agree).
+    from grainlike.builder import LoaderBuilder, from_source
+    from grainlike.core.config import config
+    from grainlike.core.meta_features import DATASET_INDEX, EPOCH, INDEX, META_FEATURES, RECORD, RECORD_KEY, SEED
+    from grainlike.core.operations import BatchOperation, FilterOperation, MapOperation, Operation, RandomMapOperation
+    from grainlike.core.record import Record, RecordMetadata
+    from grainlike.core.samplers import IndexSampler, Sampler, SequentialSampler
+    from grainlike.core.sampling import PaddedEpochSampler, RandomSampler
+    from grainlike.core.sharding import NoSharding, ShardByJaxProcess, ShardOptions
+    from grainlike.core.transforms import (
+        Batch,
+        FilterTransform,
+        MapTransform,
+        MapWithIndexTransform,
+        RandomMapTransform,
+        Transformation,
+        Transformations,
+    )
+    from grainlike.dataset import DatasetIterator, DatasetSelectionMap, IterDataset, MapDataset
+    from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
+    from grainlike.loader.data_loader import DataLoader, DataLoaderIterator, PyGrainDatasetIterator
+    from grainlike.loader.legacy_state import InvalidStateError
+    from grainlike.loader.load import load
+    from grainlike.sources import (
+        ArrayRecordDataSource,
+        InMemoryDataSource,
+        RandomAccessDataSource,
+        RangeDataSource,
+        SharedMemoryDataSource,
+        TfdsDataSource,
+        tfds_source,
+    )
 
 __version__ = "0.1.0"
 

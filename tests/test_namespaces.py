@@ -282,3 +282,25 @@ def test_worker_and_shared_memory_errors_are_public_and_lazy():
         "assert issubclass(grainlike.WorkerDiedError, RuntimeError)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_the_names_static_tools_read_are_those_import_grainlike_gives():
+    # ``import grainlike`` loads its names on first use; type checkers, IDEs and
+    # the API docs read them from the ``if TYPE_CHECKING:`` imports instead.
+    import ast
+
+    import grainlike
+
+    tree = ast.parse(pathlib.Path(grainlike.__file__).read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    static = {
+        alias.asname or alias.name: (node.module, alias.name)
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    for name, (module, attribute) in static.items():
+        assert getattr(grainlike, name) is getattr(importlib.import_module(module), attribute), name
+    # Every name of __all__ but the submodule and the shared-memory array (whose
+    # module is loaded only when it is used).
+    assert set(static) == set(grainlike.__all__) - {"experimental", "SharedMemoryArray"}
