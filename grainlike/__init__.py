@@ -127,6 +127,8 @@ _LAZY = {
             "checkpoint",
             "constants",
             "experimental",
+            # The package is also callable: grainlike.loader(source) is the builder.
+            "loader",
             "multiprocessing",
             "python",
             "samplers",

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import sys
-import types
 import weakref
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
@@ -42,7 +41,6 @@ from grainlike.core.transforms import (
     RandomMapTransform,
     batch_elements,
 )
-from grainlike import loader as _loader_package
 from grainlike.loader.data_loader import DataLoader
 from grainlike.dataset.options import ReadOptions
 
@@ -533,15 +531,3 @@ def from_source(source: Any) -> LoaderBuilder:
     """
     return LoaderBuilder(source)
 
-
-class _CallableLoaderPackage(types.ModuleType):
-    """Lets ``grainlike.loader(source)`` build while ``grainlike.loader.X`` imports."""
-
-    def __call__(self, source: Any) -> LoaderBuilder:
-        return from_source(source)
-
-
-# Made callable here, above the loader package, so that the package imports
-# nothing from this layer; ``import grainlike`` imports this module, so the
-# package is callable wherever it can be imported.
-_loader_package.__class__ = _CallableLoaderPackage

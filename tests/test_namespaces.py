@@ -304,3 +304,10 @@ def test_the_names_static_tools_read_are_those_import_grainlike_gives():
     # Every name of __all__ but the submodule and the shared-memory array (whose
     # module is loaded only when it is used).
     assert set(static) == set(grainlike.__all__) - {"experimental", "SharedMemoryArray"}
+
+
+def test_the_builder_is_grainlike_loader_in_a_fresh_process():
+    # ``grainlike.loader(source)`` (docs/training.md) before anything else imported the package.
+    code = "import grainlike; print([b.tolist() for b in grainlike.loader(list(range(5))).batch(2).build()])"
+    out = subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=ROOT, capture_output=True, text=True)
+    assert out.stdout.strip() == "[[0, 1], [2, 3], [4]]"
