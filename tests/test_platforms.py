@@ -12,8 +12,11 @@ lists each difference with its test.
 import fcntl
 import multiprocessing
 import os
+import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -126,17 +129,20 @@ if sys.argv[1] == "wait":
 """
 
 
-def test_without_abstract_sockets_the_server_listens_in_a_private_folder_the_next_program_removes(tmp_path):
+def test_without_abstract_sockets_the_server_listens_in_a_private_folder_the_next_program_removes(request):
     # The server dies with the program when the whole group is killed, and
     # removes nothing then; the next program of this user that starts a server
     # does. Another user's folder, and a live process's, of the same shape stay.
     from tests.helpers.processes import in_session
 
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
+    # A short TMPDIR: a socket's path has at most 103 characters on every platform.
+    tmpdir = pathlib.Path(tempfile.mkdtemp(prefix="glt-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(tmpdir, ignore_errors=True))
     env = {**os.environ, "TMPDIR": str(tmpdir), "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
     with in_session([sys.executable, "-c", _FOLDER_SERVER, "wait"], env=env, stdin=subprocess.PIPE) as proc:
-        name, mode, has_socket = proc.stdout.readline().split()
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.wait(30) is not None else ""
+        name, mode, has_socket = line.split()
         assert name.startswith(f"glsrv-{proc.pid}-") and mode == "0o700" and has_socket == "True", proc.stderr.read()
         os.killpg(proc.pid, 9)
         proc.wait(30)
@@ -196,3 +202,13 @@ def test_worker_and_source_tests_pass_without_linux_calls():
     assert run.returncode == 0, f"{run.stdout[-6000:]}\n{run.stderr[-3000:]}"
     assert " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-2000:]
     print(f"simulated-platform pass: {run.stdout.strip().splitlines()[-1]} ({took:.1f} s)")
+
+
+def test_without_abstract_sockets_a_tmpdir_too_long_for_a_socket_is_a_clear_error(tmp_path):
+    tmpdir = tmp_path / ("d" * 60)
+    tmpdir.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmpdir), "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    run = subprocess.run([sys.executable, "-c", _FOLDER_SERVER, "exit"], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0
+    assert "set TMPDIR to a shorter folder" in run.stderr and str(tmpdir) in run.stderr, run.stderr
+    assert os.listdir(tmpdir) == []

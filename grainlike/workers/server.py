@@ -14,6 +14,7 @@ each a fresh interpreter, with the same preparation data naming no main module.
 
 from __future__ import annotations
 
+import errno
 import functools
 import multiprocessing
 import multiprocessing.context
@@ -291,10 +292,23 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+# The longest socket path every platform takes (macOS: 104 bytes with the NUL).
+_MAX_SOCKET_PATH = 103
+
+
 def _socket_folder() -> str:
     global _folder
     if _folder is None or not os.path.isdir(_folder):
         parent = tempfile.gettempdir()
+        # mkdtemp's and multiprocessing's random parts are 8 characters each.
+        longest = len(os.path.join(parent, f"{_FOLDER_PREFIX}{os.getpid()}-{'x' * 8}", f"listener-{'x' * 8}"))
+        if longest > _MAX_SOCKET_PATH:
+            raise OSError(
+                errno.ENAMETOOLONG,
+                f"grainlike's worker server listens on a Unix socket in TMPDIR ({parent!r}), whose path "
+                f"would be {longest} characters, more than the {_MAX_SOCKET_PATH} a socket address takes; "
+                "set TMPDIR to a shorter folder (e.g. /tmp)",
+            )
         _sweep_dead_folders(parent)
         _folder = tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}-", dir=parent)
     return _folder
