@@ -3,6 +3,8 @@
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -36,3 +38,37 @@ _start_accelerator()
 
 from tests.helpers.callbacks import callbacks_never_raise  # noqa: E402,F401  (a fixture)
 from tests.helpers.leaks import no_leaks  # noqa: E402,F401  (a fixture for every test)
+
+
+# grain's own tests run in the background (tests/grain_suite); these hooks start,
+# report and end that run, in the process that prints the summary: pytest's
+# only process, or the pytest-xdist controller.
+def _grain_suite():
+    from tests.grain_suite import test_grain_own_tests
+
+    return test_grain_own_tests
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["grain_suite_work"] = _grain_suite().share_with_workers()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    suite = _grain_suite()
+    files = suite.files_of(ids)
+    if files:
+        suite.start_files(files, suite.share_with_workers())
+
+
+def pytest_unconfigure(config):
+    # After the terminal summary, which reads the run's folder.
+    if not hasattr(config, "workerinput"):
+        _grain_suite().stop()
+
+
+def pytest_terminal_summary(terminalreporter):
+    line = _grain_suite().summary()
+    if line:
+        terminalreporter.write_line(line)

@@ -1,4 +1,8 @@
-"""Starts grain's own tests in the background once the suite is collected; they run last."""
+"""Starts grain's own tests in the background once the suite is collected; they run last.
+
+Under pytest-xdist, the controller starts them (``tests/conftest.py``, which it
+loads; it collects nothing) and the worker that runs this module attaches.
+"""
 
 import pytest
 
@@ -13,14 +17,5 @@ def pytest_collection_modifyitems(session, config, items):
         return
     # Checked last: by then the background run has had the whole suite's time.
     items[:] = [i for i in items if i not in ours] + ours
-    grain_tests.start(ours)
-
-
-def pytest_sessionfinish(session, exitstatus):
-    grain_tests.stop()
-
-
-def pytest_terminal_summary(terminalreporter):
-    line = grain_tests.summary()
-    if line:
-        terminalreporter.write_line(line)
+    if not hasattr(config, "workerinput"):
+        grain_tests.start(ours)

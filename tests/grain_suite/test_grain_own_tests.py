@@ -94,19 +94,16 @@ class _Run:
     session of their own, which ``stop`` ends.
     """
 
-    def __init__(self, files: list[str]):
-        self.work = tempfile.mkdtemp(prefix="grain-suite-")
+    def __init__(self, files: list[str], work: str | None = None, launch: bool = True):
+        """Starts the run in ``work`` (a new folder by default); ``launch=False`` attaches to it.
+
+        Under pytest-xdist the controller launches the run and the worker that
+        runs this module's tests attaches to it: both name the same files, so
+        they build the same command.
+        """
+        self.work = work or tempfile.mkdtemp(prefix="grain-suite-")
+        self.launched = launch
         root = os.path.join(self.work, "tests")
-        for rel in _wheel_files():
-            dest = os.path.join(root, rel)
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            shutil.copyfile(os.path.join(_wheel_root(), rel), dest)
-        # Data files the tests read from absl's --test_srcdir (Bazel sets it; here, the copy).
-        shutil.copytree(
-            os.path.join(_wheel_root(), "_src", "python", "testdata"), os.path.join(root, "_src", "python", "testdata")
-        )
-        with open(os.path.join(root, "pytest.ini"), "w") as f:
-            f.write("[pytest]\n")
         self.report = os.path.join(self.work, "report.xml")
         self.log = os.path.join(self.work, "log.txt")
         self.rc = os.path.join(self.work, "rc")
@@ -128,6 +125,20 @@ class _Run:
             *[os.path.join(root, f) for f in files],
         ]
         self.cmd, self.env, self.root = cmd, env, root
+        self.started_file = os.path.join(self.work, "started")
+        if not launch:
+            self._attach()
+            return
+        for rel in _wheel_files():
+            dest = os.path.join(root, rel)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copyfile(os.path.join(_wheel_root(), rel), dest)
+        # Data files the tests read from absl's --test_srcdir (Bazel sets it; here, the copy).
+        shutil.copytree(
+            os.path.join(_wheel_root(), "_src", "python", "testdata"), os.path.join(root, "_src", "python", "testdata")
+        )
+        with open(os.path.join(root, "pytest.ini"), "w") as f:
+            f.write("[pytest]\n")
         launcher = subprocess.Popen(
             ["/bin/sh", "-c", '(nice -n 19 "$@"; echo $? > "$RC") > "$LOG" 2>&1 < /dev/null &', "sh", *cmd],
             cwd=root, env=env, start_new_session=True,
@@ -136,6 +147,20 @@ class _Run:
         self.session = launcher.pid  # the session (and process group) the run is in
         self.started = time.monotonic()
         self.started_wall = time.time()
+        with open(self.started_file + ".tmp", "w") as f:
+            f.write(f"{self.session} {self.started_wall}")
+        os.replace(self.started_file + ".tmp", self.started_file)
+
+    def _attach(self) -> None:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(self.started_file):
+            if time.monotonic() > deadline:
+                pytest.fail(f"grain's tests were not started in {self.work} (by the pytest-xdist controller)")
+            time.sleep(0.5)
+        with open(self.started_file) as f:
+            session, started_wall = f.read().split()
+        self.session, self.started_wall = int(session), float(started_wall)
+        self.started = time.monotonic() - (time.time() - self.started_wall)
 
     def wait(self) -> dict[str, str]:
         """``{test id: "passed" | "failed" | "skipped"}`` once the run has ended.
@@ -222,32 +247,72 @@ class _Run:
 
 
 _run: _Run | None = None
+# Under pytest-xdist: the folder the controller runs grain's tests in (``share_with_workers``).
+_shared_work: str | None = None
+_SUMMARY = "summary.txt"
 
 
 def start(items: list) -> None:
     """Starts grain's tests of the selected ``items`` (this module's), in the background."""
+    start_files(sorted({item.callspec.params["test_file"] for item in items}))
+
+
+def start_files(files: list[str], work: str | None = None) -> None:
     global _run
-    files = sorted({item.callspec.params["test_file"] for item in items})
     if files and _run is None:
-        _run = _Run(files)
+        _run = _Run(files, work)
+
+
+def share_with_workers() -> str:
+    """The folder an xdist controller will run grain's tests in, for its workers to attach to."""
+    global _shared_work
+    if _shared_work is None:
+        _shared_work = tempfile.mkdtemp(prefix="grain-suite-")
+    return _shared_work
+
+
+def files_of(node_ids: list[str]) -> list[str]:
+    """The grain test files that ``node_ids`` (an xdist worker's collection) select."""
+    prefix = f"{os.path.relpath(__file__, REPO)}::test_grains_own_test_file_passes_on_grainlike["
+    return sorted({i[len(prefix):-1] for i in node_ids if i.startswith(prefix) and i.endswith("]")})
 
 
 def summary() -> str | None:
-    return None if _run is None else _run.summary()
+    if _run is not None and getattr(_run, "outcomes", None) is not None:
+        return _run.summary()
+    # Under xdist the worker that ran this module wrote it for the controller.
+    work = _run.work if _run is not None else _shared_work
+    path = os.path.join(work, _SUMMARY) if work else None
+    if path and os.path.exists(path):
+        with open(path) as f:
+            return f.read()
+    return None
 
 
 def stop() -> None:
-    if _run is not None:
+    if _run is not None and _run.launched:
         _run.stop()
         shutil.rmtree(_run.work, ignore_errors=True)
+    elif _run is None and _shared_work is not None:
+        shutil.rmtree(_shared_work, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def outcomes(request) -> dict[str, str]:
     """The outcomes of the selected test files' tests."""
-    if _run is None:  # collected without the conftest hook (e.g. run by file path alone)
-        start([i for i in request.session.items if i.module.__name__ == __name__ and hasattr(i, "callspec")])
-    return _run.wait()
+    global _run
+    mine = [i for i in request.session.items if i.module.__name__ == __name__ and hasattr(i, "callspec")]
+    work = getattr(request.config, "workerinput", {}).get("grain_suite_work")
+    if _run is None and work:  # an xdist worker: the controller started the run
+        _run = _Run(sorted({i.callspec.params["test_file"] for i in mine}), work, launch=False)
+    elif _run is None:  # collected without the conftest hook (e.g. run by file path alone)
+        start(mine)
+    result = _run.wait()
+    if not _run.launched:
+        with open(os.path.join(_run.work, _SUMMARY + ".tmp"), "w") as f:
+            f.write(_run.summary())
+        os.replace(os.path.join(_run.work, _SUMMARY + ".tmp"), os.path.join(_run.work, _SUMMARY))
+    return result
 
 
 def _excluded(test_id: str) -> str | None:
