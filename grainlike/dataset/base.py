@@ -597,7 +597,8 @@ class IterDataset(_Dataset, Iterable[T], metaclass=IterDatasetMeta):
         options = options or MultiprocessingOptions(num_workers=10)
         if options.num_workers == 0:
             return self
-        from grainlike.dataset.process_prefetch import MultiprocessPrefetchIterDataset, warn_if_workers_drop_more
+        from grainlike.dataset.mp_prefetch import MultiprocessPrefetchIterDataset
+        from grainlike.dataset.worker_remainders import warn_if_workers_drop_more
 
         ds = MultiprocessPrefetchIterDataset(
             self, options=options, worker_init_fn=worker_init_fn, sequential_slice=sequential_slice

@@ -98,7 +98,7 @@ def _first_parent_spec(ds: Any) -> Any:
 def _rules() -> list:
     """(stage classes, how their spec follows), most specific first."""
     from grainlike.dataset import batch, filter, limit, map, mix, prefetch, repeat, seed, shuffle, slice, source, zip
-    from grainlike.dataset.process_prefetch import MultiprocessPrefetchIterDataset
+    from grainlike.dataset.mp_prefetch import MultiprocessPrefetchIterDataset
     from grainlike.dataset.thread_prefetch import ThreadPrefetchIterDataset
 
     same_as_parent = (

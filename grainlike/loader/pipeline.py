@@ -172,7 +172,7 @@ def loader_dataset(
     """The whole DataLoader: the records' pipeline, its workers and its legacy state."""
     ds = records_dataset(records, operations, read_options)
     if multiprocessing_options.num_workers > 0:
-        from grainlike.dataset.process_prefetch import MultiprocessPrefetchIterDataset
+        from grainlike.dataset.mp_prefetch import MultiprocessPrefetchIterDataset
 
         # A failed worker stops them all; the next next() restarts every worker
         # from its last delivered output (grain's mp_prefetch would go on without

@@ -43,6 +43,7 @@ TASK_MODULES = (
     "grainlike.loader.chunked",
     "grainlike.loader.elastic_restore",
     "grainlike.dataset.process_prefetch",
+    "grainlike.dataset.worker_slice_task",
     "grainlike.dataset.source",
     "grainlike.dataset.mix",
     "grainlike.dataset.slice",

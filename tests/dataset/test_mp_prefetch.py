@@ -417,11 +417,11 @@ def test_warm_start_gives_the_workers_outputs_and_states(no_leaks):
 
 
 def test_worker_state_snapshots_do_not_change_with_the_iterator():
-    from grainlike.dataset.process_prefetch import _snapshot
+    from grainlike.dataset.worker_slice_task import snapshot
 
     flat = {"next_index": 3, "name": "a", "x": None}
     nested = {"parent": {"next_index": 3}, "buffer": [1, 2]}
-    flat_copy, nested_copy = _snapshot(flat), _snapshot(nested)
+    flat_copy, nested_copy = snapshot(flat), snapshot(nested)
     flat["next_index"] = 4
     nested["parent"]["next_index"] = 4
     nested["buffer"].append(3)

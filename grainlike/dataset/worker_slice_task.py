@@ -1,0 +1,208 @@
+"""What each ``mp_prefetch`` worker runs: its slice of the parent dataset.
+
+``WorkerSliceTask`` is the ``WorkerTask`` that ``grainlike.workers.pool.WorkerPool``
+sends to each worker: worker ``w`` of ``W`` iterates over its own copy of the
+parent dataset, sliced where grain slices it (see ``grainlike.dataset.worker_slice``),
+and yields each output with the iterator's state after it. It also names, for an
+error report, the stages and user transforms that made an output, and the first
+stage that cannot be pickled.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Iterator, Optional
+
+import cloudpickle
+
+from grainlike.core import pickling
+from grainlike.core.errors import add_note
+from grainlike.core.transforms import transform_name
+from grainlike.core.tree import Allocator
+from grainlike.dataset import worker_slice
+from grainlike.dataset.base import IterDataset, MultiprocessingContext, _Dataset
+
+
+def _user_transforms(ds: Any) -> list:
+    """The user transforms of ``ds``'s pipeline, nearest to its output first, each once."""
+    found, seen, to_visit = [], set(), [ds]
+    while to_visit:
+        node = to_visit.pop()
+        if isinstance(node, _Dataset):
+            for transform in reversed(node.user_transforms()):
+                if id(transform) not in seen:
+                    seen.add(id(transform))
+                    found.append(transform)
+        # Parents in order: the first (an elastic stage's pipeline in use) first.
+        to_visit.extend(reversed(getattr(node, "_parents", ())))
+    return found
+
+
+def _pickling_error(ds: Any, error: Exception) -> Exception:
+    """The error of the first stage (parents first) that cannot be pickled, as grain.
+
+    Where one of the stage's user transforms cannot be pickled by itself, a note
+    names it (class or function and where it was defined).
+    """
+    for parent in getattr(ds, "_parents", ()):
+        found = _pickling_error(parent, error)
+        if found is not error:
+            return found
+    try:
+        cloudpickle.dumps(ds)
+    except Exception as e:
+        add_note(e, f"Dataset: {ds} cannot be pickled!")
+        transforms = ds.user_transforms() if isinstance(ds, _Dataset) else ()
+        for transform in transforms:
+            try:
+                cloudpickle.dumps(transform)
+            except Exception as why:  # noqa: BLE001 - any failure is this transform's
+                add_note(
+                    e,
+                    f"grainlike: the transform {transform_name(transform)} cannot be pickled "
+                    f"({type(why).__name__}: {why}); worker processes receive the pipeline "
+                    "pickled (cloudpickle). Keep locks, open files, generators and similar "
+                    "objects out of its attributes (create them lazily, in the worker), or "
+                    "give its class __getstate__/__reduce__.",
+                )
+                break
+        return e
+    return error
+
+
+_SCALARS = (int, str, float, bool, type(None))
+
+
+def snapshot(state: Any) -> Any:
+    """A copy of ``state`` that later steps of the iterator cannot change.
+
+    A flat dict of scalars (``{"next_index": p}``, the common case) is copied
+    as a dict; anything else is deep-copied.
+    """
+    if type(state) is dict:
+        for v in state.values():
+            if type(v) not in _SCALARS:
+                return copy.deepcopy(state)
+        return dict(state)
+    return copy.deepcopy(state)
+
+
+class WorkerSliceTask:
+    """A ``WorkerTask``: worker ``w`` iterates over its slice of the parent dataset.
+
+    States are the sliced iterator's states; None starts a fresh iterator. The
+    dataset travels as bytes of its own and is loaded after ``worker_init_fn``
+    has run in the worker, as in grain (without one, as the task is loaded).
+    A worker that is reset (``WorkerPool.reset``) calls ``outputs`` again: the
+    ``worker_init_fn`` runs once per process, as in grain, and each call
+    iterates over a fresh copy of the stages.
+    """
+
+    def __init__(
+        self,
+        parent: IterDataset,
+        worker_init_fn: Optional[Callable[[int, int], None]],
+        sequential_slice: bool = False,
+    ):
+        self._parent = parent
+        self._worker_init_fn = worker_init_fn
+        self._sequential_slice = sequential_slice
+        self._dataset_bytes: Optional[bytes] = None
+        self._initialized = False  # worker_init_fn has run in this process
+        # The DatasetOptions of the whole pipeline, including those set after
+        # mp_prefetch: the workers' stages follow them too, as in grain.
+        self.dataset_options: Any = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        if self._dataset_bytes is None:
+            state["_dataset_bytes"] = pickling.dumps(self._parent)
+        state["_parent"] = None
+        state.pop("_worker_dataset", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self._worker_init_fn is None:
+            # Loaded with the task, so that a worker reports itself loaded (warm
+            # start hands over to it then) only once its sources and transforms are.
+            self._parent = cloudpickle.loads(self._dataset_bytes)
+
+    def _dataset(self) -> IterDataset:
+        """A copy of the parent dataset, this worker's to slice."""
+        if self._parent is None:
+            # Loaded after the worker_init_fn, once (a reset slices another copy).
+            self._parent = cloudpickle.loads(self._dataset_bytes)
+        # A copy of the stages only (what slicing changes): in the calling
+        # process, a pickled copy would unpickle the sources and transforms too.
+        return worker_slice.copy_stages(self._parent, self._sequential_slice)
+
+    def outputs(
+        self, worker_index: int, worker_count: int, state: Any, alloc: Optional[Allocator]
+    ) -> Iterator[tuple[Any, Any]]:
+        if self._worker_init_fn is not None and not self._initialized:
+            self._initialized = True
+            self._worker_init_fn(worker_index, worker_count)
+        ds = self._dataset()
+        self._worker_dataset = ds  # For describe_output.
+        if worker_count > 1:
+            worker_slice.set_slice(ds, slice(worker_index, None, worker_count), self._sequential_slice)
+        if isinstance(state, dict) and state.get("skip_positions"):
+            # Restored on another worker count: elements consumed before it are
+            # skipped (see grainlike/dataset/elastic.py), by the pipeline's own
+            # skipping stage if it has one (the DataLoader's).
+            from grainlike.dataset.elastic import contains_skip_stage, insert_skip_stage
+
+            if not contains_skip_stage(ds):
+                ds = insert_skip_stage(ds)
+        set_allocator = getattr(ds, "set_allocator", None)
+        if alloc is not None and callable(set_allocator):
+            # The parent's batches are the outputs: stack them in shared memory.
+            set_allocator(alloc)
+        it = ds.__iter__()
+        ctx = getattr(it, "_ctx", None)
+        if ctx is not None:
+            # Random stages on iterators draw per process (grain's mp_context).
+            ctx.mp_context = MultiprocessingContext(process_index=worker_index, process_count=worker_count)
+            if self.dataset_options is not None:
+                ctx.dataset_options = self.dataset_options.merge(ctx.dataset_options)
+        try:
+            if state is not None:
+                it.set_state(state)
+            while True:
+                try:
+                    element = next(it)
+                except StopIteration:
+                    return
+                yield snapshot(it.get_state()), element
+        finally:
+            it.close()
+
+    def end_state(self, worker_index: int, worker_count: int, state: Any) -> Any:
+        # As grain: an exhausted worker keeps the state of its last output.
+        return state
+
+    def describe_output(self, worker_index: int, worker_count: int, before: Any, after: Any) -> str:
+        """The stages that made an output (nearest first) and the worker's states around it."""
+        stages, ds = [], getattr(self, "_worker_dataset", None) or self._parent
+        while ds is not None and len(stages) < 4:
+            describe = getattr(ds, "describe", None)  # grainlike's stages: with the transform's file:line
+            stages.append(describe() if describe is not None else str(ds))
+            parents = getattr(ds, "_parents", ())
+            ds = parents[0] if len(parents) == 1 else None
+        transforms = _user_transforms(getattr(self, "_worker_dataset", None) or self._parent)
+        made = ""
+        if transforms:
+            names = ", ".join(transform_name(t) for t in transforms)
+            made = f" went through the user transforms {names} (nearest first) and"
+        return (
+            f"The output of worker {worker_index}{made} came from {' <- '.join(stages)}, after "
+            f"its iterator state {before!r} (its state after it: {after!r})."
+        )
+
+    def pickling_error(self, error: Exception) -> BaseException:
+        try:
+            cloudpickle.dumps(self._worker_init_fn)
+        except Exception as e:
+            return e
+        return _pickling_error(self._parent, error)
