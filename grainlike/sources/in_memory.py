@@ -18,10 +18,8 @@ other processes can attach to with ``InMemoryDataSource(name=...)``; pickling
 such a source sends only the name and a small description, and the copy
 attaches on its first read.
 
-Segment layout: an 8-byte magic, an 8-byte header length, a pickled header, then
-each leaf buffer at a 64-byte aligned offset. Scalar sequences are stored as four
-leaves: a type code per record, an 8-byte value slot per record (int64 or float64
-bits), and ``offsets`` + one byte buffer for the str / bytes / big-int records.
+Segment layout and record encoding: ``grainlike.sources.formats.in_memory_records``;
+named segments: ``grainlike.core.named_segments``.
 
 Lifetime rules:
   * The owner (the object that created the data) releases it on ``close()``,
@@ -41,84 +39,40 @@ Lifetime rules:
     (``np.array(x)``) before modifying in place.
 """
 
+
 from __future__ import annotations
 
 import hashlib
-import operator
 import os
 import pickle
 import secrets
-import struct
-import sys
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
-from multiprocessing import resource_tracker, shared_memory
+from collections.abc import Sequence
 from typing import Any, Optional, SupportsIndex
 
 import numpy as np
 
-from grainlike.core import memfd, shm_owner
-
-try:  # POSIX only; used to unlink a segment that this process did not create.
-    import _posixshmem
-except ImportError:  # pragma: no cover - non-POSIX platforms
-    _posixshmem = None
+from grainlike.core import memfd
+from grainlike.core.named_segments import (
+    SegmentMapping,
+    attach_untracked,
+    create_reserved,
+    unlink_owned,
+    unlink_untracked,
+)
+from grainlike.sources.formats.in_memory_records import (
+    MAGIC,
+    PREFIX,
+    align,
+    encode_scalars,
+    flatten,
+    is_tree,
+    make_builder,
+    scalar_getter,
+)
 
 __all__ = ["InMemoryDataSource", "SharedMemoryDataSource"]
-
-_MAGIC = b"GLSRC001"
-_PREFIX = struct.Struct("<8sQ")
-_ALIGN = 64
-
-# Type codes of scalar records.
-_NONE, _BOOL, _INT, _FLOAT, _STR, _BYTES, _BIGINT = range(7)
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-_tracker_lock = threading.Lock()
-
-
-def _align(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
-
-
-def _attach(name: str) -> shared_memory.SharedMemory:
-    """Maps an existing segment without registering it with the resource tracker.
-
-    Python < 3.13 registers every ``SharedMemory(name=...)`` with the tracker, which
-    then unlinks the segment (with a "leaked shared_memory" warning) when this
-    process exits, destroying it for the owner; unregistering afterwards is no
-    better, because the tracker is shared with the parent and keeps one entry per
-    name, so it would forget the owner's registration. So registration is skipped.
-    """
-    if sys.version_info >= (3, 13):
-        return shared_memory.SharedMemory(name=name, track=False)
-    with _tracker_lock:
-        original = resource_tracker.register
-
-        def register(rname: str, rtype: str) -> None:
-            if rtype == "shared_memory" and rname.lstrip("/") == name:
-                return
-            original(rname, rtype)
-
-        resource_tracker.register = register
-        try:
-            return shared_memory.SharedMemory(name=name)
-        finally:
-            resource_tracker.register = original
-
-
-def _create(name: str, size: int, what: str) -> shared_memory.SharedMemory:
-    """A new named segment of ``size`` bytes, its pages reserved (a full ``/dev/shm`` raises here)."""
-    shm_owner.check_free(what, size)
-    shm = shared_memory.SharedMemory(name=name, create=True, size=size)
-    try:
-        shm_owner.reserve(shm._fd, size, what)
-    except BaseException:
-        shm.close()
-        shm.unlink()
-        raise
-    return shm
 
 
 def _close_fd(fd: int) -> None:
@@ -127,175 +81,6 @@ def _close_fd(fd: int) -> None:
         os.close(fd)
     except OSError:
         pass
-
-
-def _unlink_owned(shm: shared_memory.SharedMemory, pid: int) -> None:
-    """Finalizer of an owner: removes the segment's name (mappings stay valid)."""
-    if os.getpid() != pid:
-        return  # A forked copy of the owner: the segment belongs to the parent.
-    try:
-        shm.unlink()
-    except FileNotFoundError:
-        pass  # Someone already removed the name.
-
-
-def _unlink_untracked(name: str) -> None:
-    # SharedMemory.unlink() would also unregister the name from the (shared)
-    # resource tracker, which never heard of it from this process.
-    if _posixshmem is None:  # pragma: no cover - non-POSIX platforms
-        return
-    try:
-        _posixshmem.shm_unlink("/" + name)
-    except FileNotFoundError:
-        pass
-
-
-class _Mapping:
-    """Owns one process's mapping of a segment; the ``.base`` of every array on it.
-
-    Arrays are built from ``__array_interface__`` (a raw pointer) instead of the
-    buffer protocol, so ``SharedMemory.close()`` never fails on exported buffers;
-    the mapping is closed only here, when the last array referencing it is gone.
-    """
-
-    __slots__ = ("_shm", "__array_interface__", "__weakref__")
-
-    def __init__(self, shm: shared_memory.SharedMemory):
-        self._shm = shm
-        probe = np.frombuffer(shm.buf, np.uint8)
-        pointer = probe.ctypes.data
-        del probe  # Releases the buffer export, so close() can succeed later.
-        self.__array_interface__ = {
-            "shape": (shm.size,),
-            "typestr": "|u1",
-            "data": (pointer, True),  # Read-only: the pages are shared by all processes.
-            "version": 3,
-        }
-
-    def __del__(self):
-        try:
-            self._shm.close()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
-
-
-# ---------------------------------------------------------------------------
-# Encoding.
-
-
-def _encode_scalars(elements: Sequence[Any]) -> list[np.ndarray]:
-    n = len(elements)
-    codes = bytearray(n)
-    ints = [0] * n
-    floats = [0.0] * n
-    chunks: list[bytes] = []
-    lengths = [0] * n
-    for i, value in enumerate(elements):
-        kind = type(value)
-        if kind is int or (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))):
-            value = int(value)
-            if _INT64_MIN <= value <= _INT64_MAX:
-                codes[i] = _INT
-                ints[i] = value
-            else:
-                codes[i] = _BIGINT
-                chunk = str(value).encode("ascii")
-                chunks.append(chunk)
-                lengths[i] = len(chunk)
-        elif kind is float or isinstance(value, (float, np.floating)):
-            codes[i] = _FLOAT
-            floats[i] = float(value)
-        elif kind is str or isinstance(value, str):
-            codes[i] = _STR
-            chunk = value.encode("utf-8")
-            chunks.append(chunk)
-            lengths[i] = len(chunk)
-        elif isinstance(value, (bytes, bytearray, memoryview)):
-            codes[i] = _BYTES
-            chunk = bytes(value)
-            chunks.append(chunk)
-            lengths[i] = len(chunk)
-        elif value is None:
-            codes[i] = _NONE
-        elif isinstance(value, (bool, np.bool_)):
-            codes[i] = _BOOL
-            ints[i] = int(value)
-        else:
-            raise TypeError(
-                f"InMemoryDataSource: element {i} has type {type(value).__name__} "
-                f"({value!r:.80}); a sequence may hold only int, float, bool, str, bytes "
-                "and None. Pass a numpy array, or a dict / tuple of equal-length numpy "
-                "arrays, for array records."
-            )
-    code_arr = np.frombuffer(bytes(codes), np.uint8)
-    slots = np.array(ints, np.int64)
-    is_float = code_arr == _FLOAT
-    if is_float.any():
-        slots = np.where(is_float, np.array(floats, np.float64).view(np.int64), slots)
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum(np.array(lengths, np.int64), out=offsets[1:])
-    blob = np.frombuffer(b"".join(chunks), np.uint8)
-    return [code_arr, slots, offsets, blob]
-
-
-def _is_tree(elements: Any) -> bool:
-    if isinstance(elements, Mapping):
-        return True
-    if isinstance(elements, tuple) and elements:
-        return all(isinstance(x, np.ndarray) or _is_tree(x) for x in elements)
-    return False
-
-
-def _flatten(tree: Any, leaves: list, path: str) -> Any:
-    """Returns a picklable tree definition; appends ``(path, array)`` leaves."""
-    if isinstance(tree, Mapping):
-        keys = list(tree.keys())
-        children = tuple(_flatten(tree[k], leaves, f"{path}[{k!r}]") for k in keys)
-        return ("dict", type(tree), tuple(keys), children)
-    if isinstance(tree, tuple):
-        children = tuple(_flatten(x, leaves, f"{path}[{i}]") for i, x in enumerate(tree))
-        return ("tuple", type(tree), children)
-    array = np.asarray(tree)
-    if array.dtype.hasobject:
-        raise TypeError(
-            f"InMemoryDataSource: leaf {path or '<root>'} has dtype {array.dtype}; object "
-            "arrays cannot be placed in shared memory."
-        )
-    if array.ndim == 0:
-        raise ValueError(
-            f"InMemoryDataSource: leaf {path or '<root>'} is a 0-d array ({array!r}); each "
-            "leaf needs a leading record dimension."
-        )
-    leaves.append((path or "<root>", array))
-    return ("leaf", len(leaves) - 1)
-
-
-def _make_builder(treedef: Any, leaves: list) -> Any:
-    """A function ``key -> record`` that slices every leaf at ``key``."""
-    kind = treedef[0]
-    if kind == "leaf":
-        return leaves[treedef[1]].__getitem__
-    if kind == "dict":
-        _, cls, keys, children = treedef
-        if cls is dict and all(c[0] == "leaf" for c in children):
-            # The common flat case: index the arrays directly, no nested calls.
-            arrays = [(k, leaves[c[1]]) for k, c in zip(keys, children)]
-            return lambda key: {k: a[key] for k, a in arrays}
-        getters = [_make_builder(c, leaves) for c in children]
-        pairs = list(zip(keys, getters))
-        if cls is dict:
-            return lambda key: {k: g(key) for k, g in pairs}
-        return lambda key: cls((k, g(key)) for k, g in pairs)
-    _, cls, children = treedef
-    getters = [_make_builder(c, leaves) for c in children]
-    if cls is tuple:
-        return lambda key: tuple(g(key) for g in getters)
-    if hasattr(cls, "_fields"):  # namedtuple
-        return lambda key: cls(*(g(key) for g in getters))
-    return lambda key: cls(g(key) for g in getters)
-
-
-# ---------------------------------------------------------------------------
 
 
 class InMemoryDataSource:
@@ -391,9 +176,9 @@ class InMemoryDataSource:
                     "in shared memory."
                 )
             return {"kind": "array", "len": len(elements), "treedef": ("leaf", 0)}, [elements]
-        if _is_tree(elements):
+        if is_tree(elements):
             named: list = []
-            treedef = _flatten(elements, named, "")
+            treedef = flatten(elements, named, "")
             if not named:
                 raise ValueError(f"InMemoryDataSource: {type(elements).__name__} holds no arrays.")
             lengths = {path: len(a) for path, a in named}
@@ -415,23 +200,23 @@ class InMemoryDataSource:
             )
         if not isinstance(elements, Sequence):
             elements = list(elements)
-        return {"kind": "scalars", "len": len(elements), "treedef": None}, _encode_scalars(elements)
+        return {"kind": "scalars", "len": len(elements), "treedef": None}, encode_scalars(elements)
 
     def _write(self, leaves: list[np.ndarray], name: Optional[str]) -> None:
         layout = []
         offset = 0
         for leaf in leaves:
             layout.append((offset, leaf.shape, leaf.dtype))
-            offset = _align(offset + leaf.nbytes)
+            offset = align(offset + leaf.nbytes)
         self._meta["leaves"] = layout
         header = pickle.dumps(self._meta, protocol=pickle.HIGHEST_PROTOCOL)
-        data_start = _align(_PREFIX.size + len(header))
+        data_start = align(PREFIX.size + len(header))
         self._meta["data_start"] = data_start
         size = data_start + max(offset, 1)
 
         def fill(raw: np.ndarray) -> None:
-            raw[: _PREFIX.size] = np.frombuffer(_PREFIX.pack(_MAGIC, len(header)), np.uint8)
-            raw[_PREFIX.size : _PREFIX.size + len(header)] = np.frombuffer(header, np.uint8)
+            raw[: PREFIX.size] = np.frombuffer(PREFIX.pack(MAGIC, len(header)), np.uint8)
+            raw[PREFIX.size : PREFIX.size + len(header)] = np.frombuffer(header, np.uint8)
             for leaf, (off, shape, dtype) in zip(leaves, layout):
                 start = data_start + off
                 dst = raw[start : start + leaf.nbytes].view(dtype).reshape(shape)
@@ -440,7 +225,7 @@ class InMemoryDataSource:
         if name is None:
             self._own_anonymous(size, fill)
             return
-        shm = _create(name, size, f"InMemoryDataSource of {self._meta['len']} records")
+        shm = create_reserved(name, size, f"InMemoryDataSource of {self._meta['len']} records")
         try:
             raw = np.frombuffer(shm.buf, np.uint8)
             fill(raw)
@@ -450,8 +235,8 @@ class InMemoryDataSource:
             shm.unlink()
             raise
         self._name = shm.name
-        self._finalizer = weakref.finalize(self, _unlink_owned, shm, os.getpid())
-        self._bind(_Mapping(shm))
+        self._finalizer = weakref.finalize(self, unlink_owned, shm, os.getpid())
+        self._bind(SegmentMapping(shm))
 
     def _own_anonymous(self, size: int, fill: Any) -> None:
         """Creates the anonymous segment that this object owns, written by ``fill``."""
@@ -475,7 +260,7 @@ class InMemoryDataSource:
     def _bind(self, mapping: Any) -> None:
         """Builds the record getter over ``mapping`` (views only, no copies).
 
-        ``mapping`` is a ``_Mapping`` of a named segment or a ``memfd.Region``.
+        ``mapping`` is a ``SegmentMapping`` of a named segment or a ``memfd.Region``.
         """
         meta = self._meta
         root = np.asarray(mapping)  # .base is `mapping`: views keep the mapping alive.
@@ -486,9 +271,9 @@ class InMemoryDataSource:
             count = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
             leaves.append(root[base + off : base + off + count].view(dtype).reshape(shape))
         if meta["kind"] == "scalars":
-            self._getter = _scalar_getter(leaves, meta["len"])
+            self._getter = scalar_getter(leaves, meta["len"])
         else:
-            self._getter = _make_builder(meta["treedef"], leaves)
+            self._getter = make_builder(meta["treedef"], leaves)
         self._leaves = leaves
         self._mapping = mapping
 
@@ -503,24 +288,24 @@ class InMemoryDataSource:
             if self._getter is not None:
                 return self._getter
             try:
-                shm = _attach(self._name)
+                shm = attach_untracked(self._name)
             except FileNotFoundError:
                 raise FileNotFoundError(
                     f"InMemoryDataSource: shared-memory segment {self._name!r} does not "
                     "exist (was the source that created it closed or garbage collected, "
                     "or its process ended?)."
                 ) from None
-            mapping = _Mapping(shm)
+            mapping = SegmentMapping(shm)
             root = np.asarray(mapping)
-            magic, size = _PREFIX.unpack(root[: _PREFIX.size].tobytes())
-            if magic != _MAGIC:
+            magic, size = PREFIX.unpack(root[: PREFIX.size].tobytes())
+            if magic != MAGIC:
                 raise ValueError(
                     f"InMemoryDataSource: shared-memory segment {self._name!r} was not "
                     "created by InMemoryDataSource (e.g. it is a Grain ShareableList)."
                 )
             if self._meta is None:
-                self._meta = pickle.loads(root[_PREFIX.size : _PREFIX.size + size].tobytes())
-                self._meta["data_start"] = _align(_PREFIX.size + size)
+                self._meta = pickle.loads(root[PREFIX.size : PREFIX.size + size].tobytes())
+                self._meta["data_start"] = align(PREFIX.size + size)
             del root
             self._bind(mapping)
             return self._getter
@@ -611,7 +396,7 @@ class InMemoryDataSource:
         if self._finalizer is not None:
             self._finalizer()
         else:
-            _unlink_untracked(self._name)
+            unlink_untracked(self._name)
 
     def __enter__(self) -> "InMemoryDataSource":
         return self
@@ -693,40 +478,6 @@ def _copy_by_value(meta: dict, digest: Optional[str], raw: np.ndarray) -> InMemo
 
     copy._own_anonymous(len(raw), fill)
     return copy
-
-
-def _scalar_getter(leaves: list[np.ndarray], n: int):
-    codes_arr, slots_arr, offsets_arr, blob_arr = leaves
-    # memoryview indexing returns Python ints/floats directly, ~5x faster than numpy
-    # scalar indexing; the memoryviews reference the arrays, hence the mapping.
-    codes = memoryview(codes_arr)
-    ints = memoryview(slots_arr).cast("B").cast("q")
-    floats = memoryview(slots_arr.view(np.float64)).cast("B").cast("d")
-    offsets = memoryview(offsets_arr).cast("B").cast("q")
-    blob = memoryview(blob_arr)
-
-    def get(record_key: SupportsIndex) -> Any:
-        key = operator.index(record_key)
-        if key < 0:
-            key += n
-        if not 0 <= key < n:
-            raise IndexError(f"record_key {operator.index(record_key)} out of range for InMemoryDataSource of length {n}")
-        code = codes[key]
-        if code == _INT:
-            return ints[key]
-        if code == _FLOAT:
-            return floats[key]
-        if code == _STR:
-            return str(blob[offsets[key] : offsets[key + 1]], "utf-8")
-        if code == _BYTES:
-            return bytes(blob[offsets[key] : offsets[key + 1]])
-        if code == _NONE:
-            return None
-        if code == _BOOL:
-            return bool(ints[key])
-        return int(str(blob[offsets[key] : offsets[key + 1]], "ascii"))
-
-    return get
 
 
 SharedMemoryDataSource = InMemoryDataSource

@@ -12,6 +12,8 @@ Importing them costs numpy and the standard library; ``array_record``, ``pyarrow
   and converting their columns to numpy;
 * ``record_codec``: the self-describing record format ``grainlike-convert`` writes
   (``grainlike.formats``);
+* ``in_memory_records``: how ``InMemoryDataSource`` lays its records out in one
+  shared-memory segment (scalar encoding, array trees);
 * ``remote_files``: ``s3://`` / ``gs://`` / ``file://`` objects through fsspec, with
   retries and version pins;
 * ``file_cache``: the private local cache of whole remote files.

@@ -1,0 +1,118 @@
+"""Named POSIX shared-memory segments: create, attach untracked, unlink, map.
+
+A segment created here is attached by other processes by name; they never
+register it with multiprocessing's resource tracker (which would unlink it, with
+a "leaked shared_memory" warning, when they exit). ``SegmentMapping`` owns one
+process's mapping of a segment and is the ``.base`` of every numpy array on it,
+so the mapping lives as long as the arrays. Used by
+``grainlike.sources.in_memory``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from multiprocessing import resource_tracker, shared_memory
+
+import numpy as np
+
+from grainlike.core import shm_owner
+
+try:  # POSIX only; used to unlink a segment that this process did not create.
+    import _posixshmem
+except ImportError:  # pragma: no cover - non-POSIX platforms
+    _posixshmem = None
+
+__all__ = ["SegmentMapping", "attach_untracked", "create_reserved", "unlink_owned", "unlink_untracked"]
+
+_tracker_lock = threading.Lock()
+
+
+def attach_untracked(name: str) -> shared_memory.SharedMemory:
+    """Maps an existing segment without registering it with the resource tracker.
+
+    Python < 3.13 registers every ``SharedMemory(name=...)`` with the tracker, which
+    then unlinks the segment (with a "leaked shared_memory" warning) when this
+    process exits, destroying it for the owner; unregistering afterwards is no
+    better, because the tracker is shared with the parent and keeps one entry per
+    name, so it would forget the owner's registration. So registration is skipped.
+    """
+    if sys.version_info >= (3, 13):
+        return shared_memory.SharedMemory(name=name, track=False)
+    with _tracker_lock:
+        original = resource_tracker.register
+
+        def register(rname: str, rtype: str) -> None:
+            if rtype == "shared_memory" and rname.lstrip("/") == name:
+                return
+            original(rname, rtype)
+
+        resource_tracker.register = register
+        try:
+            return shared_memory.SharedMemory(name=name)
+        finally:
+            resource_tracker.register = original
+
+
+def create_reserved(name: str, size: int, what: str) -> shared_memory.SharedMemory:
+    """A new named segment of ``size`` bytes, its pages reserved (a full ``/dev/shm`` raises here)."""
+    shm_owner.check_free(what, size)
+    shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+    try:
+        shm_owner.reserve(shm._fd, size, what)
+    except BaseException:
+        shm.close()
+        shm.unlink()
+        raise
+    return shm
+
+
+def unlink_owned(shm: shared_memory.SharedMemory, pid: int) -> None:
+    """Finalizer of an owner: removes the segment's name (mappings stay valid)."""
+    if os.getpid() != pid:
+        return  # A forked copy of the owner: the segment belongs to the parent.
+    try:
+        shm.unlink()
+    except FileNotFoundError:
+        pass  # Someone already removed the name.
+
+
+def unlink_untracked(name: str) -> None:
+    # SharedMemory.unlink() would also unregister the name from the (shared)
+    # resource tracker, which never heard of it from this process.
+    if _posixshmem is None:  # pragma: no cover - non-POSIX platforms
+        return
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass
+
+
+class SegmentMapping:
+    """Owns one process's mapping of a segment; the ``.base`` of every array on it.
+
+    Arrays are built from ``__array_interface__`` (a raw pointer) instead of the
+    buffer protocol, so ``SharedMemory.close()`` never fails on exported buffers;
+    the mapping is closed only here, when the last array referencing it is gone.
+    """
+
+    __slots__ = ("_shm", "__array_interface__", "__weakref__")
+
+    def __init__(self, shm: shared_memory.SharedMemory):
+        self._shm = shm
+        probe = np.frombuffer(shm.buf, np.uint8)
+        pointer = probe.ctypes.data
+        del probe  # Releases the buffer export, so close() can succeed later.
+        self.__array_interface__ = {
+            "shape": (shm.size,),
+            "typestr": "|u1",
+            "data": (pointer, True),  # Read-only: the pages are shared by all processes.
+            "version": 3,
+        }
+
+    def __del__(self):
+        try:
+            self._shm.close()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
