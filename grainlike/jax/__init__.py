@@ -14,6 +14,8 @@ One module per role; each imports jax where it is used, never at import:
 - ``reference_data``: JaxSGMC's chains of batches (``reference_data``).
 - ``full_data``: every record once inside jit (``full_reference_data``).
 - ``in_jit_saving``: saving samples from jit, resumable runs (``grainlike.io``).
+- ``sample_collectors``: where saved samples go on the host (memory, HDF5);
+- ``pytree_dicts``: pytrees as nested dicts with JaxSGMC's keys, and back.
 - ``evaluation``: ``evaluate``, a metric over a whole split.
 
 The public names are on ``grainlike`` itself (``grainlike.DeviceIterator``, ...).

@@ -37,17 +37,22 @@ jax is imported when the functions are used; h5py when an ``HDF5Collector`` is m
 
 from __future__ import annotations
 
-import abc
 import json
 import os
 import tempfile
-import threading
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from grainlike.core.tree import map_structure, map_structure_with_key_path
 from grainlike.jax.host_callbacks import CallbackErrors, host_callback
+from grainlike.jax.pytree_dicts import (
+    dict_to_pytree,
+    pytree_dict_keys,
+    pytree_to_dict,
+    register_dictionize_rule,
+    unflatten_dict_leaves,
+)
+from grainlike.jax.sample_collectors import DataCollector, HDF5Collector, MemoryCollector, samples_to_collect
 
 __all__ = [
     "Checkpoint",
@@ -64,283 +69,6 @@ __all__ = [
     "register_dictionize_rule",
     "save",
 ]
-
-
-# -- pytrees as dicts ---------------------------------------------------------------------
-
-
-# Rules for node types of the user's: type -> rule(node) -> [(name, child), ...].
-_DICTIONIZE_RULES: dict = {}
-
-
-def register_dictionize_rule(node_type: type) -> Callable[[Callable[[Any], Any]], None]:
-    """Decorator: how a pytree node of ``node_type`` becomes a dict (JaxSGMC's ``io`` API).
-
-    The decorated function takes a node and returns its ``(name, child)`` pairs,
-    in the order of the node's leaves; ``pytree_to_dict``, ``pytree_dict_keys``,
-    ``dict_to_pytree`` and the collectors then name its leaves by them. Dicts,
-    lists, tuples and namedtuples have rules already.
-
-    Example:
-      >>> class Pair:
-      ...     def __init__(self, a, b):
-      ...         self.a, self.b = a, b
-      >>> @register_dictionize_rule(Pair)
-      ... def _pair(node):
-      ...     return [("a", node.a), ("b", node.b)]
-      >>> pytree_to_dict({"p": Pair(1.0, [2.0])})
-      {'p': {'a': 1.0, 'b': {'list_element_0': 2.0}}}
-
-    Raises:
-      ValueError: a rule for ``node_type`` exists already.
-    """
-    if not isinstance(node_type, type):
-        raise TypeError(f"register_dictionize_rule takes a type, got {node_type!r}")
-
-    def register(rule: Callable[[Any], Any]) -> None:
-        if node_type in _DICTIONIZE_RULES:
-            raise ValueError(f"a dictionize rule for {node_type.__name__} is already registered")
-        _DICTIONIZE_RULES[node_type] = rule
-
-    return register
-
-
-def _children(node: Any) -> Optional[list]:
-    """``[(name, child), ...]`` of a container node (JaxSGMC's names), None for a leaf."""
-    if node is None:
-        return []
-    for node_type, rule in _DICTIONIZE_RULES.items():
-        if isinstance(node, node_type):
-            return [(str(k), v) for k, v in rule(node)]
-    if isinstance(node, dict):
-        # JAX flattens a dict in sorted key order; leaves here follow the same order.
-        return [(k, node[k]) for k in sorted(node)]
-    if isinstance(node, tuple) and hasattr(node, "_fields"):
-        return list(zip(node._fields, node))
-    if isinstance(node, (list, tuple)):
-        return [(f"list_element_{i}", v) for i, v in enumerate(node)]
-    return None
-
-
-def pytree_to_dict(tree: Any) -> Any:
-    """A pytree of dicts, lists, tuples and namedtuples as nested dicts (JaxSGMC's keys).
-
-    Lists and tuples become ``{"list_element_0": ..., ...}``, namedtuples dicts of
-    their fields; leaves stay as they are.
-
-    Example:
-      >>> pytree_to_dict({'a': 0.0, 'b': {'b1': [0.0, 0.1], 'b2': 0.0}})
-      {'a': 0.0, 'b': {'b1': {'list_element_0': 0.0, 'list_element_1': 0.1}, 'b2': 0.0}}
-    """
-    children = _children(tree)
-    if children is None:
-        return tree
-    return {str(k): pytree_to_dict(v) for k, v in children}
-
-
-def _keyed_leaves(pytree: Any) -> list:
-    """``(key path, leaf)`` of every leaf of ``pytree_to_dict(pytree)``, in leaf order (core.tree's walk)."""
-    out: list = []
-    map_structure_with_key_path(lambda path, leaf: out.append((path, leaf)), pytree_to_dict(pytree),
-                                is_leaf=_not_a_dict)
-    return out
-
-
-def _not_a_dict(node: Any) -> bool:
-    # pytree_to_dict makes every node a plain dict; anything else is one of its leaves.
-    return type(node) is not dict
-
-
-def pytree_dict_keys(tree: Any) -> list:
-    """The key path of every leaf of ``pytree_to_dict(tree)``, in leaf order.
-
-    Example:
-      >>> pytree_dict_keys({"a": [0.0, 1.0], "b": 2.0})
-      [('a', 'list_element_0'), ('a', 'list_element_1'), ('b',)]
-    """
-    return [path for path, _ in _keyed_leaves(tree)]
-
-
-def dict_to_pytree(pytree_as_dict: Any, target: Any) -> Any:
-    """Rebuilds ``target``'s structure from ``pytree_to_dict``'s form (also of a subtree).
-
-    Example:
-      >>> tree = {'a': 0.0, 'b': {'b1': [0.0, 0.1], 'b2': 0.0}}
-      >>> dict_to_pytree(pytree_to_dict(tree)['b'], tree['b'])
-      {'b1': [0.0, 0.1], 'b2': 0.0}
-
-    Raises:
-      KeyError: the dict lacks a key the target has (the message names its path).
-    """
-
-    def build(node: Any, target_node: Any, path: tuple) -> Any:
-        children = _children(target_node)
-        if children is None:
-            return node
-        if target_node is None:
-            return None
-        values = []
-        for k, v in children:
-            if not isinstance(node, dict) or str(k) not in node:
-                raise KeyError(f"dict_to_pytree: no key {'/'.join(path + (str(k),))!r} in the dict")
-            values.append(build(node[str(k)], v, path + (str(k),)))
-        if isinstance(target_node, dict):
-            return dict(zip([k for k, _ in children], values))
-        if isinstance(target_node, tuple) and hasattr(target_node, "_fields"):
-            return type(target_node)(*values)
-        return type(target_node)(values)
-
-    return build(pytree_as_dict, target, ())
-
-
-def _leaves(pytree: Any) -> list:
-    return [leaf for _, leaf in _keyed_leaves(pytree)]
-
-
-# -- collectors -------------------------------------------------------------------------
-
-
-def _count(samples_collected: Any) -> int:
-    n = getattr(samples_collected, "samples_collected", samples_collected)
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise ValueError(
-            "samples_collected must be an int >= 0 (or have a samples_collected attribute), "
-            f"got {samples_collected!r}"
-        )
-    return int(n)
-
-
-class DataCollector(abc.ABC):
-    """Where saved samples go, on the host. One instance serves several chains."""
-
-    @abc.abstractmethod
-    def register_chain(self, init_sample: Any, samples_collected: int) -> int:
-        """Makes room for ``samples_collected`` samples shaped like ``init_sample``; its id."""
-
-    @abc.abstractmethod
-    def save(self, chain_id: int, index: int, leaves: list) -> None:
-        """Stores sample number ``index`` (its leaves, in ``init_sample``'s order)."""
-
-    @abc.abstractmethod
-    def checkpoint(self, chain_id: int, count: int) -> dict:
-        """Makes the first ``count`` samples durable; arrays a checkpoint must hold for them."""
-
-    @abc.abstractmethod
-    def resume(self, chain_id: int, count: int, arrays: dict) -> None:
-        """Restores the first ``count`` samples from what ``checkpoint`` returned."""
-
-    @abc.abstractmethod
-    def finished(self, chain_id: int) -> Any:
-        """Called after the run; returns what ``postprocess_save`` reports as ``samples``."""
-
-
-class MemoryCollector(DataCollector):
-    """Samples in numpy arrays in RAM; with ``save_dir``, also ``chain_<id>.npz`` files.
-
-    The arrays are allocated for ``samples_collected`` samples up front; rows after
-    the last saved sample stay zero (``sample_count`` says how many are real).
-    """
-
-    def __init__(self, save_dir: Optional[str] = None):
-        self._dir = save_dir
-        self._lock = threading.Lock()
-        self._samples: list = []
-        self._templates: list = []
-
-    def register_chain(self, init_sample: Any, samples_collected: int) -> int:
-        n = _count(samples_collected)
-        with self._lock:
-            self._samples.append([np.zeros((n,) + np.shape(x), np.asarray(x).dtype) for x in _leaves(init_sample)])
-            self._templates.append(init_sample)
-            return len(self._samples) - 1
-
-    def save(self, chain_id: int, index: int, leaves: list) -> None:
-        arrays = self._samples[chain_id]
-        if index >= len(arrays[0]) if arrays else False:
-            raise IndexError(
-                f"MemoryCollector: chain {chain_id} got sample {index + 1}, more than the "
-                f"samples_collected={len(arrays[0])} made room for"
-            )
-        for array, leaf in zip(arrays, leaves):
-            array[index] = leaf
-
-    def _names(self, chain_id: int) -> list:
-        return ["/".join(k) or "sample" for k in pytree_dict_keys(self._templates[chain_id])]
-
-    def checkpoint(self, chain_id: int, count: int) -> dict:
-        return {f"sample:{name}": a[:count] for name, a in zip(self._names(chain_id), self._samples[chain_id])}
-
-    def resume(self, chain_id: int, count: int, arrays: dict) -> None:
-        for name, a in zip(self._names(chain_id), self._samples[chain_id]):
-            a[:count] = arrays[f"sample:{name}"]
-
-    def finished(self, chain_id: int) -> Any:
-        samples = self._samples[chain_id]
-        if self._dir:
-            os.makedirs(self._dir, exist_ok=True)
-            np.savez(os.path.join(self._dir, f"chain_{chain_id}.npz"),
-                     **dict(zip(self._names(chain_id), samples)))
-        return _unflatten(self._templates[chain_id], samples)
-
-
-class HDF5Collector(DataCollector):
-    """Samples written into an open ``h5py.File``, one dataset per leaf.
-
-    Datasets are named ``/chain~<id>/<key path>`` (the keys of ``pytree_to_dict``)
-    with a leading axis of ``samples_collected``. On a resumed run, open the same
-    file with mode ``"a"``: the datasets are reused and the samples of the
-    checkpoint stay. ``postprocess_save`` reports the file's datasets as samples.
-    """
-
-    def __init__(self, file: Any):
-        try:
-            import h5py  # noqa: F401
-        except ImportError as e:  # pragma: no cover - the hdf5 extra installs it
-            raise ImportError("HDF5Collector needs h5py: pip install 'grainlike[hdf5]'") from e
-        self._file = file
-        self._lock = threading.Lock()
-        self._names: list = []
-        self._templates: list = []
-
-    def register_chain(self, init_sample: Any, samples_collected: int) -> int:
-        n = _count(samples_collected)
-        with self._lock:
-            chain_id = len(self._names)
-            names = ["/".join((f"/chain~{chain_id}",) + k) for k in pytree_dict_keys(init_sample)]
-            for name, leaf in zip(names, _leaves(init_sample)):
-                shape = (n,) + np.shape(leaf)
-                self._file.require_dataset(name, shape=shape, dtype=np.asarray(leaf).dtype)
-            self._names.append(names)
-            self._templates.append(init_sample)
-            return chain_id
-
-    def save(self, chain_id: int, index: int, leaves: list) -> None:
-        for name, leaf in zip(self._names[chain_id], leaves):
-            dataset = self._file[name]
-            if index >= dataset.shape[0]:
-                raise IndexError(
-                    f"HDF5Collector: chain {chain_id} got sample {index + 1}, more than the "
-                    f"samples_collected={dataset.shape[0]} made room for"
-                )
-            dataset[index] = leaf
-
-    def checkpoint(self, chain_id: int, count: int) -> dict:
-        self._file.flush()
-        return {}
-
-    def resume(self, chain_id: int, count: int, arrays: dict) -> None:
-        pass  # the samples are in the file
-
-    def finished(self, chain_id: int) -> Any:
-        self._file.flush()
-        return _unflatten(self._templates[chain_id], [self._file[n] for n in self._names[chain_id]])
-
-
-def _unflatten(template: Any, leaves: list) -> Any:
-    it = iter(leaves)
-    as_dict = map_structure(lambda _: next(it), pytree_to_dict(template), is_leaf=_not_a_dict)
-    return dict_to_pytree(as_dict, template)
-
 
 # -- saving inside jit ------------------------------------------------------------------
 
@@ -421,7 +149,7 @@ def load(checkpoint_dir: str, init_checkpoint: Any = None, *, chain_id: int = 0,
     carry_leaves = [arrays.pop(f"carry:{i}") for i in range(meta["carry_leaves"])]
     carry = None
     if init_checkpoint is not None:
-        carry = _unflatten(init_checkpoint, carry_leaves)
+        carry = unflatten_dict_leaves(init_checkpoint, carry_leaves)
     data_state = None
     if meta["data"] is not None and data is not None:
         data_state = data.restore(meta["data"])
@@ -470,7 +198,7 @@ def no_save() -> tuple:
     import jax.numpy as jnp
 
     def init_save(init_sample: Any, unused_checkpoint: Any, samples_collected: Any) -> NoSaveState:
-        n = _count(samples_collected)
+        n = samples_to_collect(samples_collected)
         data = jax.tree.map(lambda x: jnp.zeros((n,) + jnp.shape(x), jnp.asarray(x).dtype), init_sample)
         return NoSaveState(chain_id=0, saved_samples=jnp.int32(0), data=data)
 
@@ -603,4 +331,3 @@ def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int =
         return {"sample_count": state.saved_samples, "samples": collector.finished(chain_id)}
 
     return init_save, save_step, postprocess_save
-

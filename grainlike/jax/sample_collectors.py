@@ -1,0 +1,156 @@
+"""Where samples saved inside jit go, on the host: ``MemoryCollector``, ``HDF5Collector``.
+
+A ``DataCollector`` serves several chains: ``register_chain`` makes room for a
+chain's samples, ``save`` writes one (from the host callback of
+``grainlike.jax.in_jit_saving.save``), ``checkpoint`` / ``resume`` carry its arrays
+through a checkpoint, and ``finished`` returns them in the samples' structure.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import threading
+from typing import Any, Optional
+
+import numpy as np
+
+from grainlike.jax.pytree_dicts import pytree_dict_keys, pytree_dict_leaves, unflatten_dict_leaves
+
+__all__ = ["DataCollector", "HDF5Collector", "MemoryCollector", "samples_to_collect"]
+
+
+def samples_to_collect(samples_collected: Any) -> int:
+    n = getattr(samples_collected, "samples_collected", samples_collected)
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(
+            "samples_collected must be an int >= 0 (or have a samples_collected attribute), "
+            f"got {samples_collected!r}"
+        )
+    return int(n)
+
+
+class DataCollector(abc.ABC):
+    """Where saved samples go, on the host. One instance serves several chains."""
+
+    @abc.abstractmethod
+    def register_chain(self, init_sample: Any, samples_collected: int) -> int:
+        """Makes room for ``samples_collected`` samples shaped like ``init_sample``; its id."""
+
+    @abc.abstractmethod
+    def save(self, chain_id: int, index: int, leaves: list) -> None:
+        """Stores sample number ``index`` (its leaves, in ``init_sample``'s order)."""
+
+    @abc.abstractmethod
+    def checkpoint(self, chain_id: int, count: int) -> dict:
+        """Makes the first ``count`` samples durable; arrays a checkpoint must hold for them."""
+
+    @abc.abstractmethod
+    def resume(self, chain_id: int, count: int, arrays: dict) -> None:
+        """Restores the first ``count`` samples from what ``checkpoint`` returned."""
+
+    @abc.abstractmethod
+    def finished(self, chain_id: int) -> Any:
+        """Called after the run; returns what ``postprocess_save`` reports as ``samples``."""
+
+
+class MemoryCollector(DataCollector):
+    """Samples in numpy arrays in RAM; with ``save_dir``, also ``chain_<id>.npz`` files.
+
+    The arrays are allocated for ``samples_collected`` samples up front; rows after
+    the last saved sample stay zero (``sample_count`` says how many are real).
+    """
+
+    def __init__(self, save_dir: Optional[str] = None):
+        self._dir = save_dir
+        self._lock = threading.Lock()
+        self._samples: list = []
+        self._templates: list = []
+
+    def register_chain(self, init_sample: Any, samples_collected: int) -> int:
+        n = samples_to_collect(samples_collected)
+        with self._lock:
+            self._samples.append([np.zeros((n,) + np.shape(x), np.asarray(x).dtype) for x in pytree_dict_leaves(init_sample)])
+            self._templates.append(init_sample)
+            return len(self._samples) - 1
+
+    def save(self, chain_id: int, index: int, leaves: list) -> None:
+        arrays = self._samples[chain_id]
+        if index >= len(arrays[0]) if arrays else False:
+            raise IndexError(
+                f"MemoryCollector: chain {chain_id} got sample {index + 1}, more than the "
+                f"samples_collected={len(arrays[0])} made room for"
+            )
+        for array, leaf in zip(arrays, leaves):
+            array[index] = leaf
+
+    def _names(self, chain_id: int) -> list:
+        return ["/".join(k) or "sample" for k in pytree_dict_keys(self._templates[chain_id])]
+
+    def checkpoint(self, chain_id: int, count: int) -> dict:
+        return {f"sample:{name}": a[:count] for name, a in zip(self._names(chain_id), self._samples[chain_id])}
+
+    def resume(self, chain_id: int, count: int, arrays: dict) -> None:
+        for name, a in zip(self._names(chain_id), self._samples[chain_id]):
+            a[:count] = arrays[f"sample:{name}"]
+
+    def finished(self, chain_id: int) -> Any:
+        samples = self._samples[chain_id]
+        if self._dir:
+            os.makedirs(self._dir, exist_ok=True)
+            np.savez(os.path.join(self._dir, f"chain_{chain_id}.npz"),
+                     **dict(zip(self._names(chain_id), samples)))
+        return unflatten_dict_leaves(self._templates[chain_id], samples)
+
+
+class HDF5Collector(DataCollector):
+    """Samples written into an open ``h5py.File``, one dataset per leaf.
+
+    Datasets are named ``/chain~<id>/<key path>`` (the keys of ``pytree_to_dict``)
+    with a leading axis of ``samples_collected``. On a resumed run, open the same
+    file with mode ``"a"``: the datasets are reused and the samples of the
+    checkpoint stay. ``postprocess_save`` reports the file's datasets as samples.
+    """
+
+    def __init__(self, file: Any):
+        try:
+            import h5py  # noqa: F401
+        except ImportError as e:  # pragma: no cover - the hdf5 extra installs it
+            raise ImportError("HDF5Collector needs h5py: pip install 'grainlike[hdf5]'") from e
+        self._file = file
+        self._lock = threading.Lock()
+        self._names: list = []
+        self._templates: list = []
+
+    def register_chain(self, init_sample: Any, samples_collected: int) -> int:
+        n = samples_to_collect(samples_collected)
+        with self._lock:
+            chain_id = len(self._names)
+            names = ["/".join((f"/chain~{chain_id}",) + k) for k in pytree_dict_keys(init_sample)]
+            for name, leaf in zip(names, pytree_dict_leaves(init_sample)):
+                shape = (n,) + np.shape(leaf)
+                self._file.require_dataset(name, shape=shape, dtype=np.asarray(leaf).dtype)
+            self._names.append(names)
+            self._templates.append(init_sample)
+            return chain_id
+
+    def save(self, chain_id: int, index: int, leaves: list) -> None:
+        for name, leaf in zip(self._names[chain_id], leaves):
+            dataset = self._file[name]
+            if index >= dataset.shape[0]:
+                raise IndexError(
+                    f"HDF5Collector: chain {chain_id} got sample {index + 1}, more than the "
+                    f"samples_collected={dataset.shape[0]} made room for"
+                )
+            dataset[index] = leaf
+
+    def checkpoint(self, chain_id: int, count: int) -> dict:
+        self._file.flush()
+        return {}
+
+    def resume(self, chain_id: int, count: int, arrays: dict) -> None:
+        pass  # the samples are in the file
+
+    def finished(self, chain_id: int) -> Any:
+        self._file.flush()
+        return unflatten_dict_leaves(self._templates[chain_id], [self._file[n] for n in self._names[chain_id]])
