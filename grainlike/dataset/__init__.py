@@ -5,15 +5,9 @@ Each transformation is one stage module (``map``, ``filter``, ``batch``, ``shuff
 The stages grain exposes in ``grain.experimental`` are here too.
 """
 
-from grainlike.dataset.base import (
-    DatasetIterator,
-    DatasetSelectionMap,
-    IterDataset,
-    MapDataset,
-    apply_transformations,
-    get_next_index,
-    set_next_index,
-)
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator, get_next_index, set_next_index
+from grainlike.dataset.map_dataset import DatasetSelectionMap, MapDataset, apply_transformations
 from grainlike.dataset.batch import batch_and_pad
 from grainlike.dataset.flatmap import FlatMapIterDataset, FlatMapMapDataset
 from grainlike.dataset.limit import LimitIterDataset

@@ -11,7 +11,9 @@ import numpy as np
 from grainlike.core import tree
 from grainlike.core.shared_memory_array import SharedMemoryArray
 from grainlike.core.errors import add_note
-from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator
+from grainlike.dataset.map_dataset import MapDataset
 from grainlike.dataset.map import PassThroughStateIterator, note_iterator
 
 

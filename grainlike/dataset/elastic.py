@@ -20,7 +20,9 @@ import dataclasses
 from typing import Any, Iterable, Optional, Sequence
 
 from grainlike.core import sharding
-from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator
+from grainlike.dataset.map_dataset import MapDataset
 from grainlike.dataset.filter import FilterMapDataset
 from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
 

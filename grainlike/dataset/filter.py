@@ -7,7 +7,7 @@ import time
 from typing import Any, Callable, Optional
 
 from grainlike.core.transforms import FilterTransform, get_pretty_transform_name
-from grainlike.dataset.base import DatasetIterator
+from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.map import (
     ElementwiseMapDataset,
     PassThroughStateIterator,

@@ -11,7 +11,9 @@ import sys
 from typing import Any, Callable, Sequence
 
 from grainlike.core.transforms import get_pretty_transform_name, transform_name
-from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator
+from grainlike.dataset.map_dataset import MapDataset
 from grainlike.dataset.map import note_element, note_iterator
 from grainlike.dataset.state import non_negative_int, require_keys
 

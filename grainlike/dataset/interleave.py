@@ -30,7 +30,9 @@ import weakref
 from typing import Any, Optional, Sequence, Union
 
 from grainlike.core.errors import StateIndexError, StateTypeError
-from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset, get_next_index, set_next_index
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator, get_next_index, set_next_index
+from grainlike.dataset.map_dataset import MapDataset
 from grainlike.dataset.options import ReadOptions
 from grainlike.dataset.state import interleave_state, non_negative_int
 

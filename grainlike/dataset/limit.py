@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from grainlike.dataset.base import DatasetIterator, IterDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.map import _CountingIterator
 
 

@@ -21,7 +21,9 @@ from grainlike.core.transforms import (
     get_pretty_transform_name,
     transform_name,
 )
-from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator
+from grainlike.dataset.map_dataset import MapDataset
 from grainlike.dataset.state import non_negative_int, require_keys
 
 

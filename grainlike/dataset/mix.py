@@ -16,7 +16,9 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from grainlike.core.errors import InvalidStateError, StateTypeError, _CountMismatch, add_note
-from grainlike.dataset.base import DatasetIterator, DatasetSelectionMap, IterDataset, MapDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator
+from grainlike.dataset.map_dataset import DatasetSelectionMap, MapDataset
 from grainlike.dataset.state import non_negative_int, require_keys
 
 

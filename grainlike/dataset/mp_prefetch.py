@@ -32,7 +32,8 @@ from typing import Any, Callable, Optional
 
 from grainlike.core.errors import InvalidStateError, WorkerDiedError
 from grainlike.dataset import worker_slice
-from grainlike.dataset.base import DatasetIterator, IterDataset, closing_dropped, get_next_index, set_next_index
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator, closing_dropped, get_next_index, set_next_index
 from grainlike.dataset.state import interleave_state
 from grainlike.dataset.worker_slice_task import WorkerSliceTask
 from grainlike.workers.liveness import DEFAULT_STALL_TIMEOUT_S

@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from grainlike.dataset import worker_slice
-from grainlike.dataset.base import DatasetIterator, IterDataset, MultiprocessingContext
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator, MultiprocessingContext
 from grainlike.dataset.interleave import InterleaveIterDataset
 
 

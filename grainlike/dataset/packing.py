@@ -26,7 +26,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from grainlike.core import tree
-from grainlike.dataset.base import DatasetIterator, IterDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.state import non_negative_int, require_keys
 
 __all__ = ["BestFitPackIterDataset", "FirstFitPackIterDataset", "PackIterDataset", "get_non_sequence_meta_features"]

@@ -26,7 +26,8 @@ from typing import Any, Collection, Mapping, Optional, Sequence
 import numpy as np
 
 from grainlike.core.errors import StateIndexError, StateTypeError
-from grainlike.dataset.base import DatasetIterator, IterDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.state import non_negative_int
 
 __all__ = ["BOSHandling", "ConcatThenSplitIterDataset"]

@@ -16,8 +16,10 @@ import os
 from collections.abc import Sequence
 from typing import Any, Optional, Union
 
-from grainlike.dataset.base import DatasetIterator, IterDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator
 from grainlike.sources.formats import remote_files as remote
+from grainlike.sources.formats import remote_pins
 from grainlike.sources.formats.parquet_files import columns_to_numpy, open_parquet
 
 __all__ = ["ParquetIterDataset"]
@@ -69,18 +71,18 @@ class _ParquetDatasetIterator(DatasetIterator):
     def get_state(self) -> dict:
         state: dict = {"row_group": self._row_group, "index_within_row_group": self._index}
         if self._pin is not None:
-            state["object"] = remote.pin_state(self._pin)
+            state["object"] = remote_pins.pin_state(self._pin)
         return state
 
     def _restore_version(self, saved: Any) -> None:
         """Reopens the file at the version a checkpoint was taken on, or says why it cannot."""
-        pin = remote.pin_from_state(self._path, saved)
-        if remote.same_version(pin, self._pin):
+        pin = remote_pins.pin_from_state(self._path, saved)
+        if remote_pins.same_version(pin, self._pin):
             return
         try:
             self._file = open_parquet(self._path, self._options, self._read_kwargs, pin)
         except (remote.ObjectChangedError, FileNotFoundError) as e:
-            raise remote.saved_version_gone(self._path, pin, self._pin) from e
+            raise remote_pins.saved_version_gone(self._path, pin, self._pin) from e
         self._pin = pin
 
     def set_state(self, state: dict) -> None:

@@ -71,7 +71,7 @@ def _first_elements(ds: Any, count: int) -> list:
     A MapDataset is read in this thread, without read-ahead, so that no more
     than ``count`` elements are computed; ``None`` (filtered) elements are skipped.
     """
-    from grainlike.dataset.base import MapDataset
+    from grainlike.dataset.map_dataset import MapDataset
 
     if isinstance(ds, MapDataset):
         ds = ds.to_iter_dataset(ReadOptions(num_threads=0))

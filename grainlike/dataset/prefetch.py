@@ -31,7 +31,9 @@ import numpy as np
 from grainlike.core import tree
 from grainlike.core.errors import ClosedIteratorError, StateIndexError
 from grainlike.dataset import worker_slice
-from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator
+from grainlike.dataset.map_dataset import MapDataset
 from grainlike.dataset.filter import WINDOW, FilterThresholdChecker
 from grainlike.dataset.options import ReadOptions
 from grainlike.dataset.read_threads import pipeline_waits

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Optional
 
-from grainlike.dataset.base import IterDataset
+from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.mp_prefetch import MultiprocessPrefetchDatasetIterator, MultiprocessPrefetchIterDataset
 
 __all__ = [

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grainlike.dataset.base import MapDataset
+from grainlike.dataset.map_dataset import MapDataset
 from grainlike.sources.waiting import declared_waits, source_waits
 
 

@@ -14,7 +14,8 @@ from typing import Any, Optional
 import numpy as np
 
 from grainlike.core import tree
-from grainlike.dataset.base import DatasetIterator, IterDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.state import non_negative_int, require_keys
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
-from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator
+from grainlike.dataset.map_dataset import MapDataset
 from grainlike.dataset.state import non_negative_int, require_keys
 
 

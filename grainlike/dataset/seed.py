@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator
+from grainlike.dataset.map_dataset import MapDataset
 
 
 class WithSeedMapDataset(MapDataset):

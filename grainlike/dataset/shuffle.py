@@ -8,7 +8,9 @@ from typing import Optional, Sequence
 import numpy as np
 
 from grainlike.core.index_shuffle import index_shuffle
-from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator
+from grainlike.dataset.map_dataset import MapDataset
 from grainlike.dataset.state import non_negative_int, require_keys
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from grainlike.dataset.base import MapDataset
+from grainlike.dataset.map_dataset import MapDataset
 
 
 class SliceMapDataset(MapDataset):

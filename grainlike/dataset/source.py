@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from grainlike.core.errors import NonSequentialSliceError, add_note
-from grainlike.dataset.base import IterDataset, MapDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.map_dataset import MapDataset
 from grainlike.dataset.worker_slice import sequential_range
 
 

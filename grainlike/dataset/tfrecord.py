@@ -12,7 +12,8 @@ import os
 from typing import Union
 
 from grainlike.core.errors import CorruptRecordError
-from grainlike.dataset.base import DatasetIterator, IterDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.state import non_negative_int, require_keys
 from grainlike.sources.formats.tfrecord_files import TFRecordFile, _TFRecordReader, write_tfrecords
 

@@ -14,7 +14,8 @@ from typing import Any, Optional
 
 from grainlike.core.errors import ClosedIteratorError
 from grainlike.core.read_ahead import Prefetcher, restore, stop_holder, take
-from grainlike.dataset.base import DatasetIterator, IterDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator
 
 
 class ThreadPrefetchDatasetIterator(DatasetIterator):

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from grainlike.core.errors import WorkersDropRemaindersWarning
 from grainlike.dataset import worker_slice
-from grainlike.dataset.base import IterDataset
+from grainlike.dataset.iter_dataset import IterDataset
 
 
 def _output_count(ds: Any, sl: Optional[slice]) -> Optional[tuple[int, Callable[[int], int]]]:

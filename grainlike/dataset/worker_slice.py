@@ -24,7 +24,8 @@ import typing
 from typing import Any, Protocol
 
 from grainlike.core import sharding
-from grainlike.dataset.base import IterDataset, MapDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.map_dataset import MapDataset
 
 
 @typing.runtime_checkable

@@ -20,7 +20,9 @@ from grainlike.core.errors import add_note
 from grainlike.core.transforms import transform_name
 from grainlike.core.tree import Allocator
 from grainlike.dataset import worker_slice
-from grainlike.dataset.base import IterDataset, MultiprocessingContext, _Dataset
+from grainlike.dataset.dataset_node import _Dataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import MultiprocessingContext
 
 
 def _user_transforms(ds: Any) -> list:

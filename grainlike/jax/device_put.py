@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grainlike.dataset.base import IterDataset
+from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.thread_prefetch import ThreadPrefetchIterDataset
 
 __all__ = ["device_put"]

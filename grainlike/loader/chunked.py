@@ -37,7 +37,8 @@ from grainlike.core.transforms import (
     RandomMapTransform,
     batch_elements,
 )
-from grainlike.dataset.base import DatasetIterator, IterDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.filter import FilterThresholdChecker
 from grainlike.dataset.prefetch import NextIndexState
 from grainlike.loader import stages

@@ -11,7 +11,8 @@ from typing import Any, Iterator, Optional, Sequence
 from grainlike.core import sharding
 from grainlike.core.errors import ClosedIteratorError, InvalidStateError
 from grainlike.core.transforms import Batch, FilterTransform, Map, MapWithIndex, RandomMap, is_flat_map
-from grainlike.dataset.base import IterDataset, close_dropped
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import close_dropped
 from grainlike.loader import elastic_restore as elastic
 from grainlike.loader import pipeline
 from grainlike.loader import legacy_state as state_lib

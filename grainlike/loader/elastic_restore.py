@@ -28,7 +28,8 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from grainlike.core.errors import InvalidStateError
-from grainlike.dataset.base import DatasetIterator, IterDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.elastic import SkipPositionsDatasetIterator, round_robin_frontier
 from grainlike.loader import legacy_state as state_lib
 
@@ -360,7 +361,7 @@ class ElasticRecordsIterDataset(IterDataset):
 class ElasticRecordsDatasetIterator(DatasetIterator):
     """Runs ``fast``, or ``exact`` while its skip list is pending.
 
-    The first parent (the one ``stages._reading_stage`` finds) is ``fast``; while
+    The first parent (the one ``output_stages._reading_stage`` finds) is ``fast``; while
     ``exact`` runs, ``fast``'s reader is kept at ``exact``'s position, so that a
     rewind after an error goes back to the right record.
     """

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from grainlike.core.record import Record, RecordMetadata
-from grainlike.dataset.base import DatasetIterator
+from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.flatmap import FlatMapIterDataset
 from grainlike.loader.stages import _OperationStage, note_record
 

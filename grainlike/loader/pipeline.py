@@ -30,19 +30,18 @@ from grainlike.core.transforms import (
     MapWithIndexTransform,
     RandomMapTransform,
 )
-from grainlike.dataset.base import IterDataset
+from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
 from grainlike.loader import legacy_state as state_lib
 from grainlike.dataset.elastic import SkipPositionsIterDataset, contains_skip_stage
 from grainlike.loader.elastic_restore import ElasticRecordsIterDataset
 from grainlike.loader.chunked import ChunkedRecordsIterDataset, chunkable
+from grainlike.loader.output_stages import LoaderStateIterDataset, RecordDataIterDataset
 from grainlike.loader.stages import (
     BatchRecordsIterDataset,
     FilterRecordsIterDataset,
-    LoaderStateIterDataset,
     MapRecordsIterDataset,
     OperationIterDataset,
-    RecordDataIterDataset,
     SamplerMapDataset,
     describe_op,
     short_repr,

@@ -14,8 +14,9 @@ grain 0.2.18 builds its DataLoader from Dataset stages over ``Record``s (see
   ``BatchRecordsIterDataset`` (with ``pad=True`` and a padding sampler's mask)
   and ``OperationIterDataset`` (grain's legacy ``Operation``s). Their state is
   their parent's: every one is a function of the records it reads.
-* ``RecordDataIterDataset``: a record's data (grain's ``map(lambda r: r.data)``).
-* ``LoaderStateIterDataset``: the top, whose state is grain's legacy JSON object.
+
+The stages above them (each record's data, grain's legacy state) are in
+``grainlike.loader.output_stages``.
 
 Errors raised by a transform keep their type and get a note naming the
 operation, the record's global index and its record key.
@@ -42,11 +43,12 @@ from grainlike.core.transforms import (
     batch_elements,
     describe_op,
 )
-from grainlike.dataset.base import DatasetIterator, IterDataset, MapDataset
+from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.iterator import DatasetIterator
+from grainlike.dataset.map_dataset import MapDataset
 from grainlike.dataset.filter import FilterThresholdChecker
 from grainlike.dataset.map import PassThroughStateIterator
-from grainlike.dataset.prefetch import NextIndexState, PrefetchDatasetIterator, PrefetchIterDataset
-from grainlike.loader import legacy_state as state_lib
+from grainlike.dataset.prefetch import PrefetchDatasetIterator, PrefetchIterDataset
 
 
 def operation_functions(op: Any) -> tuple:
@@ -492,118 +494,3 @@ class OperationIterDataset(_OperationStage):
 
     def __iter__(self) -> DatasetIterator:
         return _OperationIterator(self._parent.__iter__(), self._op)
-
-
-# -- the loader's outputs and state ----------------------------------------------------------
-
-
-class _RecordDataIterator(PassThroughStateIterator):
-    def __init__(self, parent: DatasetIterator):
-        super().__init__(parent)
-        self._pull = parent.__next__
-
-    def __next__(self) -> Any:
-        return self._pull().data
-
-    def __str__(self) -> str:
-        return "RecordDataIterator"
-
-
-class RecordDataIterDataset(IterDataset):
-    """Each record's data: what the DataLoader yields (grain's ``map(lambda r: r.data)``)."""
-
-    def set_allocator(self, alloc: Optional[tree.Allocator]) -> None:
-        """Gives ``alloc`` to the nearest stage upstream that stacks batches.
-
-        A worker calls it so that its batches are written once, into shared
-        memory.
-        """
-        node = self._parent
-        while node is not None:
-            set_allocator = getattr(node, "set_allocator", None)
-            if callable(set_allocator):
-                set_allocator(alloc)
-                return
-            parents = getattr(node, "_parents", ())
-            node = parents[0] if len(parents) == 1 else None
-
-    def __iter__(self) -> DatasetIterator:
-        return _RecordDataIterator(self._parent.__iter__())
-
-    def __str__(self) -> str:
-        return "RecordDataIterDataset"
-
-
-def _reading_stage(it: DatasetIterator) -> Optional[DatasetIterator]:
-    """The stage reading the sampler's records under ``it`` (None: it runs in workers)."""
-    # The loader's stages form a chain: each has one parent, the reader none.
-    while it._parents:
-        it = it._parents[0]
-    # The chunked stage (chunked.py) reads and transforms: it has no parents.
-    return it if isinstance(it, NextIndexState) else None
-
-
-class LoaderStateIterDataset(IterDataset):
-    """The DataLoader's top stage: its state is grain's legacy JSON object.
-
-    Args:
-      parent: the records' data, computed in process or by ``mp_prefetch``.
-      codec: converts this loader's states (see ``state.LegacyState``).
-    """
-
-    def __init__(self, parent: IterDataset, codec: state_lib.LegacyState):
-        super().__init__(parent)
-        self._codec = codec
-
-    def __iter__(self) -> "LoaderStateDatasetIterator":
-        return LoaderStateDatasetIterator(self._parent.__iter__(), self._codec)
-
-    def __str__(self) -> str:
-        return f"LoaderStateIterDataset(worker_count={self._codec.worker_count})"
-
-
-class LoaderStateDatasetIterator(DatasetIterator):
-    """Converts between grain's legacy state and the Dataset state below it.
-
-    After an exception in ``next()`` the next call goes on from the last
-    delivered output (the records of a batch cut short are read again): with
-    workers ``mp_prefetch`` restarts them from there; in process this stage
-    moves the reading stage back.
-    """
-
-    def __init__(self, parent: DatasetIterator, codec: state_lib.LegacyState):
-        super().__init__(parent)
-        self._codec = codec
-        self._reader = _reading_stage(parent) if codec.worker_count == 0 else None
-        self._pull = parent.__next__
-
-    def __next__(self) -> Any:
-        reader = self._reader
-        if reader is None:
-            return self._pull()
-        delivered = reader._get_next_index()
-        try:
-            return self._pull()
-        except StopIteration:
-            raise
-        except BaseException:
-            try:
-                self._parent.set_state({"next_index": delivered})
-            except Exception:  # Never hide the original error.
-                pass
-            raise
-
-    def get_state(self) -> dict:
-        return self._codec.encode(self._codec.from_dataset_state(self._parent.get_state()))
-
-    def set_state(self, state: dict) -> None:
-        """Restores a legacy state, checked completely before anything changes.
-
-        Raises:
-          InvalidStateError: the state is malformed or belongs to another pipeline.
-        """
-        positions = self._codec.decode(state)
-        self._parent.set_state(self._codec.to_dataset_state(positions))
-
-    def __str__(self) -> str:
-        return f"LoaderStateDatasetIterator(worker_count={self._codec.worker_count})"

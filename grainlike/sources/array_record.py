@@ -32,6 +32,8 @@ import numpy as np
 
 from grainlike.core.errors import InvalidStateError, RecordKeyOutOfRangeError, SourceFileNotFoundError
 from grainlike.sources.formats import remote_files as remote
+from grainlike.sources.formats import remote_pins
+from grainlike.sources.formats.remote_options import local_path
 from grainlike.sources.formats.file_cache import cache_for
 from grainlike.sources.formats.array_record_files import (
     BASE_READER_OPTIONS,
@@ -126,7 +128,7 @@ def _read_instruction(
         finally:
             reader.close()
         return filename, start, end
-    if _is_local(filename) and not os.path.exists(remote.local_path(filename)):
+    if _is_local(filename) and not os.path.exists(local_path(filename)):
         raise missing_file_error(filename)
     return filename, start, max(end, start)
 
@@ -265,7 +267,7 @@ class ArrayRecordDataSource:
 
     def object_pins(self) -> dict:
         """``{url: pin}`` of the remote files, at the versions read (empty if all are local)."""
-        return {f: remote.pin_state(self._infos[f]) for f in self._filenames if f in self._infos}
+        return {f: remote_pins.pin_state(self._infos[f]) for f in self._filenames if f in self._infos}
 
     def at_versions(self, pins: dict) -> "ArrayRecordDataSource":
         """A copy reading the remote files at the versions ``pins`` names (see ``object_pins``).
@@ -276,8 +278,8 @@ class ArrayRecordDataSource:
           InvalidStateError: ``pins`` names other files, or a saved version holds
             another number of records than this source reads from it.
         """
-        saved = remote.pins_from_state(self.object_pins(), pins, repr(self))
-        changed = {f: pin for f, pin in saved.items() if not remote.same_version(pin, self._infos[f])}
+        saved = remote_pins.pins_from_state(self.object_pins(), pins, repr(self))
+        changed = {f: pin for f, pin in saved.items() if not remote_pins.same_version(pin, self._infos[f])}
         if not changed:
             return self
         for file_index, filename in enumerate(self._filenames):
@@ -287,7 +289,7 @@ class ArrayRecordDataSource:
             try:
                 reader = open_reader(filename, "", self._remote_options, pin)
             except (remote.ObjectChangedError, FileNotFoundError) as e:
-                raise remote.saved_version_gone(filename, pin, self._infos[filename]) from e
+                raise remote_pins.saved_version_gone(filename, pin, self._infos[filename]) from e
             try:
                 count = reader.num_records()
             finally:

@@ -28,6 +28,7 @@ import numpy as np
 
 from grainlike.core.errors import add_note
 from grainlike.sources.formats import remote_files as remote
+from grainlike.sources.formats import remote_pins
 from grainlike.sources.formats.parquet_files import columns_to_numpy, open_parquet
 from grainlike.sources.keys import check_keys, group_by
 
@@ -248,7 +249,7 @@ class ParquetDataSource:
 
     def object_pins(self) -> dict:
         """``{url: pin}`` of the remote files, at the versions read (empty if all are local)."""
-        return {p: remote.pin_state(pin) for p, pin in zip(self._paths, self._pins) if pin is not None}
+        return {p: remote_pins.pin_state(pin) for p, pin in zip(self._paths, self._pins) if pin is not None}
 
     def at_versions(self, pins: dict) -> "ParquetDataSource":
         """A copy reading the remote files at the versions ``pins`` names (see ``object_pins``).
@@ -258,8 +259,8 @@ class ParquetDataSource:
             the current one).
           InvalidStateError: ``pins`` names a file this source does not read remotely.
         """
-        saved = remote.pins_from_state(self.object_pins(), pins, repr(self))
-        if all(remote.same_version(saved[p], pin) for p, pin in zip(self._paths, self._pins) if pin is not None):
+        saved = remote_pins.pins_from_state(self.object_pins(), pins, repr(self))
+        if all(remote_pins.same_version(saved[p], pin) for p, pin in zip(self._paths, self._pins) if pin is not None):
             return self
         copy = ParquetDataSource.__new__(ParquetDataSource)
         copy.__setstate__(self.__getstate__())
@@ -268,8 +269,8 @@ class ParquetDataSource:
             copy._lay_out(())
         except (remote.ObjectChangedError, FileNotFoundError) as e:
             for path, old, new in zip(self._paths, copy._pins, self._pins):
-                if new is not None and not remote.same_version(old, new):
-                    raise remote.saved_version_gone(path, old, new) from e
+                if new is not None and not remote_pins.same_version(old, new):
+                    raise remote_pins.saved_version_gone(path, old, new) from e
             raise
         copy._init_process_state()
         return copy

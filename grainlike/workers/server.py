@@ -40,6 +40,7 @@ WORKER_MODULE = "grainlike.workers.main"
 TASK_MODULES = (
     "grainlike.workers.start",
     "grainlike.loader.stages",
+    "grainlike.loader.output_stages",
     "grainlike.loader.chunked",
     "grainlike.loader.elastic_restore",
     "grainlike.dataset.process_prefetch",

@@ -351,7 +351,7 @@ def test_a_dropped_iterator_does_not_fill_its_buffer(kind, tmp_path):
 
 
 
-@pytest.mark.parametrize("module", ["grainlike.loader.data_loader", "grainlike.dataset.base"])
+@pytest.mark.parametrize("module", ["grainlike.loader.data_loader", "grainlike.dataset.iterator"])
 def test_a_finalizer_during_interpreter_teardown_stays_silent(monkeypatch, module):
     """At exit CPython sets module globals to None before the last iterators go:
     their finalizers must neither raise nor print."""

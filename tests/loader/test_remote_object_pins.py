@@ -19,6 +19,7 @@ import pytest
 import grainlike as grain
 from grainlike.core.errors import InvalidStateError
 from grainlike.sources.formats import remote_files as remote
+from grainlike.sources.formats import remote_pins
 from grainlike.sources.parquet import ParquetDataSource
 
 pytest.importorskip("s3fs")
@@ -92,7 +93,7 @@ def test_a_remote_sources_loader_state_names_each_objects_version_and_otherwise_
     next(it), next(it)
     state = json.loads(it.get_state())
     pin = remote.object_info(url, options)
-    assert state["remote_objects"] == {url: remote.pin_state(pin)}
+    assert state["remote_objects"] == {url: remote_pins.pin_state(pin)}
     assert state["remote_objects"][url]["etag"] == pin["etag"]
     # Beside the pins, the state is the one a local copy of the data gives.
     local = iter(_loader(ParquetDataSource(versions["old"])))

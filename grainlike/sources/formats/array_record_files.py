@@ -15,6 +15,7 @@ from typing import Iterator, Optional
 
 from grainlike.core.errors import SourceFileNotFoundError
 from grainlike.sources.formats import remote_files as remote
+from grainlike.sources.formats.remote_options import local_path
 from grainlike.sources.formats.file_cache import cache_for
 
 __all__ = ["BASE_READER_OPTIONS", "count_remote_records", "local_copy", "missing_file_error", "open_reader"]
@@ -42,7 +43,7 @@ def local_copy(
     A cached copy is kept from eviction until the block ends: open it inside.
     """
     if not remote.is_remote(path):
-        yield remote.local_path(path)
+        yield local_path(path)
         return
     cache = cache_for(remote_options or remote.RemoteOptions())
     with contextlib.ExitStack() as stack:

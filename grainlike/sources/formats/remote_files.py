@@ -28,29 +28,31 @@ Filesystems are created lazily, once per process (never pickled): a source sent
 to a worker process opens its own connections there. ``fsspec`` and the
 filesystem's package (``s3fs``, ``gcsfs``) are imported only when a remote path
 is read: ``pip install "grainlike[remote]"``.
+
+Paths and options live in ``remote_options``, retries in ``remote_retries`` and
+version pins in ``remote_pins`` (all in ``grainlike.sources.formats``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import os
-import re
 import threading
-import time
 from collections import OrderedDict
 from concurrent import futures
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from typing import Any, Callable, Iterator, Optional
 
 from grainlike.core.errors import (
     CacheFullError,
-    InvalidStateError,
     ObjectChangedError,
     RemoteAccessError,
     RemoteReadError,
     UnsafeCacheDirError,
 )
+from grainlike.sources.formats.remote_options import RemoteOptions, is_remote, local_path, to_url, url_protocol
+from grainlike.sources.formats.remote_pins import check_pin
+from grainlike.sources.formats.remote_retries import error_names, http_status, with_retries
 
 __all__ = [
     "CacheFullError",
@@ -67,129 +69,6 @@ __all__ = [
     "with_retries",
 ]
 
-T = TypeVar("T")
-
-_LOCAL_PROTOCOLS = ("file", "local")
-# Exception class names (anywhere in the MRO) of failures worth retrying: lost or
-# refused connections, timeouts, throttling and unavailable services, from
-# botocore, aiohttp, requests, google-cloud and fsspec alike.
-_TRANSIENT_NAME = re.compile(
-    r"Connection|Timeout|Throttl|SlowDown|ServiceUnavailable|TooManyRequests|"
-    r"ServerDisconnected|IncompleteRead|ResponseStreamingError|ProtocolError|"
-    r"Payload|ContentLength"
-)
-_TRANSIENT_TEXT = re.compile(
-    r"SlowDown|Throttl|Too Many Requests|\b503\b|\b429\b|\b500\b|ServiceUnavailable|"
-    r"RequestTimeout|Connection (reset|refused|aborted)|Could not connect"
-)
-_CREDENTIALS_NAME = re.compile(r"Credential|Unauthenticated|Forbidden|AccessDenied|RefreshError")
-
-
-@dataclasses.dataclass(frozen=True)
-class RemoteOptions:
-    """How remote objects are reached, retried, read ahead and cached.
-
-    Attributes:
-      storage_options: keyword arguments of the fsspec filesystem, e.g.
-        ``{"endpoint_url": "http://localhost:9000", "key": ..., "secret": ...}``
-        for ``s3fs`` or ``{"token": "anon"}`` for ``gcsfs``. Credentials are
-        otherwise found as the filesystem's package finds them (environment,
-        ``~/.aws``, metadata server).
-      attempts: tries per request before ``RemoteReadError`` (at least 1). A store
-        that keeps answering HTTP 5xx, a reset connection or a timeout is tried this
-        many times (the filesystem's own client may retry inside one try too).
-      backoff_s: wait after the first failed try; doubled after each one.
-      max_backoff_s: the longest wait between two tries.
-      timeout_s: seconds one request may wait for the store to connect, or between
-        two pieces of its answer, before that try fails (then it is retried). Given
-        to ``s3fs`` as botocore's ``connect_timeout``/``read_timeout`` and to
-        ``gcsfs`` as ``requests_timeout`` unless ``storage_options`` set them. For
-        ``s3://`` grainlike's tries are the only ones (botocore's and s3fs's own
-        retries are set to one try unless ``config_kwargs`` sets ``retries``), so a
-        read ends after about ``attempts * timeout_s`` plus the backoff waits at the
-        latest; it never hangs. (``gcsfs`` retries some failures inside one try.)
-      block_size: bytes per ranged read.
-      read_ahead: blocks fetched ahead, in threads, while a file is read in order.
-      cache_dir: a local directory that keeps whole copies of remote files. ArrayRecord
-        files always go through a cache (``default_cache_dir()`` when this is None);
-        Parquet files do only when this is set. It is created mode 0700 if missing and
-        refused (``UnsafeCacheDirError``) if it is a symlink, owned by another user
-        or writable by group or others.
-      cache_max_bytes: bound of the cache; least recently used files are removed
-        beyond it, except while a reader is opening them (it may be exceeded by
-        the files opened at the same time). None: unbounded.
-
-    Example:
-        options = RemoteOptions(storage_options={"anon": True}, cache_dir="/tmp/shards",
-                                cache_max_bytes=20 << 30)
-    """
-
-    storage_options: Optional[dict] = None
-    attempts: int = 5
-    backoff_s: float = 0.2
-    max_backoff_s: float = 5.0
-    timeout_s: float = 60.0
-    block_size: int = 4 << 20
-    read_ahead: int = 4
-    cache_dir: Optional[str] = None
-    cache_max_bytes: Optional[int] = None
-
-    def __post_init__(self):
-        if self.attempts < 1:
-            raise ValueError(f"RemoteOptions.attempts must be >= 1, got {self.attempts}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"RemoteOptions.timeout_s must be > 0, got {self.timeout_s}")
-        if self.block_size < 1:
-            raise ValueError(f"RemoteOptions.block_size must be >= 1, got {self.block_size}")
-        if self.read_ahead < 0:
-            raise ValueError(f"RemoteOptions.read_ahead must be >= 0, got {self.read_ahead}")
-        if self.cache_max_bytes is not None and self.cache_max_bytes < 0:
-            raise ValueError(
-                f"RemoteOptions.cache_max_bytes must be >= 0 or None, got {self.cache_max_bytes}"
-            )
-
-    def _key(self) -> str:
-        return repr((sorted((self.storage_options or {}).items()), self.timeout_s))
-
-    def _filesystem_options(self, protocol: str) -> dict:
-        """``storage_options`` with ``timeout_s`` as the filesystem's request timeouts."""
-        out = dict(self.storage_options or {})
-        if protocol in ("s3", "s3a"):
-            config = dict(out.get("config_kwargs") or {})
-            config.setdefault("connect_timeout", self.timeout_s)
-            config.setdefault("read_timeout", self.timeout_s)
-            # One retry policy, grainlike's: botocore's own retries would multiply
-            # ``attempts`` and the time a failing read takes.
-            config.setdefault("retries", {"total_max_attempts": 1})
-            out["config_kwargs"] = config
-        elif protocol in ("gs", "gcs"):
-            out.setdefault("requests_timeout", self.timeout_s)
-        return out
-
-
-def to_url(path: Any) -> str:
-    """``path`` as a string: a ``str``, an ``os.PathLike`` or an etils ``epath.Path``."""
-    if isinstance(path, str):
-        return path
-    if isinstance(path, os.PathLike):
-        return os.fspath(path)
-    raise TypeError(f"expected a path (str or os.PathLike), got {path!r} of type {type(path).__name__}")
-
-
-def _protocol(url: str) -> str:
-    return url.split("://", 1)[0].lower() if "://" in url else "file"
-
-
-def is_remote(path: Any) -> bool:
-    """Whether ``path`` names an object that fsspec reads (not a local file)."""
-    return _protocol(to_url(path)) not in _LOCAL_PROTOCOLS
-
-
-def local_path(path: Any) -> str:
-    """A local path or ``file://`` URL as a plain path."""
-    url = to_url(path)
-    return url.split("://", 1)[1] if "://" in url else url
-
 
 # -- filesystems, one per process -----------------------------------------------
 
@@ -200,7 +79,7 @@ _FS_PID = os.getpid()
 
 def _filesystem(url: str, options: RemoteOptions) -> Any:
     global _FS_PID
-    protocol = _protocol(url)
+    protocol = url_protocol(url)
     key = (protocol, options._key())
     with _FS_LOCK:
         if _FS_PID != os.getpid():
@@ -230,102 +109,6 @@ def _filesystem(url: str, options: RemoteOptions) -> Any:
 
 def _fs_path(url: str) -> str:
     return url.split("://", 1)[1] if "://" in url else url
-
-
-# -- retries and errors -----------------------------------------------------------
-
-
-def _names(e: BaseException) -> str:
-    return " ".join(c.__name__ for c in type(e).__mro__)
-
-
-def _is_credentials_error(e: BaseException) -> bool:
-    if isinstance(e, PermissionError) or _CREDENTIALS_NAME.search(_names(e)):
-        return True
-    # gcsfs raises a refusal as a plain OSError("Forbidden: ...") (403) or an
-    # HttpError carrying the status (401), with no telling class name.
-    return getattr(e, "code", None) in (401, 403) or str(e).startswith("Forbidden:")
-
-
-def _http_status(e: Optional[BaseException]) -> Optional[int]:
-    """The HTTP status behind a store's exception or its causes, if one says it."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        response = getattr(e, "response", None)
-        if isinstance(response, dict):  # botocore's ClientError (s3fs keeps it as the cause)
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if isinstance(status, int):
-                return status
-        for attr in ("code", "status"):  # gcsfs's HttpError, aiohttp's ClientResponseError
-            status = getattr(e, attr, None)
-            if isinstance(status, int) and 100 <= status < 600:
-                return status
-        e = e.__cause__ or e.__context__
-    return None
-
-
-def _is_transient(e: BaseException) -> bool:
-    if isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError, ObjectChangedError)):
-        return False
-    if isinstance(e, (ConnectionError, TimeoutError)):
-        return True
-    status = _http_status(e)
-    # 5xx: the store failed (s3fs turns S3's 500 "InternalError" into a bare OSError
-    # whose text says no status); 408/429: timed out or throttled.
-    if status is not None and (status >= 500 or status in (408, 429)):
-        return True
-    return bool(_TRANSIENT_NAME.search(_names(e)) or _TRANSIENT_TEXT.search(str(e)))
-
-
-def with_retries(fn: Callable[[], T], url: str, what: str, options: RemoteOptions) -> T:
-    """Returns ``fn()``, retrying transient failures with exponential backoff.
-
-    Args:
-      fn: the remote operation (no arguments).
-      url: the object it touches, named in errors.
-      what: what it does ("read bytes 0-4096 of", "list"), named in errors.
-      options: attempts and backoff.
-
-    Raises:
-      FileNotFoundError: the object does not exist.
-      RemoteAccessError: credentials are missing or refused.
-      RemoteReadError: still failing after ``options.attempts`` tries.
-    """
-    delay = options.backoff_s
-    for attempt in range(1, options.attempts + 1):
-        try:
-            return fn()
-        except FileNotFoundError as e:
-            raise FileNotFoundError(f"{url!r}: no such object ({what}): {e}") from e
-        except ObjectChangedError:
-            raise
-        except Exception as e:  # pylint: disable=broad-except
-            if _is_credentials_error(e) and not _is_transient(e):
-                raise RemoteAccessError(
-                    f"{url!r}: access denied or no credentials ({what}): {type(e).__name__}: {e}. "
-                    "Set the store's credentials (for s3://: AWS_ACCESS_KEY_ID and "
-                    "AWS_SECRET_ACCESS_KEY or a profile; for gs://: "
-                    "GOOGLE_APPLICATION_CREDENTIALS), or pass them in "
-                    "RemoteOptions(storage_options=...)."
-                ) from e
-            if not _is_transient(e):
-                raise
-            if attempt == options.attempts:
-                status = _http_status(e)
-                answer = f" (the store answered HTTP {status})" if status is not None else ""
-                raise RemoteReadError(
-                    f"{url!r}: failed to {what} after {attempt} attempts{answer}: "
-                    f"{type(e).__name__}: {e}. Tries, backoff and the request timeout are "
-                    f"RemoteOptions.attempts (now {options.attempts}), .backoff_s and .timeout_s "
-                    f"(now {options.timeout_s:g} s).",
-                    url,
-                    status,
-                    attempt,
-                ) from e
-            time.sleep(delay)
-            delay = min(delay * 2, options.max_backoff_s)
-    raise AssertionError("unreachable")
 
 
 # -- read-ahead threads, one pool per process -----------------------------------
@@ -402,85 +185,6 @@ def object_size(url: str, options: RemoteOptions) -> int:
     """The size in bytes of the object at ``url``."""
     return object_info(url, options)["size"]
 
-
-def check_pin(url: str, pin: dict, info: dict) -> None:
-    """Raises ``ObjectChangedError`` if ``info`` is not the version ``pin`` recorded."""
-    if (info["version"], info["size"]) != (pin["version"], pin["size"]):
-        raise ObjectChangedError(
-            url, f"{pin['version']} ({pin['size']} bytes)", f"{info['version']} ({info['size']} bytes)"
-        )
-
-
-def pin_state(pin: dict) -> dict:
-    """A pin as iterator states carry it: its known fields only (JSON-able)."""
-    return {k: v for k, v in pin.items() if v is not None}
-
-
-def pin_from_state(url: str, saved: Any) -> dict:
-    """The pin (an ``object_info``) a state recorded for ``url``.
-
-    Raises:
-      InvalidStateError: ``saved`` is not a pin (a dict with ``size`` and ``version``).
-    """
-    try:
-        if not isinstance(saved, dict):
-            raise TypeError
-        pin = {"size": int(saved["size"]), "version": str(saved["version"])}
-    except (KeyError, TypeError, ValueError, OverflowError):
-        raise InvalidStateError(
-            f"the state's version of {url!r} must be a dict naming the object's size and "
-            f"version (as get_state() writes it), got {saved!r}"
-        ) from None
-    for key in ("etag", "version_id", "generation", "md5"):
-        value = saved.get(key)
-        pin[key] = None if value is None else str(value)
-    return pin
-
-
-def pins_from_state(current: dict, saved: Any, source: str) -> dict:
-    """A state's ``{url: pin}``, checked to name the remote objects ``current`` pins.
-
-    Args:
-      current: the source's own ``{url: pin}``.
-      saved: the state's.
-      source: how to name the source in an error.
-
-    Raises:
-      InvalidStateError: ``saved`` is not such a dict, or names other objects.
-    """
-    if not isinstance(saved, dict) or sorted(saved) != sorted(current):
-        named = sorted(saved) if isinstance(saved, dict) else saved
-        raise InvalidStateError(
-            f"the state's remote object versions name {named!r}, but {source} reads {sorted(current)}"
-        )
-    return {url: pin_from_state(url, pin) for url, pin in saved.items()}
-
-
-def same_version(a: dict, b: dict) -> bool:
-    """Whether two pins name the same contents: the same version, or the same size and MD5.
-
-    A GCS object uploaded again with the same bytes (restored from a backup) has
-    a new generation but the same MD5; an S3 object's ETag is its MD5 already.
-    """
-    if int(a["size"]) != int(b["size"]):
-        return False
-    return str(a["version"]) == str(b["version"]) or (a.get("md5") is not None and a.get("md5") == b.get("md5"))
-
-
-def saved_version_gone(url: str, saved: dict, current: dict) -> ObjectChangedError:
-    """The error of a restore whose saved version of ``url`` the store no longer has."""
-    error = ObjectChangedError(
-        url, f"{saved['version']} ({saved['size']} bytes)", f"{current['version']} ({current['size']} bytes)"
-    )
-    error.add_note(
-        f"The state being restored was saved while reading version {saved['version']} of "
-        f"{url!r}; the object has been overwritten since and the store does not keep that "
-        "version (an S3 bucket with versioning or GCS generations would). Restore onto the "
-        "data the checkpoint was taken on, or start the epoch again."
-    )
-    return error
-
-
 def read_range(url: str, start: int, end: int, options: RemoteOptions, pin: Optional[dict] = None) -> bytes:
     """Bytes ``[start, end)`` of the object at ``url``, with retries.
 
@@ -509,7 +213,7 @@ def _pinned_s3_range(fs: Any, url: str, start: int, end: int, pin: dict) -> byte
     try:
         etag, data = fsspec.asyn.sync(fs.loop, _s3_get, fs, bucket, key, request)
     except Exception as e:  # pylint: disable=broad-except
-        if _http_status(e) == 412 or "PreconditionFailed" in f"{_names(e)} {e}":
+        if http_status(e) == 412 or "PreconditionFailed" in f"{error_names(e)} {e}":
             try:
                 now = _current_version(fs, url)
             except Exception as ask:  # pylint: disable=broad-except
@@ -562,7 +266,7 @@ def _current_version(fs: Any, url: str) -> str:
 
 def _read_range(url: str, start: int, end: int, options: RemoteOptions, pin: Optional[dict] = None) -> bytes:
     fs = _filesystem(url, options)
-    protocol = _protocol(url)
+    protocol = url_protocol(url)
 
     def read() -> bytes:
         if pin is not None and pin.get("etag") and protocol in ("s3", "s3a") and hasattr(fs, "_call_s3"):

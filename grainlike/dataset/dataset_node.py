@@ -1,0 +1,86 @@
+"""``_Dataset``: what ``MapDataset`` and ``IterDataset`` share as nodes of a pipeline tree.
+
+A node knows its parents, derives the default seed of random stages from the
+nearest ``seed()`` calls (grain's derivation), names itself and the user
+transforms it applies for error messages, and chains custom stages (``pipe``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional, Sequence, TypeVar
+
+import numpy as np
+
+T = TypeVar("T")
+
+
+class _Dataset:
+    """A node of the pipeline tree; derives default seeds from ``seed()`` calls."""
+
+    def __init__(self, parents: Sequence["_Dataset"]):
+        super().__init__()
+        # Set by ``seed()``: seeds the default seeds of downstream random stages.
+        self._seed_rng_seed: Optional[int] = None
+        self._parents = parents
+
+    @functools.cached_property
+    def _default_seed(self) -> Optional[int]:
+        """The seed a random stage uses when none is given (grain's derivation).
+
+        Breadth-first from this node, the nearest ``seed()`` on each path
+        contributes ``(seed, depth)``; the pairs seed a ``SeedSequence`` whose
+        first 32-bit word is the result.
+        """
+        aggregated: list = []
+        to_visit = [(self, 0)]
+        while to_visit:
+            node, depth = to_visit.pop(0)
+            node_seed = getattr(node, "_seed_rng_seed", None)
+            if node_seed is not None:
+                aggregated.extend((node_seed, depth))
+            else:
+                # User-defined datasets may skip ``super().__init__`` and lack parents.
+                to_visit.extend((p, depth + 1) for p in getattr(node, "_parents", ()))
+        if not aggregated:
+            return None
+        return np.random.SeedSequence(aggregated).generate_state(1, dtype=np.uint32)[0]
+
+    @property
+    def _element_spec(self) -> Any:
+        """The spec of this stage's elements, derived from its parents' without reading any.
+
+        grain's hook, read by ``get_element_spec``: a dataset class of your own
+        overrides it to say its spec. A map derives it with its transform's
+        ``output_spec``; a stage that cannot know it raises ``NotImplementedError``.
+        """
+        from grainlike.dataset.element_spec import inferred_element_spec
+
+        return inferred_element_spec(self)
+
+    def describe(self) -> str:
+        """This stage as error messages name it (grainlike only).
+
+        ``str()`` is grain's text; a stage applying a user transform describes
+        it with the file and line the transform was defined at, e.g.
+        ``MapMapDataset(transform=Plus (/path/train.py:12))``.
+        """
+        return str(self)
+
+    def user_transforms(self) -> tuple:
+        """The user's transforms and functions this stage applies, in order (grainlike only).
+
+        Errors about the pipeline name them with ``transform_name`` (class or
+        function and where it was defined); a stage applying none returns ().
+        """
+        return ()
+
+    def pipe(self, func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Returns ``func(self, *args, **kwargs)``, to chain custom stages.
+
+        Example:
+          >>> from grainlike.dataset.map_dataset import MapDataset
+          >>> MapDataset.range(4).pipe(lambda ds, n: ds.slice(slice(n)), 2)[1]
+          1
+        """
+        return func(self, *args, **kwargs)

@@ -1,0 +1,168 @@
+"""``IterDataset``: the dataset that can only be iterated, and the methods that build its stages.
+
+``iter(ds)`` builds a ``DatasetIterator`` (``grainlike.dataset.iterator``). Every
+transformation is a stage in its own module; the methods here only build them,
+``mp_prefetch`` included (``grainlike.dataset.mp_prefetch``).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar, Union
+
+from grainlike.dataset.dataset_node import _Dataset
+from grainlike.dataset.map_dataset import MapDataset, apply_transformations
+
+T = TypeVar("T")
+S = TypeVar("S")
+
+
+class IterDatasetMeta(abc.ABCMeta):
+    """Metaclass of ``IterDataset``: its class-level factories."""
+
+    def mix(
+        cls,
+        datasets: Union[Sequence["IterDataset"], Mapping[str, "IterDataset"]],
+        weights: Union[Sequence[float], Mapping[str, float], None] = None,
+    ) -> "IterDataset":
+        """Interleaves ``datasets`` in proportion to ``weights``; stops at the first end.
+
+        With a mapping of datasets, a state restores by key.
+
+        Example:
+          >>> a, b = MapDataset.range(3).to_iter_dataset(), MapDataset.range(7, 9).to_iter_dataset()
+          >>> list(IterDataset.mix([a, b]))
+          [0, 7, 1, 8, 2]
+        """
+        from grainlike.dataset.mix import MixedIterDataset
+
+        return MixedIterDataset(parents=datasets, proportions=weights)
+
+
+class IterDataset(_Dataset, Iterable[T], metaclass=IterDatasetMeta):
+    """A dataset that can only be iterated; transformations return new datasets."""
+
+    def __init__(
+        self, parents: Union[MapDataset, "IterDataset", Sequence[Union[MapDataset, "IterDataset"]]] = ()
+    ):
+        if isinstance(parents, (MapDataset, IterDataset)):
+            parents = (parents,)
+        else:
+            parents = tuple(parents)
+        super().__init__(parents)
+
+    @property
+    def parents(self) -> Sequence[Union[MapDataset, "IterDataset"]]:
+        return self._parents
+
+    @property
+    def _parent(self) -> Union[MapDataset, "IterDataset"]:
+        assert len(self._parents) == 1, self._parents
+        return self._parents[0]
+
+    def apply(self, transformations: Any) -> "IterDataset":
+        """Applies one transform or a sequence of them, dispatching on their type."""
+        return apply_transformations(self, transformations)
+
+    def batch(
+        self,
+        batch_size: int,
+        *,
+        drop_remainder: bool = False,
+        batch_fn: Optional[Callable[[Sequence[T]], S]] = None,
+    ) -> "IterDataset[S]":
+        """Groups consecutive elements, stacked along a new first axis.
+
+        Example:
+          >>> [b.tolist() for b in MapDataset.range(5).to_iter_dataset().batch(2)]
+          [[0, 1], [2, 3], [4]]
+        """
+        from grainlike.dataset.batch import BatchIterDataset
+
+        return BatchIterDataset(self, batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn)
+
+    def seed(self, seed: int) -> "IterDataset[T]":
+        """Seeds every downstream random stage that is given no seed of its own."""
+        from grainlike.dataset.seed import WithSeedIterDataset
+
+        return WithSeedIterDataset(self, seed=seed)
+
+    def filter(self, transform: Any) -> "IterDataset[T]":
+        """Keeps the elements for which ``transform`` is true.
+
+        Example:
+          >>> list(MapDataset.range(5).to_iter_dataset().filter(lambda x: x > 2))
+          [3, 4]
+        """
+        from grainlike.dataset.filter import FilterIterDataset
+
+        return FilterIterDataset(self, transform)
+
+    def map(self, transform: Any) -> "IterDataset":
+        """Applies ``transform`` (a ``MapTransform`` or a callable) to each element."""
+        from grainlike.dataset.map import MapIterDataset
+
+        return MapIterDataset(self, transform)
+
+    def random_map(self, transform: Any, *, seed: Optional[int] = None) -> "IterDataset":
+        """Applies ``transform(element, rng)``, the rng keyed on the seed and a counter."""
+        from grainlike.dataset.map import RandomMapIterDataset
+
+        return RandomMapIterDataset(self, transform, seed=seed)
+
+    def map_with_index(self, transform: Any) -> "IterDataset":
+        """Applies ``transform(position, element)``, counting positions from 0."""
+        from grainlike.dataset.map import MapWithIndexIterDataset
+
+        return MapWithIndexIterDataset(self, transform)
+
+    def prefetch(self, multiprocessing_options: Any) -> "IterDataset[T]":
+        """Deprecated alias of ``mp_prefetch`` (as in grain)."""
+        import warnings
+
+        warnings.warn("Please use `mp_prefetch` instead.", DeprecationWarning, stacklevel=2)
+        return self.mp_prefetch(multiprocessing_options)
+
+    def mp_prefetch(
+        self,
+        options: Any = None,
+        worker_init_fn: Optional[Callable[[int, int], None]] = None,
+        sequential_slice: bool = False,
+    ) -> "IterDataset[T]":
+        """Computes this dataset in worker processes, each on a slice of it.
+
+        Args:
+          options: a ``MultiprocessingOptions``; defaults to 10 workers, as in
+            grain. With ``num_workers=0`` this is a no-op.
+          worker_init_fn: called in each worker as ``fn(worker_index, worker_count)``
+            before it computes anything.
+          sequential_slice: grain's experimental option: worker ``w`` of ``W``
+            reads a contiguous range of each source (``MapDataset.source``,
+            ``MapDataset.range``: grain's even split) instead of the elements
+            ``w, w + W, ...`` of ``to_iter_dataset()``; a shuffle above a source
+            then shuffles within each worker's range, and a state restores only
+            on the same number of workers. See ``grainlike.dataset.worker_slice``.
+
+        Warns:
+          WorkersDropRemaindersWarning: a ``batch(..., drop_remainder=True)``
+            below makes the workers, each batching its own slice, deliver fewer
+            elements than the pipeline without workers (known from the lengths;
+            the output is grain's either way). Batch after ``mp_prefetch`` instead.
+        """
+        from grainlike.dataset.options import MultiprocessingOptions
+
+        options = options or MultiprocessingOptions(num_workers=10)
+        if options.num_workers == 0:
+            return self
+        from grainlike.dataset.mp_prefetch import MultiprocessPrefetchIterDataset
+        from grainlike.dataset.worker_remainders import warn_if_workers_drop_more
+
+        ds = MultiprocessPrefetchIterDataset(
+            self, options=options, worker_init_fn=worker_init_fn, sequential_slice=sequential_slice
+        )
+        warn_if_workers_drop_more(self, options.num_workers, sequential_slice)
+        return ds
+
+    @abc.abstractmethod
+    def __iter__(self) -> "DatasetIterator[T]":
+        """Returns a new iterator over this dataset."""

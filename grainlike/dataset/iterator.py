@@ -1,0 +1,194 @@
+"""``DatasetIterator``: the iterator stage, and the context its pipeline shares.
+
+A ``DatasetIterator`` has ``__next__``, ``get_state()`` (a small JSON-able dict of
+indices that each stage nests or forwards, so a restore is exact and cheap),
+``set_state()`` and ``close()``. All iterators of one pipeline share one
+``IteratorContext`` (which worker process runs them, grain's DatasetOptions).
+An iterator nobody holds is closed by ``close_dropped``, during which
+``closing_dropped()`` is true, so that its workers are not waited for.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import threading
+from typing import Any, Iterator, Sequence, TypeVar, Union
+
+from grainlike.core.errors import ClosedIteratorError
+
+T = TypeVar("T")
+
+
+class _Dropping(threading.local):
+    """Per thread: how many iterators nobody holds are being closed (``close_dropped``)."""
+
+    depth = 0
+
+
+_DROPPING = _Dropping()
+
+
+def close_dropped(iterator: Any) -> None:
+    """Closes ``iterator``, which nobody holds any more: what its ``__del__`` does.
+
+    While it runs, ``closing_dropped()`` is true in this thread, for every stage
+    the close reaches. Never raises (it runs from ``__del__``, also while the
+    interpreter exits).
+    """
+    dropping = _DROPPING  # None once this module is torn down at exit.
+    try:
+        if dropping is not None:
+            dropping.depth += 1
+        try:
+            iterator.close()
+        finally:
+            if dropping is not None:
+                dropping.depth -= 1
+    except Exception:  # A finalizer never raises.
+        pass
+
+
+def closing_dropped() -> bool:
+    """Whether this thread is closing an iterator nobody holds (``close_dropped``).
+
+    Nothing will read what such an iterator's workers are computing, so they
+    are not waited for beyond a short grace.
+    """
+    return _DROPPING.depth > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiprocessingContext:
+    """Which worker process runs an iterator (``process_index`` of ``process_count``).
+
+    Random transforms on iterators offset their per-element counters by it, so
+    workers draw distinct numbers.
+    """
+
+    process_index: int = 0
+    process_count: int = 1
+
+
+@dataclasses.dataclass
+class IteratorContext:
+    """Context shared by all iterator stages of one pipeline.
+
+    Set before the first ``next()``; the stages read it while running.
+    """
+
+    mp_context: MultiprocessingContext = MultiprocessingContext()
+    # grain's DatasetOptions, merged from every WithOptionsIterDataset.
+    dataset_options: Any = None
+
+    def __post_init__(self):
+        if self.dataset_options is None:
+            from grainlike.dataset.options import DatasetOptions
+
+            self.dataset_options = DatasetOptions()
+
+    def merge(self, other: "IteratorContext") -> None:
+        self.dataset_options = self.dataset_options.merge(other.dataset_options)
+        if self.mp_context != other.mp_context:
+            raise ValueError(
+                "Cannot merge contexts from different worker processes: "
+                f"{self.mp_context} vs {other.mp_context}."
+            )
+
+
+class DatasetIterator(Iterator[T], abc.ABC):
+    """The iterator stage: ``__next__``, ``get_state``, ``set_state``, ``close``.
+
+    Not thread-safe: one thread uses an iterator at a time.
+    """
+
+    def __init__(self, parents: Union["DatasetIterator", Sequence["DatasetIterator"]] = ()):
+        super().__init__()
+        if isinstance(parents, DatasetIterator):
+            self._parents = (parents,)
+        else:
+            self._parents = tuple(parents)
+        if self._parents:
+            ctx = self._parents[0]._ctx
+            # One context for the whole tree: merge the others' into the first
+            # and point every iterator below at it.
+            others = list(self._parents[1:])
+            for parent in others:
+                ctx.merge(parent._ctx)
+            while others:
+                node = others.pop()
+                node._ctx = ctx
+                others.extend(getattr(node, "_parents", ()))
+            self._ctx: IteratorContext = ctx
+        else:
+            self._ctx = IteratorContext()
+        if len(self._parents) == 1:
+            # An attribute, not a property: stages read it once per element.
+            self._parent: DatasetIterator = self._parents[0]
+        self._closed = False
+
+    def __iter__(self) -> "DatasetIterator[T]":
+        return self
+
+    @abc.abstractmethod
+    def get_state(self) -> dict:
+        """Returns the iterator's position: a JSON-able dict of indices."""
+
+    @abc.abstractmethod
+    def set_state(self, state: dict) -> None:
+        """Moves the iterator to ``state`` (from ``get_state``)."""
+
+    async def save(self, directory: Any) -> Any:
+        """Orbax v1 ``StatefulCheckpointable``: the state is read now, written later."""
+        from grainlike.core import state_files  # Only when Orbax calls it.
+
+        return await state_files.save_state_async(self, directory)
+
+    async def load(self, directory: Any) -> Any:
+        """Orbax v1 ``StatefulCheckpointable``: restores from ``directory``."""
+        from grainlike.core import state_files
+
+        return await state_files.load_state_async(self, directory)
+
+    def start_prefetch(self) -> None:
+        """Starts reading ahead in the first asynchronous stage (idempotent)."""
+        for parent in self._parents:
+            parent.start_prefetch()
+
+    def close(self) -> None:
+        """Releases threads and processes of this stage and its parents (idempotent).
+
+        Advancing a closed iterator raises ``ClosedIteratorError`` (a ``ValueError``).
+        """
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        for parent in self._parents:
+            parent.close()
+
+    def _assert_not_closed(self) -> None:
+        if self._closed:
+            raise ClosedIteratorError(f"Trying to advance a closed iterator: '{self}'.")
+
+    def _get_next_index(self) -> int:
+        """The index of the element the next ``next()`` returns."""
+        raise NotImplementedError(f"{self} cannot report its next index")
+
+    def _set_next_index(self, index: int) -> None:
+        """Moves to the element at ``index`` without computing any element."""
+        raise NotImplementedError(f"{self} cannot move to an index without reading")
+
+    def __del__(self):
+        closer = close_dropped  # None while the interpreter tears the module down at exit
+        if closer is not None:
+            closer(self)
+
+
+def get_next_index(ds_iter: DatasetIterator) -> int:
+    """The index of the element ``ds_iter`` returns next (grain's experimental API)."""
+    return ds_iter._get_next_index()
+
+
+def set_next_index(ds_iter: DatasetIterator, index: int) -> None:
+    """Moves ``ds_iter`` to the element at ``index`` without reading any element."""
+    ds_iter._set_next_index(index)

@@ -1,0 +1,354 @@
+"""``MapDataset``: the random-access dataset, and the methods that build its stages.
+
+``len(ds)`` is one epoch; ``ds[i]`` is the element at ``i`` (any ``i >= 0``:
+indices past the end wrap into later epochs), ``None`` for an element a filter
+removed; ``ds._getitems(indices)`` reads many at once, which is the path iteration
+takes. Every transformation is a stage in its own module (``map.py``,
+``shuffle.py``, ...); the methods here only build them. ``apply_transformations``
+dispatches grain's transform objects to those methods, for ``MapDataset`` and
+``IterDataset`` alike; a ``DatasetSelectionMap`` says which dataset of a mix
+each index reads.
+"""
+
+from __future__ import annotations
+
+import abc
+import builtins
+from typing import Any, Callable, Generic, Iterator, Optional, Sequence, TypeVar, Union
+
+from grainlike.dataset.dataset_node import _Dataset
+
+T = TypeVar("T")
+S = TypeVar("S")
+
+
+class DatasetSelectionMap(abc.ABC):
+    """Maps an index of a mixed dataset to (dataset index, index within it).
+
+    Must be stateless, picklable and deterministic: workers call it concurrently.
+
+    Example:
+      >>> class Concat(DatasetSelectionMap):
+      ...     def __len__(self):
+      ...         return 5
+      ...     def __getitem__(self, index):
+      ...         return (0, index) if index < 2 else (1, index - 2)
+      >>> Concat()[3]
+      (1, 1)
+    """
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """Returns the length of the mixed dataset."""
+
+    @abc.abstractmethod
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        """Returns (constituent dataset index, index within that dataset)."""
+
+
+
+class MapDatasetMeta(abc.ABCMeta):
+    """Metaclass of ``MapDataset``: its class-level factories."""
+
+    def source(cls, source: Any) -> "MapDataset":
+        """A dataset over a random-access source (``len`` and ``[i]``, or a sequence).
+
+        Example:
+          >>> list(MapDataset.source([1, 2, 3]))
+          [1, 2, 3]
+        """
+        from grainlike.dataset.source import SourceMapDataset
+
+        return SourceMapDataset(source)
+
+    def range(cls, start: int, stop: Optional[int] = None, step: int = 1) -> "MapDataset[int]":
+        """The integers of ``range(start, stop, step)``.
+
+        Example:
+          >>> list(MapDataset.range(1, 7, 2))
+          [1, 3, 5]
+        """
+        from grainlike.dataset.source import RangeMapDataset
+
+        return RangeMapDataset(start, stop, step)
+
+    def mix(
+        cls, datasets: Sequence["MapDataset"], weights: Optional[Sequence[float]] = None
+    ) -> "MapDataset":
+        """Interleaves ``datasets`` in proportion to ``weights`` (uniform by default).
+
+        The length is such that no element of any input appears twice.
+
+        Example:
+          >>> list(MapDataset.mix([MapDataset.range(5), MapDataset.range(7, 10)]))
+          [0, 7, 1, 8, 2, 9]
+        """
+        from grainlike.dataset.mix import MixedMapDataset
+
+        return MixedMapDataset(parents=datasets, proportions=weights)
+
+    def select_from_datasets(
+        cls, datasets: Sequence["MapDataset"], selection_map: DatasetSelectionMap
+    ) -> "MapDataset":
+        """Picks element ``i`` as ``datasets[d][j]`` where ``(d, j) = selection_map[i]``."""
+        from grainlike.dataset.mix import MixedMapDataset
+
+        return MixedMapDataset(parents=datasets, selection_map=selection_map)
+
+    def concatenate(cls, datasets: Sequence["MapDataset"]) -> "MapDataset":
+        """All elements of ``datasets[0]``, then of ``datasets[1]``, ...
+
+        Example:
+          >>> list(MapDataset.concatenate([MapDataset.range(2), MapDataset.range(5, 7)]))
+          [0, 1, 5, 6]
+        """
+        from grainlike.dataset.mix import ConcatenateMapDataset
+
+        return ConcatenateMapDataset(parents=datasets)
+
+
+class MapDataset(_Dataset, Generic[T], metaclass=MapDatasetMeta):
+    """A dataset with random access; transformations return new datasets.
+
+    ``None`` marks an absent element (one a filter removed); every stage passes it
+    through without calling the user's function, and iteration skips it.
+    """
+
+    def __init__(self, parents: Union["MapDataset", Sequence["MapDataset"]] = ()):
+        if isinstance(parents, MapDataset):
+            parents = (parents,)
+        else:
+            parents = tuple(parents)
+        super().__init__(parents)
+
+    @property
+    def parents(self) -> Sequence["MapDataset"]:
+        return self._parents
+
+    @property
+    def _parent(self) -> "MapDataset":
+        assert len(self._parents) == 1, self._parents
+        return self._parents[0]
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """Returns the length of one epoch."""
+
+    @abc.abstractmethod
+    def __getitem__(self, index):
+        """Returns the element at ``index`` (``None`` if absent), or a sliced dataset."""
+
+    def _getitems(self, indices: Sequence[int]) -> Sequence[Optional[T]]:
+        """Returns the elements at ``indices`` (``None`` where absent), in order.
+
+        Stages override it to move whole chunks at once; this default reads one
+        index at a time.
+        """
+        return [self.__getitem__(i) for i in indices]
+
+    def _iter_items(self, indices: Sequence[int]) -> Iterator[Optional[T]]:
+        """The elements of ``_getitems(indices)``, each as soon as it is computed.
+
+        A reader in another thread may take the first elements of a chunk while
+        the rest are computed (as grain, which computes one element at a time,
+        delivers an element whose successor never finishes). This default
+        computes the whole chunk first; stages that compute element by element
+        (the maps) override it.
+        """
+        return iter(self._getitems(indices))
+
+    def apply(self, transformations: Any) -> "MapDataset":
+        """Applies one transform or a sequence of them, dispatching on their type.
+
+        Example:
+          >>> from grainlike.core.transforms import Batch
+          >>> MapDataset.range(5).apply([Batch(2)])[2].tolist()
+          [4]
+        """
+        return apply_transformations(self, transformations)
+
+    def batch(
+        self,
+        batch_size: int,
+        *,
+        drop_remainder: bool = False,
+        batch_fn: Optional[Callable[[Sequence[T]], S]] = None,
+    ) -> "MapDataset[S]":
+        """Groups consecutive elements of each epoch, stacked along a new first axis.
+
+        Example:
+          >>> [b.tolist() for b in MapDataset.range(5).batch(2)]
+          [[0, 1], [2, 3], [4]]
+        """
+        from grainlike.dataset.batch import BatchMapDataset
+
+        return BatchMapDataset(self, batch_size, drop_remainder=drop_remainder, batch_fn=batch_fn)
+
+    def filter(self, transform: Any) -> "MapDataset[T]":
+        """Keeps the elements for which ``transform`` is true; ``ds[i]`` is None otherwise.
+
+        Example:
+          >>> ds = MapDataset.range(5).filter(lambda x: x % 2 == 0)
+          >>> ds[1] is None, list(ds)
+          (True, [0, 2, 4])
+        """
+        from grainlike.dataset.filter import FilterMapDataset
+
+        return FilterMapDataset(self, transform)
+
+    def map(self, transform: Any) -> "MapDataset":
+        """Applies ``transform`` (a ``MapTransform`` or a callable) to each element.
+
+        Example:
+          >>> list(MapDataset.range(3).map(lambda x: x + 10))
+          [10, 11, 12]
+        """
+        from grainlike.dataset.map import MapMapDataset
+
+        return MapMapDataset(self, transform)
+
+    def map_with_index(self, transform: Any) -> "MapDataset":
+        """Applies ``transform(index, element)`` to each element.
+
+        Example:
+          >>> list(MapDataset.source(["a", "b"]).map_with_index(lambda i, x: x + str(i)))
+          ['a0', 'b1']
+        """
+        from grainlike.dataset.map import MapWithIndexMapDataset
+
+        return MapWithIndexMapDataset(self, transform)
+
+    def seed(self, seed: int) -> "MapDataset[T]":
+        """Seeds every downstream random stage that is given no seed of its own.
+
+        Each such stage derives a distinct seed from ``seed`` and its position in
+        the pipeline.
+
+        Example:
+          >>> sorted(MapDataset.range(4).seed(7).shuffle())
+          [0, 1, 2, 3]
+        """
+        from grainlike.dataset.seed import WithSeedMapDataset
+
+        return WithSeedMapDataset(self, seed=seed)
+
+    def shuffle(self, seed: Optional[int] = None) -> "MapDataset[T]":
+        """A global shuffle, different (but deterministic) in each epoch.
+
+        Args:
+          seed: in ``[0, 2**32)``; defaults to the seed derived from ``seed()``.
+
+        Example:
+          >>> sorted(MapDataset.range(5).shuffle(seed=1))
+          [0, 1, 2, 3, 4]
+        """
+        from grainlike.dataset.shuffle import ShuffleMapDataset
+
+        return ShuffleMapDataset(self, seed=seed)
+
+    def slice(self, sl: builtins.slice) -> "MapDataset[T]":
+        """The elements at the indices of ``sl``; ``ds[i::n]`` is shard ``i`` of ``n``.
+
+        Example:
+          >>> list(MapDataset.range(10).slice(slice(1, None, 4)))
+          [1, 5, 9]
+        """
+        from grainlike.dataset.slice import SliceMapDataset
+
+        return SliceMapDataset(self, sl)
+
+    def random_map(self, transform: Any, *, seed: Optional[int] = None) -> "MapDataset":
+        """Applies ``transform(element, rng)``, the rng keyed on the seed and the index.
+
+        Example:
+          >>> ds = MapDataset.range(3).random_map(lambda x, rng: x + rng.integers(10), seed=0)
+          >>> list(ds) == list(ds)
+          True
+        """
+        from grainlike.dataset.map import RandomMapMapDataset
+
+        return RandomMapMapDataset(self, transform, seed=seed)
+
+    def repeat(
+        self, num_epochs: Optional[int] = None, *, reseed_each_epoch: bool = True
+    ) -> "MapDataset[T]":
+        """Repeats the dataset ``num_epochs`` times (forever for None).
+
+        With ``reseed_each_epoch`` upstream shuffles and random maps differ in each
+        epoch; without it every epoch repeats the first.
+
+        Example:
+          >>> list(MapDataset.range(2).repeat(2))
+          [0, 1, 0, 1]
+        """
+        from grainlike.dataset.repeat import RepeatMapDataset
+
+        return RepeatMapDataset(self, num_epochs, reseed_each_epoch=reseed_each_epoch)
+
+    def to_iter_dataset(self, read_options: Any = None, *, allow_nones: bool = False) -> "IterDataset[T]":
+        """Iterates over this dataset in order, reading chunks of elements at once.
+
+        Args:
+          read_options: a ``ReadOptions``; with ``num_threads > 0`` and
+            ``prefetch_buffer_size > 0`` chunks are read ahead in that many
+            threads. Without it, sources already in memory are read in the
+            calling thread and other sources get grain's defaults.
+          allow_nones: also yield the ``None`` of filtered-out elements.
+
+        Example:
+          >>> list(MapDataset.range(3).to_iter_dataset())
+          [0, 1, 2]
+        """
+        from grainlike.dataset.prefetch import PrefetchIterDataset
+
+        return PrefetchIterDataset(self, read_options=read_options, allow_nones=allow_nones)
+
+    def __iter__(self) -> "DatasetIterator[T]":
+        return self.to_iter_dataset().__iter__()
+
+
+def apply_transformations(ds: Any, transformations: Any) -> Any:
+    """Applies one transform or a sequence of them to a MapDataset or IterDataset.
+
+    Accepts grainlike's ``Batch``, ``MapTransform``, ``RandomMapTransform``,
+    ``MapWithIndexTransform`` and ``FilterTransform``, and flat maps (objects with
+    ``flat_map`` and ``max_fan_out``).
+
+    Raises:
+      NotImplementedError: a transform of another type (as grain).
+    """
+    from grainlike.core.transforms import (
+        Batch,
+        FilterTransform,
+        MapTransform,
+        MapWithIndexTransform,
+        RandomMapTransform,
+    )
+
+    if not isinstance(transformations, Sequence):
+        transformations = (transformations,)
+    for t in transformations:
+        if isinstance(t, Batch):
+            if t.pad:
+                raise NotImplementedError(
+                    f"Batch(pad=True) works in the DataLoader only; for a dataset use "
+                    f"ds.batch({t.batch_size}, batch_fn=...) to pad ({t})"
+                )
+            ds = ds.batch(t.batch_size, drop_remainder=t.drop_remainder, batch_fn=t.batch_fn)
+        elif isinstance(t, MapTransform):
+            ds = ds.map(t)
+        elif isinstance(t, RandomMapTransform):
+            ds = ds.random_map(t)
+        elif isinstance(t, MapWithIndexTransform):
+            ds = ds.map_with_index(t)
+        elif not isinstance(t, FilterTransform) and callable(getattr(t, "flat_map", None)):
+            # grain's FlatMap: an object with flat_map() (and max_fan_out).
+            from grainlike.dataset import flatmap
+
+            stage = flatmap.FlatMapMapDataset if isinstance(ds, MapDataset) else flatmap.FlatMapIterDataset
+            ds = stage(ds, t)
+        elif isinstance(t, FilterTransform):
+            ds = ds.filter(t)
+        else:
+            raise NotImplementedError(f"Transformation type: {t} is not supported.")
+    return ds
