@@ -64,3 +64,21 @@ def test_a_file_format_importing_a_source_breaks_the_formats_contract(tmp_path):
     assert result.returncode == 1, f"{result.stdout}\n{result.stderr}"
     assert "Sources stand on their file formats, which use core only BROKEN" in result.stdout, result.stdout
     assert "grainlike.sources.formats.tfrecord_files -> grainlike.sources.keys" in result.stdout, result.stdout
+
+
+# Issue 28: a module does one thing and stays readable as a whole; past this many
+# lines it is split by role into modules whose names say what each holds.
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_of_grainlike_is_longer_than_600_lines():
+    offenders = {}
+    for dirpath, _, filenames in os.walk(os.path.join(ROOT, "grainlike")):
+        for name in filenames:
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                with open(path, encoding="utf-8") as f:
+                    lines = sum(1 for _ in f)
+                if lines > MAX_MODULE_LINES:
+                    offenders[os.path.relpath(path, ROOT)] = lines
+    assert offenders == {}, f"modules over {MAX_MODULE_LINES} lines (split them by role): {offenders}"
