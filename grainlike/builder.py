@@ -43,6 +43,7 @@ from grainlike.core.transforms import (
 )
 from grainlike.loader.data_loader import DataLoader
 from grainlike.dataset.options import ReadOptions
+from grainlike.sources.tf_data import TfDataSource, is_tf_dataset
 
 __all__ = ["BuiltLoader", "LoaderBuilder", "from_source"]
 
@@ -524,10 +525,15 @@ class _ReadAheadIterator(_WrappedIterator):
 def from_source(source: Any) -> LoaderBuilder:
     """Starts a LoaderBuilder over a random-access source (``len`` and ``[key]``).
 
+    A finite ``tf.data.Dataset`` is read once into memory (``TfDataSource``; its
+    docstring says what it needs).
+
     Example:
       loader = (grainlike.from_source(source).shuffle(0).map(decode)
                 .random_map(augment).filter(keep).batch(128).epochs(2)
                 .workers(2).prefetch(2).build())
     """
+    if is_tf_dataset(source):
+        source = TfDataSource(source)
     return LoaderBuilder(source)
 

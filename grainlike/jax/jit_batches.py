@@ -15,6 +15,7 @@ import numpy as np
 
 from grainlike.core import tree
 from grainlike.core.transforms import Batch
+from grainlike.sources.tf_data import TfDataSource, is_tf_dataset
 
 __all__ = ["ArraysSource", "MiniBatchInformation"]
 
@@ -128,7 +129,18 @@ class ArraysSource:
 
 
 def _as_source(data: Any) -> Any:
-    """A dict of arrays becomes an ``ArraysSource``; anything else is a source already."""
+    """A dict of arrays becomes an ``ArraysSource``; anything else is a source already.
+
+    A finite ``tf.data.Dataset`` is read once (``TfDataSource``); dict elements, from
+    it or from a ``TfDataSource``, are then read as an ``ArraysSource`` (numpy
+    gathers, no DataLoader).
+    """
+    if is_tf_dataset(data):
+        data = TfDataSource(data)
+    if isinstance(data, TfDataSource) and isinstance(data.columns, dict) and all(
+        isinstance(c, np.ndarray) for c in data.columns.values()
+    ):
+        return ArraysSource(data.columns)
     if isinstance(data, dict):
         return ArraysSource(data)
     return data

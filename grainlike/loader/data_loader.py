@@ -15,6 +15,7 @@ from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import close_dropped
 from grainlike.loader import elastic_restore as elastic
 from grainlike.loader import pipeline
+from grainlike.sources.tf_data import TfDataSource, is_tf_dataset
 from grainlike.loader import legacy_state as state_lib
 from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
 from grainlike.sources.protocol import PinsRemoteObjects
@@ -43,7 +44,8 @@ class DataLoader:
     ``mp_prefetch``; and at the top grain's legacy JSON state.
 
     Args:
-      data_source: random-access source: ``len(source)`` and ``source[key]``.
+      data_source: random-access source: ``len(source)`` and ``source[key]``; a
+        finite ``tf.data.Dataset`` is read once into memory (``TfDataSource``).
       sampler: maps global indices to records, e.g. ``IndexSampler``.
       operations: transforms applied in order (Map, RandomMap, Filter,
         MapWithIndex, Batch, and grain's legacy operations).
@@ -114,6 +116,8 @@ class DataLoader:
                 )
         if not isinstance(shard_options, sharding.ShardOptions):
             raise TypeError(f"shard_options must be a ShardOptions, got {shard_options!r}")
+        if is_tf_dataset(data_source):
+            data_source = TfDataSource(data_source)
         self._data_source = data_source
         self._sampler = sampler
         self._operations = pipeline.check_operations(operations)

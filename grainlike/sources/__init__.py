@@ -5,7 +5,9 @@ optional batched ``__getitems__``); ``RangeDataSource``, ``InMemoryDataSource``
 (alias ``SharedMemoryDataSource``) and ``ArrayRecordDataSource`` implement it with
 Grain-compatible reprs, so checkpoints move between grain and grainlike.
 ``ParquetDataSource`` and ``HuggingFaceDataSource`` (grainlike only) read Parquet
-files and Hugging Face ``datasets``; file sources read ``s3://`` / ``gs://`` URLs
+files and Hugging Face ``datasets``; ``TfDataSource`` reads a finite
+``tf.data.Dataset`` once into memory (TensorFlow is imported only by the user
+who built one); file sources read ``s3://`` / ``gs://`` URLs
 too (``RemoteOptions``). A source or transform declares whether its work per
 record waits with a ``waits`` attribute (``DeclaresWaiting``): what waits is read in
 threads when no ``ReadOptions`` is given, see ``grainlike.sources.waiting``.
@@ -23,6 +25,7 @@ from grainlike.sources.in_memory import InMemoryDataSource, SharedMemoryDataSour
 from grainlike.sources.parquet import ParquetDataSource
 from grainlike.sources.protocol import DeclaresWaiting, RandomAccessDataSource, RangeDataSource, SupportsBatchedRead
 from grainlike.sources.formats.remote_files import RemoteOptions
+from grainlike.sources.tf_data import TfDataSource
 from grainlike.sources.tfds import TfdsDataSource, tfds_source
 
 __all__ = [
@@ -36,6 +39,7 @@ __all__ = [
     "RemoteOptions",
     "SharedMemoryDataSource",
     "SupportsBatchedRead",
+    "TfDataSource",
     "TfdsDataSource",
     "tfds_source",
 ]

@@ -11,8 +11,6 @@ EXCLUDED: dict[str, str] = {
     "_src/core/parallel_test.py*": "grain's internal thread-pool helper (grain._src.core.parallel)",
     "_src/core/profiler_test.py*": "grain's profiler plumbing (grain._src.core.profiler): grainlike profiles with enable_profiling",
     "_src/core/prometheus_monitoring_test.py*": "grain's Prometheus telemetry internals: no user-facing meaning in grainlike",
-    "_src/core/py_version_test.py*": "checks a Bazel-set PYTHON_VERSION variable: fails on grain itself outside grain's own build",
-    "_src/core/tf_import_smoke_test.py*": "reads a Bazel-set PYTHON_MINOR_VERSION variable at import: fails on grain itself outside grain's own build",
     "_src/core/traceback_util_test.py*": "grain's traceback-filter internals (grain._src.core.traceback_util)",
     "_src/python/dataset/stats_test.py*": "grain's execution-statistics internals (dataset/stats.py): grainlike reports timings its own way",
     "_src/python/dataset/stats_utils_test.py*": "grain's execution-statistics internals (dataset/stats_utils.py)",

@@ -111,6 +111,9 @@ class _Run:
         env.update(
             GRAIN_SUITE_ROOT=root,
             TEST_SRCDIR=os.path.join(root, "_src", "python"),
+            # What grain's Bazel build sets: py_version_test.py and tf_import_smoke_test.py read them.
+            PYTHON_VERSION=f"{sys.version_info.major}.{sys.version_info.minor}",
+            PYTHON_MINOR_VERSION=str(sys.version_info.minor),
             JAX_PLATFORMS="cpu",
             PYTHONPATH=os.pathsep.join([HERE, REPO, env.get("PYTHONPATH", "")]),
             LOG=self.log,
