@@ -131,7 +131,7 @@ class TfDataSource:
         cardinality = int(dataset.cardinality())
         if cardinality == _INFINITE:
             raise ValueError(
-                f"TfDataSource: {dataset!r:.120} is infinite (cardinality() == INFINITE, e.g. after "
+                f"TfDataSource: the dataset ({type(dataset).__name__}) is infinite (cardinality() == INFINITE, e.g. after "
                 ".repeat()), and a random-access source needs every record: drop the .repeat() (use "
                 "the sampler's num_epochs), take a finite part with .take(n), or read it as a stream "
                 "with grainlike.experimental.TfDataIterDataset"
@@ -184,7 +184,7 @@ class TfDataSource:
                     "dataset as a stream with grainlike.experimental.TfDataIterDataset"
                 )
         if count == 0:
-            raise ValueError(f"TfDataSource: {dataset!r:.120} has no elements")
+            raise ValueError(f"TfDataSource: the dataset ({type(dataset).__name__}) has no elements")
         if batched:
             columns = [np.concatenate(p) for p in parts]
         else:

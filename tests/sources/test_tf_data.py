@@ -207,6 +207,17 @@ def test_reference_data_takes_a_dataset_of_numbers_as_it_is():
     data.release()
 
 
+def test_full_reference_data_maps_over_every_element_of_a_dataset():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    ds = tf.data.Dataset.from_tensor_slices({"x": np.arange(10, dtype=np.float32)}).map(lambda e: {"x": e["x"] + 1})
+    full = grain.full_reference_data(ds, cache_size=2, batch_size=4)
+    state = full.init()
+    state, (sums, _) = full.map(lambda b, m, c: (jnp.sum(m * b["x"]), c), state, None, masking=True)
+    assert float(jnp.sum(sums)) == sum(range(1, 11))
+
+
 def test_grainlike_imports_no_tensorflow_until_given_a_dataset():
     code = (
         "import sys, grainlike, grainlike.sources, grainlike.experimental, grainlike.builder; "
