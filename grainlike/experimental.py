@@ -31,7 +31,7 @@ from grainlike.dataset.packing import BestFitPackIterDataset, FirstFitPackIterDa
 from grainlike.dataset.packing_concat_split import BOSHandling, ConcatThenSplitIterDataset
 from grainlike.core.pack_and_batch import PackAndBatchOperation
 from grainlike.dataset.interleave import InterleaveIterDataset
-from grainlike.dataset.tf_data import TfDataIterDataset
+from grainlike.dataset.tf_data_stream import TfDataIterDataset
 from grainlike.dataset.tfrecord import TFRecordIterDataset
 from grainlike.dataset.cache import CacheIterDataset
 from grainlike.dataset.rebatch import RebatchIterDataset
