@@ -167,7 +167,7 @@ def test_a_worker_killed_after_set_state_is_reported(no_leaks):
     it.set_state(start)
     pid = it._pool.pids[1]
     os.kill(pid, signal.SIGKILL)
-    assert leaks.wait_until(lambda: pid not in leaks.worker_children())
+    assert leaks.wait_until(lambda: leaks.process_ended(pid))
     got = []
     with pytest.raises(WorkerDiedError, match=r"worker 1 of 2 .*SIGKILL"):
         while True:
@@ -185,7 +185,7 @@ def test_set_state_after_a_worker_died_starts_new_workers(no_leaks):
     assert [next(it) for _ in range(2)] == [0, 1]
     old = it._pool.pids
     os.kill(old[0], signal.SIGKILL)
-    assert leaks.wait_until(lambda: old[0] not in leaks.worker_children())
+    assert leaks.wait_until(lambda: leaks.process_ended(old[0]))
     it.set_state(start)
     assert list(it) == list(range(20))
     assert not set(it._pool.pids) & set(old)

@@ -258,7 +258,7 @@ def test_a_held_worker_killed_after_it_reported_ready_is_raised_at_every_call(no
         )
         victim = pool.pids[1]
         os.kill(victim, signal.SIGKILL)
-        assert leaks.wait_until(lambda: victim not in leaks.worker_children())
+        assert leaks.wait_until(lambda: leaks.process_ended(victim))
         with pytest.raises(WorkerDiedError, match=rf"worker 1 of 2 \(pid {victim}\) .*SIGKILL"):
             next(pool)
         # Worker 1's outputs are lost with it: every later call says so.

@@ -56,6 +56,15 @@ def worker_children() -> set:
     return out
 
 
+def process_ended(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie or gone): ``worker_children``
+    leaves out workers forked by a worker server, whose command line is the server's."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def session_processes(sid: int) -> list:
     """Live processes of session ``sid`` (a script started with ``start_new_session=True``)."""
     out = []

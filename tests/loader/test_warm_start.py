@@ -170,7 +170,7 @@ def test_a_worker_killed_while_it_starts_is_reported_and_next_resumes(no_leaks):
         while time.monotonic() < deadline:
             got.append(_plain(next(it)))
             time.sleep(0.01)
-    assert leaks.wait_until(lambda: victim not in leaks.worker_children())
+    assert leaks.wait_until(lambda: leaks.process_ended(victim))
     got.extend(_plain(b) for b in it)
     assert got == expected
     it.close()
@@ -209,7 +209,7 @@ def test_a_worker_killed_after_it_reported_ready_is_reported_by_name(no_leaks):
     _wait_all_ready(it, 2)
     victim = it._stream.pids[1]
     os.kill(victim, signal.SIGKILL)
-    assert leaks.wait_until(lambda: victim not in leaks.worker_children())
+    assert leaks.wait_until(lambda: leaks.process_ended(victim))
     with pytest.raises(WorkerDiedError, match=rf"worker 1 of 2 \(pid {victim}\) .*SIGKILL"):
         next(it)
     got.extend(_plain(b) for b in it)

@@ -39,7 +39,7 @@ def test_after_a_worker_dies_every_next_raises_and_its_state_restores_the_rest(n
     got = [next(it) for _ in range(max(delivered, 1))]
     victim = it._pool.pids[1]
     os.kill(victim, sig)
-    assert leaks.wait_until(lambda: victim not in leaks.worker_children(), timeout=10)
+    assert leaks.wait_until(lambda: leaks.process_ended(victim), timeout=10)
     first = _until_error(it, got)
     assert f"worker 1 of 3 (pid {victim})" in str(first) and sig.name in str(first)
     # Every later call raises again, naming the worker: the epoch never ends short.
