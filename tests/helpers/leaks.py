@@ -41,7 +41,17 @@ def _helper_process(p: psutil.Process) -> bool:
         cmd = " ".join(p.cmdline())
     except (psutil.Error, OSError):
         return True
-    return "forkserver" in cmd or "resource_tracker" in cmd
+    if "resource_tracker" in cmd:
+        return True
+    if "forkserver" not in cmd:
+        return False
+    # A process forked by a server has the server's command line: a worker,
+    # unless its parent is not a server (then it is the server itself).
+    try:
+        parent = p.parent()
+        return parent is None or "forkserver" not in " ".join(parent.cmdline())
+    except (psutil.Error, OSError):
+        return True
 
 
 def worker_children() -> set:

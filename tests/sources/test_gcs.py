@@ -237,6 +237,7 @@ def test_server_stopped_mid_epoch_is_a_clear_error_then_resume_after_restart(ser
     again = iter(_loader(ParquetDataSource(url, remote_options=patient), workers, batch=8))
     again.set_state(state)
     assert head + _ids(again) == expected
+    again.close()
     assert leaks.wait_until(lambda: leaks.worker_children() <= {server.proc.pid})
 
 
