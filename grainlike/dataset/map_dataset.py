@@ -53,13 +53,16 @@ class MapDatasetMeta(abc.ABCMeta):
     def source(cls, source: Any) -> "MapDataset":
         """A dataset over a random-access source (``len`` and ``[i]``, or a sequence).
 
+        A finite ``tf.data.Dataset`` is read once into a ``TfDataSource``.
+
         Example:
           >>> list(MapDataset.source([1, 2, 3]))
           [1, 2, 3]
         """
         from grainlike.dataset.source import SourceMapDataset
+        from grainlike.sources.tf_data import TfDataSource, is_tf_dataset
 
-        return SourceMapDataset(source)
+        return SourceMapDataset(TfDataSource(source) if is_tf_dataset(source) else source)
 
     def range(cls, start: int, stop: Optional[int] = None, step: int = 1) -> "MapDataset[int]":
         """The integers of ``range(start, stop, step)``.

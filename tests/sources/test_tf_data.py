@@ -55,6 +55,14 @@ def test_records_are_the_pipelines_elements_in_its_order():
     assert source[3]["scaled"].dtype == np.float32
 
 
+def test_map_dataset_source_takes_the_dataset_itself():
+    ds = _pipeline()
+    expected = list(ds.as_numpy_iterator())
+    np.testing.assert_equal(list(grain.MapDataset.source(ds)), expected)
+    np.testing.assert_equal(list(grain.MapDataset.source(ds).shuffle(seed=3)),
+                            list(grain.MapDataset.source(TfDataSource(ds)).shuffle(seed=3)))
+
+
 def test_shapes_unknown_to_tensorflow_are_read_element_by_element():
     # A filter makes the count unknown; from_generator makes the shapes unknown.
     gen = tf.data.Dataset.from_generator(
