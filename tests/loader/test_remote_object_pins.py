@@ -27,6 +27,7 @@ pytest.importorskip("moto")
 pytest.importorskip("pyarrow.parquet")
 
 from tests.sources.s3_server import serving  # noqa: E402
+from tests.helpers.array_record_files import write_array_record  # noqa: E402
 
 BUCKET = "grainlike-loader-pins"
 ROWS = 400
@@ -226,16 +227,10 @@ def test_grain_and_grainlike_restore_each_others_states_of_a_remote_source(s3, v
 
 
 def test_an_array_record_shard_overwritten_since_the_save_is_read_from_its_cached_copy_or_refused(s3, tmp_path):
-    ar = pytest.importorskip("array_record.python.array_record_module")
     from grainlike.sources.array_record import ArrayRecordDataSource
 
     def shard(name: str, prefix: bytes) -> str:
-        path = str(tmp_path / name)
-        writer = ar.ArrayRecordWriter(path, "group_size:1")
-        for i in range(20):
-            writer.write(prefix + b"%03d" % i)
-        writer.close()
-        return path
+        return write_array_record(tmp_path / name, [prefix + b"%03d" % i for i in range(20)])
 
     key = "shard.array_record"
     url = _put(s3, BUCKET, key, shard("old.array_record", b"old"))

@@ -27,6 +27,7 @@ pytest.importorskip("moto")
 pytest.importorskip("pyarrow.parquet")
 
 from tests.sources.s3_server import FaultyHttpProxy, serving  # noqa: E402
+from tests.helpers.array_record_files import write_array_record  # noqa: E402
 
 BUCKET = "grainlike-security"
 NOBODY = 65534
@@ -424,16 +425,10 @@ def test_a_full_disk_while_writing_the_sidecar_leaves_no_copy(s3, tmp_path, monk
 
 
 def test_an_array_record_shard_overwritten_after_the_source_was_built_is_an_error(s3, tmp_path):
-    ar = pytest.importorskip("array_record.python.array_record_module")
     from grainlike.sources.array_record import ArrayRecordDataSource
 
     def shard(name: str, prefix: bytes) -> str:
-        path = str(tmp_path / name)
-        writer = ar.ArrayRecordWriter(path, "group_size:1")
-        for i in range(20):
-            writer.write(prefix + b"%03d" % i)
-        writer.close()
-        return path
+        return write_array_record(tmp_path / name, [prefix + b"%03d" % i for i in range(20)])
 
     key = "changing.array_record"
     _overwrite(s3, key, shard("old.array_record", b"old"))
