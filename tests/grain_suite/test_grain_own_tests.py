@@ -189,9 +189,10 @@ class _Run:
             for test in failing:
                 if again.get(test) == "passed":
                     result[test] = "passed"
-                    # Named in the summary with the last line of its first failure.
+                    # Named in the summary with its first failure's error (its "E" lines).
                     first = [line for line in self.messages.pop(test, "").splitlines() if line.strip()]
-                    self.retried.append(f"{test} (first run: {first[-1][:300] if first else '?'})")
+                    errors = " ".join(line[1:].strip() for line in first if line.startswith("E "))
+                    self.retried.append(f"{test} (first run: {(errors or (first[-1] if first else '?'))[:600]})")
                 elif test in messages:
                     self.messages[test] += "\n--- and when run again alone:\n" + messages[test]
         self.outcomes = result
