@@ -48,56 +48,39 @@ from grainlike.sources.tf_data import TfDataSource, is_tf_dataset
 __all__ = ["BuiltLoader", "LoaderBuilder", "from_source"]
 
 
-class _FunctionMap(MapTransform):
-    """A MapTransform calling a plain function; error notes name the function."""
+class _Function:
+    """A transform calling a plain function; error notes and repr name the function."""
 
-    def __init__(self, fn: Callable[[Any], Any]):
+    _method: str
+
+    def __init__(self, fn: Callable[..., Any]):
         self.__wrapped__ = fn
 
-    def map(self, element: Any) -> Any:
-        return self.__wrapped__(element)
+    def _call(self, *args: Any) -> Any:
+        return self.__wrapped__(*args)
 
     def __repr__(self) -> str:
-        return f"map({getattr(self.__wrapped__, '__qualname__', self.__wrapped__)!s})"
+        return f"{self._method}({getattr(self.__wrapped__, '__qualname__', self.__wrapped__)!s})"
 
 
-class _FunctionRandomMap(RandomMapTransform):
+class _FunctionMap(_Function, MapTransform):
+    """A MapTransform calling ``fn(element)``."""
+    _method, map = "map", _Function._call
+
+
+class _FunctionRandomMap(_Function, RandomMapTransform):
     """A RandomMapTransform calling ``fn(element, rng)``."""
-
-    def __init__(self, fn: Callable[[Any, np.random.Generator], Any]):
-        self.__wrapped__ = fn
-
-    def random_map(self, element: Any, rng: np.random.Generator) -> Any:
-        return self.__wrapped__(element, rng)
-
-    def __repr__(self) -> str:
-        return f"random_map({getattr(self.__wrapped__, '__qualname__', self.__wrapped__)!s})"
+    _method, random_map = "random_map", _Function._call
 
 
-class _FunctionFilter(FilterTransform):
+class _FunctionFilter(_Function, FilterTransform):
     """A FilterTransform calling ``fn(element) -> bool``."""
-
-    def __init__(self, fn: Callable[[Any], bool]):
-        self.__wrapped__ = fn
-
-    def filter(self, element: Any) -> bool:
-        return self.__wrapped__(element)
-
-    def __repr__(self) -> str:
-        return f"filter({getattr(self.__wrapped__, '__qualname__', self.__wrapped__)!s})"
+    _method, filter = "filter", _Function._call
 
 
-class _FunctionMapWithIndex(MapWithIndexTransform):
+class _FunctionMapWithIndex(_Function, MapWithIndexTransform):
     """A MapWithIndexTransform calling ``fn(index, element)``."""
-
-    def __init__(self, fn: Callable[[int, Any], Any]):
-        self.__wrapped__ = fn
-
-    def map_with_index(self, index: int, element: Any) -> Any:
-        return self.__wrapped__(index, element)
-
-    def __repr__(self) -> str:
-        return f"map_with_index({getattr(self.__wrapped__, '__qualname__', self.__wrapped__)!s})"
+    _method, map_with_index = "map_with_index", _Function._call
 
 
 def _as_transform(value: Any, kind: type, wrapper: type, method: str) -> Any:

@@ -96,20 +96,6 @@ def _check_image(image: Any, op: str) -> np.ndarray:
     return image
 
 
-def _crop(image: np.ndarray, top: int, left: int, height: int, width: int) -> np.ndarray:
-    # A view: Batch copies each record into the batch anyway, so copying here
-    # would only double the work.
-    return image[top : top + height, left : left + width]
-
-
-def _check_crop_fits(image: np.ndarray, height: int, width: int, op: str) -> None:
-    if height > image.shape[0] or width > image.shape[1]:
-        raise ValueError(
-            f"{op} of size (height, width) = ({height}, {width}) does not fit in an image of shape "
-            f"{image.shape}; resize first (e.g. ResizeAndCrop) or crop smaller"
-        )
-
-
 class _ImageTransform:
     """Shared by every transform here: the ``key`` lookup and a readable repr.
 
@@ -119,6 +105,10 @@ class _ImageTransform:
 
     _fields: tuple[str, ...] = ()
     key: Optional[Hashable]
+
+    def _set_size(self, size: Size) -> None:
+        self._hw = _parse_size(size)
+        self.size = int(size) if _is_int(size) else self._hw
 
     def _on(self, element: Any, fn: Callable[[Any], Any]) -> Any:
         key = self.key
@@ -240,8 +230,7 @@ class Resize(_ImageTransform, MapTransform):
     def __init__(self, size: Size, keep_aspect: bool = False, interpolation: Union[str, int] = "linear", *, key: Optional[Hashable] = None):
         if keep_aspect and not (_is_int(size) and size > 0):
             raise ValueError(f"with keep_aspect=True, size must be a positive int (the shorter side), got {size!r}")
-        self._hw = _parse_size(size)
-        self.size = int(size) if _is_int(size) else self._hw
+        self._set_size(size)
         self.keep_aspect = bool(keep_aspect)
         self.interpolation = _parse_interpolation(interpolation)
         self.key = key
@@ -279,7 +268,33 @@ class Resize(_ImageTransform, MapTransform):
         return out[:, :, None] if image.ndim == 3 and out.ndim == 2 else out
 
 
-class CenterCrop(_ImageTransform, MapTransform):
+class _Crop(_ImageTransform):
+    """Shared by the crops: their ``size`` and the cut itself."""
+
+    _fields = ("size",)
+
+    def __init__(self, size: Size, *, key: Optional[Hashable] = None):
+        self._set_size(size)
+        self.key = key
+
+    def _cut(self, image: Any, place: Callable[[int], int]) -> np.ndarray:
+        """Crops ``size`` at offset ``place(slack)`` of the height, then of the width."""
+        op = type(self).__name__
+        image = _check_image(image, op)
+        (th, tw), (h, w) = self._hw, image.shape[:2]
+        if th > h or tw > w:
+            raise ValueError(
+                f"{op} of size (height, width) = ({th}, {tw}) does not fit in an image of shape "
+                f"{image.shape}; resize first (e.g. ResizeAndCrop) or crop smaller"
+            )
+        top = place(h - th)
+        left = place(w - tw)
+        # A view: Batch copies each record into the batch anyway, so copying here
+        # would only double the work.
+        return image[top : top + th, left : left + tw]
+
+
+class CenterCrop(_Crop, MapTransform):
     """Crops the centre ``size`` of an image (when the slack is odd, the extra pixel is cut from the bottom / right).
 
     Args:
@@ -295,24 +310,14 @@ class CenterCrop(_ImageTransform, MapTransform):
       [[5, 6], [9, 10]]
     """
 
-    _fields = ("size",)
-
-    def __init__(self, size: Size, *, key: Optional[Hashable] = None):
-        self._hw = _parse_size(size)
-        self.size = int(size) if _is_int(size) else self._hw
-        self.key = key
-
     def map(self, element: Any) -> Any:
         return self._on(element, self._center_crop)
 
     def _center_crop(self, image: Any) -> np.ndarray:
-        image = _check_image(image, "CenterCrop")
-        th, tw = self._hw
-        _check_crop_fits(image, th, tw, "CenterCrop")
-        return _crop(image, (image.shape[0] - th) // 2, (image.shape[1] - tw) // 2, th, tw)
+        return self._cut(image, lambda slack: slack // 2)
 
 
-class RandomCrop(_ImageTransform, RandomMapTransform):
+class RandomCrop(_Crop, RandomMapTransform):
     """Crops ``size`` at a uniformly random position drawn from the record's rng.
 
     Args:
@@ -329,23 +334,8 @@ class RandomCrop(_ImageTransform, RandomMapTransform):
       (2, 3, 3)
     """
 
-    _fields = ("size",)
-
-    def __init__(self, size: Size, *, key: Optional[Hashable] = None):
-        self._hw = _parse_size(size)
-        self.size = int(size) if _is_int(size) else self._hw
-        self.key = key
-
     def random_map(self, element: Any, rng: np.random.Generator) -> Any:
-        return self._on(element, lambda image: self._random_crop(image, rng))
-
-    def _random_crop(self, image: Any, rng: np.random.Generator) -> np.ndarray:
-        image = _check_image(image, "RandomCrop")
-        th, tw = self._hw
-        _check_crop_fits(image, th, tw, "RandomCrop")
-        top = int(rng.integers(0, image.shape[0] - th + 1))
-        left = int(rng.integers(0, image.shape[1] - tw + 1))
-        return _crop(image, top, left, th, tw)
+        return self._on(element, lambda image: self._cut(image, lambda slack: int(rng.integers(0, slack + 1))))
 
 
 class RandomFlip(_ImageTransform, RandomMapTransform):
