@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from grainlike.core.tree import map_structure, map_structure_with_key_path
+from grainlike.core.tree import is_namedtuple, map_structure, map_structure_with_key_path
 
 __all__ = ["dict_to_pytree", "pytree_dict_keys", "pytree_dict_leaves", "pytree_to_dict", "register_dictionize_rule",
            "unflatten_dict_leaves"]
@@ -62,7 +62,7 @@ def _children(node: Any) -> Optional[list]:
     if isinstance(node, dict):
         # JAX flattens a dict in sorted key order; leaves here follow the same order.
         return [(k, node[k]) for k in sorted(node)]
-    if isinstance(node, tuple) and hasattr(node, "_fields"):
+    if is_namedtuple(node):
         return list(zip(node._fields, node))
     if isinstance(node, (list, tuple)):
         return [(f"list_element_{i}", v) for i, v in enumerate(node)]
@@ -133,7 +133,7 @@ def dict_to_pytree(pytree_as_dict: Any, target: Any) -> Any:
             values.append(build(node[str(k)], v, path + (str(k),)))
         if isinstance(target_node, dict):
             return dict(zip([k for k, _ in children], values))
-        if isinstance(target_node, tuple) and hasattr(target_node, "_fields"):
+        if is_namedtuple(target_node):
             return type(target_node)(*values)
         return type(target_node)(values)
 

@@ -395,7 +395,5 @@ class ArrayRecordDataSource:
     def __repr__(self) -> str:
         # Grain's format: a hash, since the list of paths can be very long. Only the
         # file names enter it (not skip/take), exactly as in Grain.
-        h = hashlib.sha1()
-        for filename in self._filenames:
-            h.update(filename.encode())
+        h = hashlib.sha1("".join(self._filenames).encode())  # as sha1 updated path by path
         return f"ArrayRecordDataSource(hash_of_paths={h.hexdigest()})"

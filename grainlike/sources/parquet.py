@@ -284,8 +284,6 @@ class ParquetDataSource:
 
     def __repr__(self) -> str:
         # A hash, as grain's ArrayRecordDataSource: lists of paths can be very long.
-        h = hashlib.sha1()
-        for path in self._paths:
-            h.update(path.encode())
+        h = hashlib.sha1("".join(self._paths).encode())  # as sha1 updated path by path
         return f"ParquetDataSource(hash_of_paths={h.hexdigest()}, columns={self._columns!r})"
 

@@ -181,10 +181,6 @@ def known_info(url: str) -> Optional[dict]:
     return _INFOS.get(url)
 
 
-def object_size(url: str, options: RemoteOptions) -> int:
-    """The size in bytes of the object at ``url``."""
-    return object_info(url, options)["size"]
-
 def read_range(url: str, start: int, end: int, options: RemoteOptions, pin: Optional[dict] = None) -> bytes:
     """Bytes ``[start, end)`` of the object at ``url``, with retries.
 
