@@ -42,6 +42,7 @@ from grainlike.sources.formats.array_record_files import (
     open_reader,
 )
 from grainlike.sources.keys import check_keys, group_by
+from grainlike.sources.protocol import ClosingSource
 
 __all__ = ["ArrayRecordDataSource", "RecordKeyOutOfRangeError", "SourceFileNotFoundError"]
 
@@ -133,7 +134,7 @@ def _read_instruction(
     return filename, start, max(end, start)
 
 
-class ArrayRecordDataSource:
+class ArrayRecordDataSource(ClosingSource):
     """Reads records (``bytes``) from one or more ArrayRecord files.
 
     Same records, length and ``repr`` as Grain's ``ArrayRecordDataSource`` for the
@@ -247,11 +248,6 @@ class ArrayRecordDataSource:
             if reader is not None:
                 reader.close()
 
-    def __enter__(self) -> "ArrayRecordDataSource":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -371,9 +367,6 @@ class ArrayRecordDataSource:
                     raise self._read_error(file_index, [key], [position], single) from single
             raise self._read_error(file_index, keys.tolist(), positions.tolist(), e) from e
 
-    def __iter__(self):
-        for key in range(self._len):
-            yield self[key]
 
     # -- identity --------------------------------------------------------------
 

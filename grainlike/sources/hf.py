@@ -29,6 +29,7 @@ from typing import Any, Optional, SupportsIndex
 import numpy as np
 
 from grainlike.sources.keys import check_keys
+from grainlike.sources.protocol import ClosingSource
 
 __all__ = ["HuggingFaceDataSource"]
 
@@ -37,7 +38,7 @@ def _remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-class HuggingFaceDataSource:
+class HuggingFaceDataSource(ClosingSource):
     """Reads rows of a ``datasets.Dataset`` by index, as dicts of numpy values.
 
     Args:
@@ -132,11 +133,6 @@ class HuggingFaceDataSource:
         if self._finalizer is not None:
             self._finalizer()
 
-    def __enter__(self) -> "HuggingFaceDataSource":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # -- reading -------------------------------------------------------------------
 

@@ -71,6 +71,7 @@ from grainlike.sources.formats.in_memory_records import (
     make_builder,
     scalar_getter,
 )
+from grainlike.sources.protocol import ClosingSource
 
 __all__ = ["InMemoryDataSource", "SharedMemoryDataSource"]
 
@@ -83,7 +84,7 @@ def _close_fd(fd: int) -> None:
         pass
 
 
-class InMemoryDataSource:
+class InMemoryDataSource(ClosingSource):
     """A source whose records are held once in shared memory and shared by all workers.
 
     Accepts what Grain's ``SharedMemoryDataSource`` accepts (a sequence of int,
@@ -330,9 +331,6 @@ class InMemoryDataSource:
             getter = self._load()
         return [getter(k) for k in record_keys]
 
-    def __iter__(self):
-        for i in range(len(self)):
-            yield self[i]
 
     # -- identity -----------------------------------------------------------
 
@@ -398,11 +396,6 @@ class InMemoryDataSource:
         else:
             unlink_untracked(self._name)
 
-    def __enter__(self) -> "InMemoryDataSource":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __copy__(self) -> "InMemoryDataSource":
         """Another source on the same memory (named: attached by name); the data is not copied."""

@@ -31,13 +31,14 @@ from grainlike.sources.formats import remote_files as remote
 from grainlike.sources.formats import remote_pins
 from grainlike.sources.formats.parquet_files import columns_to_numpy, open_parquet
 from grainlike.sources.keys import check_keys, group_by
+from grainlike.sources.protocol import ClosingSource
 
 __all__ = ["ParquetDataSource", "columns_to_numpy"]
 
 _MAX_OPENING_THREADS = 64
 
 
-class ParquetDataSource:
+class ParquetDataSource(ClosingSource):
     """Reads rows of Parquet files as dicts of numpy values, by global row number.
 
     Args:
@@ -182,11 +183,6 @@ class ParquetDataSource:
             for pf in idle:
                 pf.close()
 
-    def __enter__(self) -> "ParquetDataSource":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # -- reading -----------------------------------------------------------------
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 import math
 import operator
 import typing
-from typing import Protocol, Sequence, SupportsIndex, TypeVar
+from typing import Any, Iterator, Protocol, Sequence, SupportsIndex, TypeVar
 
 import numpy as np
 
 T = TypeVar("T", covariant=True)
+_S = TypeVar("_S", bound="ClosingSource")
 
 
 @typing.runtime_checkable
@@ -144,6 +145,26 @@ class PinsRemoteObjects(Protocol):
           InvalidStateError: ``pins`` names another object or is malformed.
         """
         ...
+
+
+class ClosingSource:
+    """Base of the sources that hold readers, files or memory until ``close()``.
+
+    ``with source:`` closes it on exit; iterating reads every record in key order.
+    """
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[Any]:
+        for key in range(len(self)):  # type: ignore[arg-type]
+            yield self[key]  # type: ignore[index]
 
 
 class RangeDataSource:

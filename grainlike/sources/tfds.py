@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Iterator, Optional, SupportsIndex
+from typing import Any, Optional, SupportsIndex
 
 from grainlike.core.errors import add_note
 from grainlike.sources.array_record import ArrayRecordDataSource
+from grainlike.sources.protocol import ClosingSource
 
 __all__ = ["TfdsDataSource", "from_tfds", "is_tfds_source", "tfds_source"]
 
@@ -59,7 +60,7 @@ def _is_tfds_array_record_source(obj: Any) -> bool:
     return is_tfds_source(obj) and type(obj).__name__ == "ArrayRecordDataSource"
 
 
-class TfdsDataSource:
+class TfdsDataSource(ClosingSource):
     """One split of a TFDS dataset stored as ArrayRecord, decoded like TFDS.
 
     Returns exactly the records of the TFDS source it is built from
@@ -157,9 +158,6 @@ class TfdsDataSource:
         records = self._records.__getitems__(record_keys)
         return [self._decode(int(k), r) for k, r in zip(record_keys, records)]
 
-    def __iter__(self) -> Iterator[Any]:
-        for key in range(len(self)):
-            yield self[key]
 
     # -- resources and identity -------------------------------------------------
 
@@ -182,11 +180,6 @@ class TfdsDataSource:
         """Closes open file readers. Idempotent; a later read reopens them."""
         self._records.close()
 
-    def __enter__(self) -> "TfdsDataSource":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return self._repr

@@ -43,6 +43,7 @@ import numpy as np
 
 from grainlike.core.errors import add_note
 from grainlike.sources.formats.record_codec import encode_record
+from grainlike.sources.protocol import SupportsBatchedRead
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -216,14 +217,10 @@ def write_records(
 
 def _read_source(source: Any) -> Iterator[Any]:
     n = len(source)
-    getitems = getattr(source, "__getitems__", None)
+    batched = isinstance(source, SupportsBatchedRead)
     for lo in range(0, n, _READ_CHUNK):
         keys = list(range(lo, min(lo + _READ_CHUNK, n)))
-        if getitems is not None:
-            yield from getitems(keys)
-        else:
-            for key in keys:
-                yield source[key]
+        yield from source.__getitems__(keys) if batched else map(source.__getitem__, keys)
 
 
 def convert_source(

@@ -33,7 +33,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from grainlike.core import index_set
+from grainlike.core import index_set, sharding
 
 __all__ = [
     "describe_array_record",
@@ -58,17 +58,6 @@ _MAX_STATE_BYTES = 16 << 20
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-def _shard_range(num_records: int, index: int, count: int, drop: bool) -> tuple[int, int]:
-    # grain's even split: the first `remainder` shards take one more record.
-    per_shard = num_records // count
-    start, end = per_shard * index, per_shard * (index + 1)
-    remainder = num_records % count
-    if remainder and not drop:
-        start += min(index, remainder)
-        end += min(index + 1, remainder)
-    return start, end
 
 
 def _load_state(state: Union[bytes, str, dict], where: str) -> dict:
@@ -125,7 +114,7 @@ def describe_state(state: Union[bytes, str, dict], name: str = "state") -> str:
             order += f" (seed {m['seed']} for random transforms)"
         epochs = "repeating forever" if num_epochs is None else _plural(num_epochs, "epoch")
         lines.append(f"  sampler: IndexSampler over {num_records} records, {order}, {epochs}")
-        start, end = _shard_range(num_records, shard_index, shard_count, drop)
+        start, end = sharding.even_split(num_records, sharding.ShardOptions(shard_index, shard_count, drop))
         per_epoch = end - start
         if shard_count == 1:
             lines.append(f"  sharding: none ({m['shard_type']}): all {num_records} records each epoch")
@@ -202,7 +191,7 @@ def _progress(total, per_epoch, num_records, num_epochs, shard_index, shard_coun
 
 def _sampler_of(data: dict, shard: Optional[tuple[int, int]] = None) -> Any:
     """The IndexSampler a state names (re-sharded as ``shard``), or None for another sampler."""
-    from grainlike.core import samplers, sharding
+    from grainlike.core import samplers
 
     m = _INDEX_SAMPLER.fullmatch(data["sampler"])
     if m is None:
