@@ -395,16 +395,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _forwarded(args: argparse.Namespace) -> list:
-    return [
-        f"--workdir={args.workdir}",
-        f"--epochs={args.epochs}",
-        f"--batch-size={args.batch_size}",
-        f"--workers={args.workers}",
-        f"--hidden={args.hidden}",
-        f"--learning-rate={args.learning_rate}",
-        f"--seed={args.seed}",
-        f"--checkpoint-every={args.checkpoint_every}",
-    ]
+    names = ("workdir", "epochs", "batch_size", "workers", "hidden", "learning_rate", "seed", "checkpoint_every")
+    return [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in names]
 
 
 def main(argv=None) -> int:
