@@ -42,7 +42,7 @@ from typing import Any, Optional
 import numpy as np
 
 from grainlike.core.errors import add_note
-from grainlike.sources.formats.record_codec import encode_record
+from grainlike.sources.formats.record_codec import IMAGE_SIGNATURES, encode_record
 from grainlike.sources.protocol import SupportsBatchedRead
 
 __all__ = [
@@ -57,7 +57,6 @@ __all__ = [
 
 FORMAT_NAME = "grainlike-record-v1"
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-_IMAGE_SIGNATURES = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF8", b"BM", b"RIFF", b"II*\x00", b"MM\x00*")
 # Records read per batched read from a source: amortises the per-call cost
 # without holding many decoded examples in memory.
 _READ_CHUNK = 256
@@ -321,7 +320,7 @@ def convert_image_folder(
         for path, label in files:
             with open(path, "rb") as f:
                 data = f.read()
-            if not data.startswith(_IMAGE_SIGNATURES):
+            if not data.startswith(tuple(IMAGE_SIGNATURES)):
                 raise ValueError(f"{path!r} is not an image: it starts with {data[:8]!r}")
             example = {"image": data, "label": np.int64(label)}
             if include_paths:

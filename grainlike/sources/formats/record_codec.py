@@ -201,13 +201,9 @@ def decode_record(record: bytes, copy: bool = True) -> Any:
     return bare if header and header[0][0] is None else out
 
 
-_SIGNATURES = [
-    (b"\x89PNG\r\n\x1a\n", "PNG image"),
-    (b"\xff\xd8\xff", "JPEG image"),
-    (b"GIF8", "GIF image"),
-    (b"BM", "BMP image"),
-    (b"RIFF", "RIFF (e.g. WebP) data"),
-]
+# The first bytes of the image formats grainlike-convert stores, and their names.
+IMAGE_SIGNATURES = {b"\x89PNG\r\n\x1a\n": "PNG image", b"\xff\xd8\xff": "JPEG image", b"GIF8": "GIF image",
+                    b"BM": "BMP image", b"RIFF": "RIFF (e.g. WebP) data", b"II*\x00": "TIFF image", b"MM\x00*": "TIFF image"}
 
 
 def describe_record(record: bytes, show_values: bool = False) -> list[str]:
@@ -241,7 +237,7 @@ def describe_record(record: bytes, show_values: bool = False) -> list[str]:
             if show_values:
                 shown = f" = {value[:60]!r}"
         else:
-            what = next((w for sig, w in _SIGNATURES if value.startswith(sig)), None)
+            what = next((w for sig, w in IMAGE_SIGNATURES.items() if value.startswith(sig)), None)
             text = f"{label}: {nbytes} bytes" + (f" ({what})" if what else "")
         lines.append(text + shown)
     return lines
