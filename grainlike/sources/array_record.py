@@ -250,10 +250,7 @@ class ArrayRecordDataSource(ClosingSource):
 
 
     def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        for key in ("_readers", "_lock", "_pid"):
-            del state[key]
-        return state
+        return {k: v for k, v in self.__dict__.items() if k not in ("_readers", "_lock", "_pid")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)

@@ -113,10 +113,7 @@ class HuggingFaceDataSource(ClosingSource):
     def __getstate__(self) -> dict:
         if self._in_memory():
             self._spill()
-        state = self.__dict__.copy()
-        for key in ("_lock", "_formatted", "_finalizer", "_spill_dir"):
-            state.pop(key, None)
-        return state
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_formatted", "_finalizer", "_spill_dir")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)

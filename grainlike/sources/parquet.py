@@ -133,10 +133,7 @@ class ParquetDataSource(ClosingSource):
         self._pid = os.getpid()
 
     def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        for key in ("_files", "_tables", "_lock", "_pid"):
-            state.pop(key, None)
-        return state
+        return {k: v for k, v in self.__dict__.items() if k not in ("_files", "_tables", "_lock", "_pid")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)

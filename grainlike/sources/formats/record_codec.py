@@ -203,7 +203,8 @@ def decode_record(record: bytes, copy: bool = True) -> Any:
 
 # The first bytes of the image formats grainlike-convert stores, and their names.
 IMAGE_SIGNATURES = {b"\x89PNG\r\n\x1a\n": "PNG image", b"\xff\xd8\xff": "JPEG image", b"GIF8": "GIF image",
-                    b"BM": "BMP image", b"RIFF": "RIFF (e.g. WebP) data", b"II*\x00": "TIFF image", b"MM\x00*": "TIFF image"}
+                    b"BM": "BMP image", b"RIFF": "RIFF (e.g. WebP) data", b"II*\x00": "TIFF image",
+                    b"MM\x00*": "TIFF image"}
 
 
 def describe_record(record: bytes, show_values: bool = False) -> list[str]:
