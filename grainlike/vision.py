@@ -140,7 +140,16 @@ class _ImageTransform:
         return hash(repr(self))
 
 
-class Decode(_ImageTransform, MapTransform):
+class _ImageMap(_ImageTransform, MapTransform):
+    """A map transform: ``_apply`` to the image (or to ``element[key]``)."""
+
+    _apply: Callable[[Any], Any]
+
+    def map(self, element: Any) -> Any:
+        return self._on(element, self._apply)
+
+
+class Decode(_ImageMap):
     """Decodes JPEG / PNG (or any format OpenCV reads) bytes to an HWC uint8 RGB image.
 
     Colour images come out as ``(H, W, 3)`` RGB (not OpenCV's BGR); with
@@ -169,10 +178,7 @@ class Decode(_ImageTransform, MapTransform):
         self.grayscale = bool(grayscale)
         self.key = key
 
-    def map(self, element: Any) -> Any:
-        return self._on(element, self._decode)
-
-    def _decode(self, data: Any) -> np.ndarray:
+    def _apply(self, data: Any) -> np.ndarray:
         if isinstance(data, np.ndarray):
             if data.dtype != np.uint8 or data.ndim != 1:
                 raise TypeError(f"Decode expects encoded bytes or a 1-D uint8 array, got an array of shape {data.shape} and dtype {data.dtype}")
@@ -201,7 +207,7 @@ class Decode(_ImageTransform, MapTransform):
         return image[:, :, None] if image.ndim == 2 else image
 
 
-class Resize(_ImageTransform, MapTransform):
+class Resize(_ImageMap):
     """Resizes an image to an exact size, or its shorter side to ``size`` keeping aspect.
 
     Args:
@@ -235,9 +241,6 @@ class Resize(_ImageTransform, MapTransform):
         self.interpolation = _parse_interpolation(interpolation)
         self.key = key
 
-    def map(self, element: Any) -> Any:
-        return self._on(element, self._resize)
-
     def _target(self, h: int, w: int) -> tuple[int, int]:
         if not self.keep_aspect:
             return self._hw
@@ -246,7 +249,7 @@ class Resize(_ImageTransform, MapTransform):
             return s, max(1, int(w * s / h + 0.5))
         return max(1, int(h * s / w + 0.5)), s
 
-    def _resize(self, image: Any) -> np.ndarray:
+    def _apply(self, image: Any) -> np.ndarray:
         image = _check_image(image, "Resize")
         h, w = image.shape[:2]
         if h == 0 or w == 0:
@@ -294,7 +297,7 @@ class _Crop(_ImageTransform):
         return image[top : top + th, left : left + tw]
 
 
-class CenterCrop(_Crop, MapTransform):
+class CenterCrop(_Crop, _ImageMap):
     """Crops the centre ``size`` of an image (when the slack is odd, the extra pixel is cut from the bottom / right).
 
     Args:
@@ -310,10 +313,7 @@ class CenterCrop(_Crop, MapTransform):
       [[5, 6], [9, 10]]
     """
 
-    def map(self, element: Any) -> Any:
-        return self._on(element, self._center_crop)
-
-    def _center_crop(self, image: Any) -> np.ndarray:
+    def _apply(self, image: Any) -> np.ndarray:
         return self._cut(image, lambda slack: slack // 2)
 
 
@@ -385,7 +385,7 @@ class RandomFlip(_ImageTransform, RandomMapTransform):
         return np.ascontiguousarray(image)
 
 
-class Normalize(_ImageTransform, MapTransform):
+class Normalize(_ImageMap):
     """Computes ``(image - mean) / std`` in a floating ``dtype``.
 
     Args:
@@ -435,10 +435,7 @@ class Normalize(_ImageTransform, MapTransform):
             raise ValueError(f"{name} must be a finite number or a non-empty sequence of finite numbers, got {v!r}")
         return arr
 
-    def map(self, element: Any) -> Any:
-        return self._on(element, self._normalize)
-
-    def _normalize(self, image: Any) -> np.ndarray:
+    def _apply(self, image: Any) -> np.ndarray:
         image = _check_image(image, "Normalize")
         n = self._mean.size if self._mean.ndim else self._std.size if self._std.ndim else 1
         if (self._mean.ndim or self._std.ndim) and (image.ndim != 3 or image.shape[2] != n):
@@ -451,7 +448,7 @@ class Normalize(_ImageTransform, MapTransform):
         return out
 
 
-class Cast(_ImageTransform, MapTransform):
+class Cast(_ImageMap):
     """Casts an image to ``dtype`` (plain ``astype``: no scaling or clipping).
 
     Args:
@@ -473,14 +470,11 @@ class Cast(_ImageTransform, MapTransform):
             raise ValueError(f"dtype must be a numpy dtype, got {dtype!r}") from e
         self.key = key
 
-    def map(self, element: Any) -> Any:
-        return self._on(element, self._cast)
-
-    def _cast(self, image: Any) -> np.ndarray:
+    def _apply(self, image: Any) -> np.ndarray:
         return np.asarray(image).astype(self.dtype, copy=False)
 
 
-class ResizeAndCrop(_ImageTransform, MapTransform):
+class ResizeAndCrop(_ImageMap):
     """Resizes the shorter side to ``size``, then crops the centre ``size`` x ``size`` square.
 
     The usual preprocessing for square-input image models, as in Grain's DataLoader
@@ -508,5 +502,5 @@ class ResizeAndCrop(_ImageTransform, MapTransform):
         self.interpolation = self._resize.interpolation
         self.key = key
 
-    def map(self, element: Any) -> Any:
-        return self._on(element, lambda image: self._crop._center_crop(self._resize._resize(image)))
+    def _apply(self, image: Any) -> np.ndarray:
+        return self._crop._apply(self._resize._apply(image))
