@@ -311,20 +311,11 @@ class LoaderBuilder:
                     "use per-worker batches with it"
                 )
             batch = operations.pop()
-        buffer = self._buffer()
         read_ahead = self.prefetch_ if self.worker_count == 0 else None
-        kwargs = dict(
-            data_source=self.source,
-            sampler=sampler,
-            operations=operations,
-            worker_count=self.worker_count,
-            worker_buffer_size=buffer,
-            shard_options=self.shard_options,
-            read_options=self.read_options,
-        )
+        args = self._loader_args(sampler, operations)
         if batch is None and read_ahead is None:
-            return DataLoader(**kwargs)
-        return BuiltLoader(batch=batch, read_ahead=read_ahead, **kwargs)
+            return DataLoader(**args)
+        return BuiltLoader(batch=batch, read_ahead=read_ahead, **args)
 
     def _build_on_mesh(self, sampler: Any, operations: list) -> "BuiltLoader":
         """The loader of ``.shard(mesh)``: this process's rows of each global batch, assembled."""
@@ -369,19 +360,17 @@ class LoaderBuilder:
             read_ahead=None,
             device_sharding=jax.sharding.NamedSharding(self.mesh, spec),
             device_prefetch=self.prefetch_ or 0,
-            data_source=self.source,
-            sampler=sliced,
-            operations=operations if self.worker_count > 0 else operations + [local],
-            worker_count=self.worker_count,
-            worker_buffer_size=self._buffer(),
-            shard_options=sharding.NoSharding(),
-            read_options=self.read_options,
+            **self._loader_args(sliced, operations if self.worker_count > 0 else operations + [local]),
         )
 
-    def _buffer(self) -> int:
-        if self.prefetch_ is not None and self.worker_count > 0:
-            return -(-self.prefetch_ // self.worker_count)
-        return self.worker_buffer_size
+    def _loader_args(self, sampler: Any, operations: list) -> dict:
+        """The DataLoader's arguments; ``prefetch(n)`` with workers sets their buffer."""
+        workers = self.worker_count
+        buffer = -(-self.prefetch_ // workers) if self.prefetch_ and workers else self.worker_buffer_size
+        # With a mesh, the sampler itself takes this process's rows (BatchSliceSampler).
+        shard_options = sharding.NoSharding() if self.mesh is not None else self.shard_options
+        return dict(data_source=self.source, sampler=sampler, operations=operations, worker_count=workers,
+                    worker_buffer_size=buffer, shard_options=shard_options, read_options=self.read_options)
 
     def __iter__(self):
         """Iterating the builder iterates ``build()``."""
