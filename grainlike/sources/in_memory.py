@@ -320,15 +320,10 @@ class InMemoryDataSource(ClosingSource):
         return self._meta["len"]
 
     def __getitem__(self, record_key: SupportsIndex) -> Any:
-        getter = self._getter
-        if getter is None:
-            getter = self._load()
-        return getter(record_key)
+        return (self._getter or self._load())(record_key)
 
     def __getitems__(self, record_keys: Sequence[SupportsIndex]) -> list:
-        getter = self._getter
-        if getter is None:
-            getter = self._load()
+        getter = self._getter or self._load()
         return [getter(k) for k in record_keys]
 
 

@@ -1,6 +1,5 @@
 """``grain._src.core.tree_lib``: grain's private path, re-exported from grainlike."""
 
-from grainlike.core import tree_lib as _tree_lib
-from grainlike.core.tree_lib import *  # noqa: F401,F403
+from grainlike.core.tree_lib import assert_same_structure, estimate_byte_size, flatten, flatten_with_path, map_structure, map_structure_with_path, spec_like, unflatten_as
 
-__all__ = _tree_lib.__all__
+__all__ = ['assert_same_structure', 'estimate_byte_size', 'flatten', 'flatten_with_path', 'map_structure', 'map_structure_with_path', 'spec_like', 'unflatten_as']
