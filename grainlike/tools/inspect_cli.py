@@ -51,7 +51,7 @@ _INDEX_SAMPLER = re.compile(
     r"shuffle=(?P<shuffle>True|False), num_epochs=(?P<num_epochs>None|\d+), "
     r"seed=(?P<seed>None|-?\d+)\)"
 )
-_STATE_FILE = re.compile(r"process_\d+-of-\d+\.json")
+_STATE_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
 _STATE_KEYS = ("last_seen_indices", "last_worker_index", "worker_count", "sampler", "data_source")
 _MAX_STATE_BYTES = 16 << 20
 
@@ -420,7 +420,7 @@ def describe_path_restore(path: str, *, workers: Optional[int] = None, processes
     if not files:
         raise FileNotFoundError(f"{path}: no checkpoint state found")
     for f in files:
-        m = re.fullmatch(r"process_(\d+)-of-(\d+)\.json", os.path.basename(f))
+        m = _STATE_FILE.fullmatch(os.path.basename(f))
         index, count = (int(m[1]), int(m[2])) if m else (0, 1)
         with open(f, "rb") as fh:
             groups.setdefault((os.path.dirname(f), count), {})[index] = fh.read()
