@@ -67,12 +67,8 @@ def _is_int(x: Any) -> bool:
 
 def _parse_size(size: Any, name: str = "size") -> tuple[int, int]:
     """``int`` or ``(height, width)`` of positive ints -> ``(height, width)``."""
-    if _is_int(size):
-        pair = (size, size)
-    elif isinstance(size, (Sequence, np.ndarray)) and not isinstance(size, (str, bytes)) and len(size) == 2 and all(_is_int(s) for s in size):
-        pair = tuple(size)
-    else:
-        raise ValueError(f"{name} must be a positive int or a (height, width) pair of positive ints, got {size!r}")
+    is_pair = isinstance(size, (Sequence, np.ndarray)) and not isinstance(size, (str, bytes)) and len(size) == 2
+    pair = (size, size) if _is_int(size) else tuple(size) if is_pair and all(_is_int(s) for s in size) else (0, 0)
     if pair[0] <= 0 or pair[1] <= 0:
         raise ValueError(f"{name} must be a positive int or a (height, width) pair of positive ints, got {size!r}")
     return int(pair[0]), int(pair[1])
