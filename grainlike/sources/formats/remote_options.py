@@ -67,18 +67,12 @@ class RemoteOptions:
     cache_max_bytes: Optional[int] = None
 
     def __post_init__(self):
-        if self.attempts < 1:
-            raise ValueError(f"RemoteOptions.attempts must be >= 1, got {self.attempts}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"RemoteOptions.timeout_s must be > 0, got {self.timeout_s}")
-        if self.block_size < 1:
-            raise ValueError(f"RemoteOptions.block_size must be >= 1, got {self.block_size}")
-        if self.read_ahead < 0:
-            raise ValueError(f"RemoteOptions.read_ahead must be >= 0, got {self.read_ahead}")
-        if self.cache_max_bytes is not None and self.cache_max_bytes < 0:
-            raise ValueError(
-                f"RemoteOptions.cache_max_bytes must be >= 0 or None, got {self.cache_max_bytes}"
-            )
+        checks = (("attempts", ">= 1", lambda v: v >= 1), ("timeout_s", "> 0", lambda v: v > 0),
+                  ("block_size", ">= 1", lambda v: v >= 1), ("read_ahead", ">= 0", lambda v: v >= 0),
+                  ("cache_max_bytes", ">= 0 or None", lambda v: v is None or v >= 0))
+        for name, bound, ok in checks:
+            if not ok(getattr(self, name)):
+                raise ValueError(f"RemoteOptions.{name} must be {bound}, got {getattr(self, name)}")
 
     def _key(self) -> str:
         return repr((sorted((self.storage_options or {}).items()), self.timeout_s))
