@@ -9,8 +9,10 @@ state of any shard therefore restores every shard of any shard count (and any
 global batch size): the next global batch starts at that element.
 
 ``rebalance_worker_states``: an ``mp_prefetch`` state restored on another number
-of workers (grainlike only; grain refuses it); the workers skip the elements
-consumed before it with ``SkipPositionsIterDataset``.
+of workers (grainlike only; grain refuses it). The elements consumed before it
+travel in each worker's state (``SKIP_KEY``); a reading stage that skips them
+itself (``SkippingReader``: the DataLoader's) never delivers them, and above any
+other sliced stage ``mp_prefetch`` puts a ``SkipPositionsIterDataset``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.map_dataset import MapDataset
 from grainlike.dataset.filter import FilterMapDataset
 from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
+from grainlike.dataset.prefetch import NextIndexState
 
 _GLOBAL_NEXT_INDEX = "global_next_index"
 
@@ -285,6 +288,76 @@ def rebalance_worker_states(
     return new, f % num_workers
 
 
+def split_skip_state(state: Any, owner: Any) -> tuple[Any, Optional[list[int]]]:
+    """``state`` without its ``SKIP_KEY``, and the sorted positions it names (None: no key).
+
+    Raises:
+      InvalidStateError: the skip list is not a list of ints (naming ``owner``).
+    """
+    if not isinstance(state, dict) or SKIP_KEY not in state:
+        return state, None
+    skip = state[SKIP_KEY]
+    if not isinstance(skip, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in skip):
+        from grainlike.core.errors import InvalidStateError
+
+        raise InvalidStateError(f"{owner}: '{SKIP_KEY}' must be a list of ints, got {skip!r}")
+    return {k: v for k, v in state.items() if k != SKIP_KEY}, sorted(set(skip))
+
+
+def with_pending_skip(state: dict, skip: list[int], next_index: int) -> dict:
+    """``state`` plus the positions of ``skip`` at or after ``next_index``, if any."""
+    if skip and skip[-1] >= next_index:
+        state = {**state, SKIP_KEY: skip[bisect.bisect_left(skip, next_index) :]}
+    return state
+
+
+class SkipsPositions:
+    """A reading stage whose iterator skips the positions its state names by itself.
+
+    ``mp_prefetch`` puts no ``SkipPositionsIterDataset`` into a pipeline that has
+    one (the DataLoader's readers, ``grainlike.loader``).
+    """
+
+
+class SkippingReader(NextIndexState):
+    """``NextIndexState`` of a reader that does not deliver the positions its state skips.
+
+    After a restore on another worker count, a state may carry ``SKIP_KEY``:
+    positions above ``next_index`` delivered before it. The reader drops them
+    (``_skipped``) and its state names those still ahead, until it has passed
+    them all. The list is kept whole: a rewind after an error (a state without
+    the key) skips them again.
+    """
+
+    _skip: list = []  # Sorted.
+
+    def get_state(self) -> dict:
+        return with_pending_skip({"next_index": self._next_index}, self._skip, self._next_index)
+
+    def set_state(self, state: dict) -> None:
+        """As ``NextIndexState``; a state without ``SKIP_KEY`` keeps the skip list.
+
+        Raises:
+          InvalidStateError: the skip list is not a list of ints.
+        """
+        state, skip = split_skip_state(state, self)
+        old = self._skip
+        if skip is not None:
+            self._skip = skip
+        try:
+            super().set_state(state)
+        except BaseException:
+            self._skip = old
+            raise
+
+    def _skipped(self, start: int, stop: int) -> list[int]:
+        """The positions in ``[start, stop)`` not to deliver."""
+        skip = self._skip
+        if not skip or skip[-1] < start:
+            return []
+        return skip[bisect.bisect_left(skip, start) : bisect.bisect_left(skip, stop)]
+
+
 def insert_skip_stage(ds: Any) -> Any:
     """``ds`` (a worker's copy of the stages) with a ``SkipPositionsIterDataset`` above
     each stage that ``mp_prefetch`` slices (``set_slice``): its positions are the
@@ -298,19 +371,19 @@ def insert_skip_stage(ds: Any) -> Any:
 
 
 def contains_skip_stage(ds: Any) -> bool:
-    """Whether a ``SkipPositionsIterDataset`` is among the stages of ``ds``."""
-    if isinstance(ds, SkipPositionsIterDataset):
+    """Whether a stage of ``ds`` skips positions (``SkipsPositions``)."""
+    if isinstance(ds, SkipsPositions):
         return True
     return any(contains_skip_stage(p) for p in getattr(ds, "_parents", ()))
 
 
-class SkipPositionsIterDataset(IterDataset):
+class SkipPositionsIterDataset(SkipsPositions, IterDataset):
     """Elements of its parent (a ``to_iter_dataset()`` slice), less the positions its state skips.
 
-    ``mp_prefetch`` puts it in a worker's pipeline only while that worker's
-    state names positions to skip (after a restore on another worker count);
-    the DataLoader has it in its per-record pipeline (``loader/elastic_restore.py``).
-    With nothing to skip it costs one call per element.
+    ``mp_prefetch`` puts it in a worker's Dataset pipeline only while that
+    worker's state names positions to skip (after a restore on another worker
+    count). It reads the skipped elements and drops them; the DataLoader's
+    readers skip positions themselves, before reading (``SkippingReader``).
     """
 
     def __iter__(self) -> "SkipPositionsDatasetIterator":
@@ -327,27 +400,21 @@ class SkipPositionsDatasetIterator(DatasetIterator):
         super().__init__(parent)
         self._pull = parent.__next__
         self._skip: list[int] = []
-        self._at = 0
+        self._passed = True  # Whether every position to skip is behind.
 
     def __next__(self) -> Any:
         skip = self._skip
-        while self._at < len(skip):
+        while not self._passed:
             position = self._parent._get_next_index()
-            at = bisect.bisect_left(skip, position, self._at)
-            self._at = at
-            if at < len(skip) and skip[at] == position:
-                self._at = at + 1
-                self._pull()  # consumed before the restore: dropped
-                continue
-            break
+            at = bisect.bisect_left(skip, position)
+            self._passed = at == len(skip)
+            if self._passed or skip[at] != position:
+                break
+            self._pull()  # delivered before the restore: dropped
         return self._pull()
 
     def get_state(self) -> dict:
-        state = self._parent.get_state()
-        pending = self._skip[self._at :]
-        if pending:
-            state = {**state, SKIP_KEY: list(pending)}
-        return state
+        return with_pending_skip(self._parent.get_state(), self._skip, self._parent._get_next_index())
 
     def set_state(self, state: dict) -> None:
         """Restores the parent; a state without a skip list keeps this one's (a rewind).
@@ -355,23 +422,11 @@ class SkipPositionsDatasetIterator(DatasetIterator):
         Raises:
           InvalidStateError: the skip list is not a list of ints.
         """
-        if isinstance(state, dict) and SKIP_KEY in state:
-            skip = state[SKIP_KEY]
-            if not isinstance(skip, list) or not all(
-                isinstance(p, int) and not isinstance(p, bool) for p in skip
-            ):
-                from grainlike.core.errors import InvalidStateError
-
-                raise InvalidStateError(f"{self}: '{SKIP_KEY}' must be a list of ints, got {skip!r}")
-            self._parent.set_state({k: v for k, v in state.items() if k != SKIP_KEY})
-            self._skip = sorted(set(skip))
-        else:
-            self._parent.set_state(state)
-        self._at = 0
-
-    def pending(self) -> bool:
-        """Whether a position to skip is still ahead."""
-        return self._at < len(self._skip)
+        state, skip = split_skip_state(state, self)
+        self._parent.set_state(state)
+        if skip is not None:
+            self._skip = skip
+        self._passed = not self._skip
 
     def __str__(self) -> str:
-        return f"SkipPositionsDatasetIterator(pending={len(self._skip) - self._at})"
+        return f"SkipPositionsDatasetIterator(skip={len(self._skip)})"

@@ -13,7 +13,9 @@ into its row of the batch right after its transforms (``tree.Stacker``). It
 yields what the per-record stages yield (the batch as a ``Record`` carrying the
 last record's metadata without its record key), in the same order, with the
 same random draws, and its state is the reading stage's: ``{"next_index": p}``,
-the position of the first record not in a delivered batch.
+the position of the first record not in a delivered batch. After an elastic
+restore the positions its state skips (``dataset.elastic.SkippingReader``) are
+dropped as a chunk is located, before it is read.
 
 Transforms run on the records a batch needs, when it needs them (as in the
 per-record stages: a slow transform delays a batch by its own records only), so
@@ -26,7 +28,6 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from grainlike.core import tree
-from grainlike.core.errors import add_note
 from grainlike.core.record import LazyRng, Record, RecordMetadata
 from grainlike.core.samplers import BaseSampler
 from grainlike.core.transforms import (
@@ -40,7 +41,7 @@ from grainlike.core.transforms import (
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.filter import FilterThresholdChecker
-from grainlike.dataset.prefetch import NextIndexState
+from grainlike.dataset.elastic import SkippingReader, SkipsPositions
 from grainlike.loader import stages
 
 # Chunks never exceed this many records, nor about this many bytes of data: a
@@ -83,7 +84,7 @@ def _kind(op: Any) -> int:
     return _MAP
 
 
-class ChunkedRecordsIterDataset(IterDataset):
+class ChunkedRecordsIterDataset(SkipsPositions, stages.StacksBatches, IterDataset):
     """``operations[:batch_position + 1]`` of a DataLoader on chunks of its records.
 
     Args:
@@ -109,7 +110,6 @@ class ChunkedRecordsIterDataset(IterDataset):
         self._batch_position = batch_position
         self._padding = padding if self._batch.pad else None
         self._producer = producer
-        self._alloc: Optional[tree.Allocator] = None
 
     def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
         """Reads only the positions of ``sl`` (a worker's share), in place.
@@ -119,10 +119,6 @@ class ChunkedRecordsIterDataset(IterDataset):
         if sequential_slice:
             raise NotImplementedError(f"{self}: sequential slices are not supported")
         self._parents = (self._parent.slice(sl),)
-
-    def set_allocator(self, alloc: Optional[tree.Allocator]) -> None:
-        """Stacks leaves into arrays from ``alloc(shape, dtype)`` (None: numpy)."""
-        self._alloc = alloc
 
     def __iter__(self) -> "ChunkedRecordsDatasetIterator":
         return ChunkedRecordsDatasetIterator(
@@ -141,7 +137,7 @@ class ChunkedRecordsIterDataset(IterDataset):
         return tuple(f for op in ops for f in stages.operation_functions(op))
 
 
-class ChunkedRecordsDatasetIterator(NextIndexState, DatasetIterator):
+class ChunkedRecordsDatasetIterator(SkippingReader, DatasetIterator):
     """Iterates a ``ChunkedRecordsIterDataset``; see the module docstring."""
 
     def __init__(
@@ -192,7 +188,10 @@ class ChunkedRecordsDatasetIterator(NextIndexState, DatasetIterator):
         self._indices: list = []  # Global indices.
         self._keys: list = []
         self._rngs: Optional[list] = None  # Seeds, LazyRngs or a grain sampler's metadata.
-        self._positions: Optional[list] = [] if self._filters else None
+        # Positions of the buffered records: with filters or skipped positions
+        # (an elastic restore's), the records of a batch are not consecutive.
+        skips = bool(self._skipped(index, self._length))
+        self._positions: Optional[list] = [] if self._filters or skips else None
         self._error: Optional[BaseException] = None  # Raised when the buffer runs out.
         # Records read and not transformed yet: values, global indices, keys, rng
         # keys (or None) and positions (with filters, else None), and the error
@@ -201,11 +200,7 @@ class ChunkedRecordsDatasetIterator(NextIndexState, DatasetIterator):
         self._raw_error: Optional[BaseException] = None
 
     def _locate(self, start: int, stop: int) -> tuple:
-        """Global indices, record keys and rng keys of positions ``[start, stop)``.
-
-        The rng keys are a list of seeds, or a grain-protocol sampler's own
-        metadata (whose ``rng`` the transforms use), or None without a seed.
-        """
+        """``stages.located_columns`` of positions ``[start, stop)``."""
         ahead = self._located
         if not ahead[0] <= start or not stop <= ahead[1]:
             # Located ahead: [start, start + self._ahead) in one call.
@@ -217,43 +212,22 @@ class ChunkedRecordsDatasetIterator(NextIndexState, DatasetIterator):
             located = records.locator.locate(gidx)
             self._vectorised = located.metadata is None
             ahead = self._located = (start, end, gidx, located)
-        lo, hi = start - ahead[0], stop - ahead[0]
-        gidx, located = ahead[2], ahead[3]
-        metadata = located.metadata
-        if metadata is not None:
-            metadata = metadata[lo:hi]
-            return [m.index for m in metadata], [m.record_key for m in metadata], list(metadata)
-        seeds = None if located.seeds is None else located.seeds[lo:hi].tolist()
-        indices = gidx if located.indices is None else located.indices
-        return indices[lo:hi].tolist(), located.keys[lo:hi].tolist(), seeds
-
-    def _read(self, keys: list, indices: list) -> tuple[list, Optional[BaseException]]:
-        """The source's values of ``keys``; on an error, those before it and the error."""
-        source = self._records.data_source
-        getitems = getattr(source, "__getitems__", None)
-        try:
-            return list(getitems(keys) if getitems is not None else [source[k] for k in keys]), None
-        except Exception:
-            pass  # Read one at a time: keep the values before the failing one.
-        values: list = []
-        for k, g in zip(keys, indices):
-            try:
-                values.append(source[k])
-            except Exception as e:
-                add_note(
-                    e,
-                    f"grainlike: while reading record_key {k} (global index {g}) from data "
-                    f"source {stages.short_repr(source)}",
-                )
-                return values, e
-        return values, None
+        return stages.located_columns(ahead[2], ahead[3], start - ahead[0], stop - ahead[0])
 
     def _read_chunk(self) -> None:
         """Locates and reads the next chunk into the read buffer (with its error, if any)."""
         start = self._read_until
         stop = self._read_until = min(self._length, start + self._chunk)
         indices, keys, rngs = self._locate(start, stop)
-        values, error = self._read(keys, indices)
+        positions = None if self._positions is None else list(range(start, stop))
+        skipped = self._skipped(start, stop)
+        if skipped:
+            # Delivered before an elastic restore: neither read nor delivered.
+            drop = set(skipped)
+            kept = [i for i in range(stop - start) if start + i not in drop]
+            indices, keys, positions = [indices[i] for i in kept], [keys[i] for i in kept], [start + i for i in kept]
+            rngs = None if rngs is None else [rngs[i] for i in kept]
+        values, error = self._records.read(keys, indices)
         if self._chunk < _MAX_CHUNK and values:
             nbytes = max(tree.estimate_nbytes(values[0]), 1)
             self._chunk = max(1, min(_MAX_CHUNK, _CHUNK_BYTES // nbytes))
@@ -265,8 +239,7 @@ class ChunkedRecordsDatasetIterator(NextIndexState, DatasetIterator):
                 rngs = [LazyRng(s) for s in rngs[:n]]
             else:
                 rngs = rngs[:n]
-        positions = list(range(start, start + n)) if self._filters else None
-        self._raw = [values, indices[:n], keys[:n], rngs, positions]
+        self._raw = [values, indices[:n], keys[:n], rngs, None if positions is None else positions[:n]]
         self._raw_error = error
 
     def _fill(self, need: int) -> None:
@@ -344,12 +317,7 @@ class ChunkedRecordsDatasetIterator(NextIndexState, DatasetIterator):
                 for g, v in zip(indices, values):
                     append(fn(g, v))
         except Exception as e:
-            i = len(out)
-            add_note(
-                e,
-                f"grainlike: in transform {stages.describe_op(op)} on the record at global "
-                f"index {indices[i]}{'' if keys[i] is None else f', record_key {keys[i]}'}",
-            )
+            stages.note_transform(e, op, indices[len(out)], keys[len(out)])
             return out, e
         return out, None
 
@@ -366,11 +334,7 @@ class ChunkedRecordsDatasetIterator(NextIndexState, DatasetIterator):
                 ok = fn(v)
             except Exception as e:
                 failed = e
-                add_note(
-                    e,
-                    f"grainlike: in transform {stages.describe_op(op)} on the record at global "
-                    f"index {indices[i]}{'' if keys[i] is None else f', record_key {keys[i]}'}",
-                )
+                stages.note_transform(e, op, indices[i], keys[i])
                 break
             if checker is not None:
                 try:
@@ -425,7 +389,7 @@ class ChunkedRecordsDatasetIterator(NextIndexState, DatasetIterator):
                         values = [stacker.element(i) if v is _COPIED else v for i, v in enumerate(values)]
                     data = self._stack(values, indices)
             except Exception as e:
-                self._note(e, values, indices, self._keys[:n])
+                stages.note_batch(e, self._batch, values, indices, self._keys[:n], self._producer)
                 raise
         except StopIteration:
             raise
@@ -483,19 +447,7 @@ class ChunkedRecordsDatasetIterator(NextIndexState, DatasetIterator):
     def _stack(self, values: list, indices: list) -> Any:
         return batch_elements(self._batch, values, indices, self._padding, self._alloc)
 
-    def _note(self, error: BaseException, values: list, indices: list, keys: list) -> None:
-        add_note(
-            error,
-            f"grainlike: in {stages.describe_op(self._batch)} of the records at global "
-            f"indices {indices} (record_keys {keys})",
-        )
-        if self._batch.batch_fn is None:
-            records = [Record(RecordMetadata(g, k), v) for g, k, v in zip(indices, keys, values)]
-            odd = stages.odd_elements(records, self._producer)
-            if odd:
-                add_note(error, odd)
-
-    # -- the rest of the protocol (the state is NextIndexState's) -------------------------
+    # -- the rest of the protocol (the state is SkippingReader's) -------------------------
 
     def close(self) -> None:
         if getattr(self, "_closed", True):

@@ -9,8 +9,8 @@ at or above the frontier and skips the delivered positions above it: every
 record the checkpointed job had not delivered is delivered once, nothing is
 delivered twice. The skipped positions travel in the state (as sampler global
 indices, ``state.SKIP_KEY``; in each worker's Dataset state as its own
-positions, read by ``dataset.elastic.SkipPositionsIterDataset``) until every
-worker has passed them.
+positions, which its reading stage does not deliver: ``dataset.elastic.SkippingReader``)
+until every worker has passed them.
 
 Across a change of JAX process count (``N`` -> ``M`` shards of an
 ``IndexSampler``), positions of the old shards name other records than those of
@@ -28,9 +28,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from grainlike.core.errors import InvalidStateError
-from grainlike.dataset.iter_dataset import IterDataset
-from grainlike.dataset.iterator import DatasetIterator
-from grainlike.dataset.elastic import SkipPositionsDatasetIterator, round_robin_frontier
+from grainlike.dataset.elastic import round_robin_frontier
 from grainlike.loader import legacy_state as state_lib
 
 
@@ -107,7 +105,6 @@ def sampler_process_states(
     sampler: Any, codec: state_lib.LegacyState, states: Mapping[int, Any], process_count: int
 ) -> state_lib.Positions:
     """``process_states`` for a loader of ``sampler`` whose states ``codec`` converts."""
-    from grainlike.core import sharding
     from grainlike.core.samplers import IndexSampler
 
     if not isinstance(sampler, IndexSampler):
@@ -130,16 +127,9 @@ def sampler_process_states(
             f"the checkpoint of {process_count} processes lacks the state of process(es) "
             f"{missing}: a restore on another number of processes needs all of them"
         )
-    drop = sampler.shard_options.drop_remainder
     olds = []
     for i in range(process_count):
-        old_sampler = IndexSampler(
-            sampler.num_records,
-            sharding.ShardOptions(i, process_count, drop),
-            shuffle=sampler.shuffle,
-            num_epochs=sampler.num_epochs,
-            seed=sampler.seed,
-        )
+        old_sampler = _shard_sampler(sampler, i, process_count)
         data = states[i] if isinstance(states[i], dict) else state_lib.parse(states[i])
         if not isinstance(data, dict) or "sampler" not in data or "worker_count" not in data:
             raise InvalidStateError(f"the state of process {i} of {process_count} is not a DataLoader state")
@@ -152,20 +142,36 @@ def sampler_process_states(
         count = data["worker_count"]
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise InvalidStateError(f"the state of process {i} has worker_count {count!r}")
-        local_length = len(old_sampler) // process_count
-        old_codec = state_lib.LegacyState(
-            worker_count=count,
-            shard_index=i,
-            shard_count=process_count,
-            sampler_repr=data["sampler"],
-            data_source_repr=codec.data_source_repr,
-            worker_lengths=tuple(state_lib.worker_lengths(local_length, count)),
-        )
+        old_codec = _shard_codec(codec, old_sampler, count, data["sampler"])
         positions = old_codec.decode(data)
         olds.append((old_sampler, old_codec, *frontier(old_codec, positions)))
     if codec.shard_count == 1:
         return assign(codec, *_new_frontier(sampler, codec, olds))
     return _equal_shares(sampler, codec, olds, process_count)
+
+
+def _shard_sampler(sampler: Any, index: int, count: int) -> Any:
+    """``sampler`` (an ``IndexSampler``) as shard ``index`` of ``count`` has it."""
+    from grainlike.core import sharding
+    from grainlike.core.samplers import IndexSampler
+
+    options = sharding.ShardOptions(index, count, sampler.shard_options.drop_remainder)
+    return IndexSampler(
+        sampler.num_records, options, shuffle=sampler.shuffle, num_epochs=sampler.num_epochs, seed=sampler.seed
+    )
+
+
+def _shard_codec(codec: state_lib.LegacyState, sampler: Any, worker_count: int, sampler_repr: str) -> state_lib.LegacyState:
+    """The states of ``sampler``'s shard (``_shard_sampler``) read by ``worker_count`` workers."""
+    options = sampler.shard_options
+    return state_lib.LegacyState(
+        worker_count=worker_count,
+        shard_index=options.shard_index,
+        shard_count=options.shard_count,
+        sampler_repr=sampler_repr,
+        data_source_repr=codec.data_source_repr,
+        worker_lengths=tuple(state_lib.worker_lengths(len(sampler) // options.shard_count, worker_count)),
+    )
 
 
 def _equal_shares(sampler: Any, codec: state_lib.LegacyState, olds: list, process_count: int) -> state_lib.Positions:
@@ -184,9 +190,6 @@ def _equal_shares(sampler: Any, codec: state_lib.LegacyState, olds: list, proces
     Raises:
       InvalidStateError: the shares differ and the sharding keeps remainders.
     """
-    from grainlike.core import sharding
-    from grainlike.core.samplers import IndexSampler
-
     m = codec.shard_count
     w = max(codec.worker_count, 1)
     drop = sampler.shard_options.drop_remainder
@@ -196,21 +199,8 @@ def _equal_shares(sampler: Any, codec: state_lib.LegacyState, olds: list, proces
         if j == codec.shard_index:
             sampler_j, codec_j = sampler, codec
         else:
-            sampler_j = IndexSampler(
-                sampler.num_records,
-                sharding.ShardOptions(j, m, drop),
-                shuffle=sampler.shuffle,
-                num_epochs=sampler.num_epochs,
-                seed=sampler.seed,
-            )
-            codec_j = state_lib.LegacyState(
-                worker_count=codec.worker_count,
-                shard_index=j,
-                shard_count=m,
-                sampler_repr=repr(sampler_j),
-                data_source_repr=codec.data_source_repr,
-                worker_lengths=tuple(state_lib.worker_lengths(len(sampler_j) // m, codec.worker_count)),
-            )
+            sampler_j = _shard_sampler(sampler, j, m)
+            codec_j = _shard_codec(codec, sampler_j, codec.worker_count, repr(sampler_j))
         f, above = _new_frontier(sampler_j, codec_j, olds, seen_by_epoch)
         shares.append((sampler_j, codec_j, f, above, _worker_counts(codec_j, f, above)))
     counts = np.asarray([share[4] for share in shares])
@@ -319,89 +309,3 @@ def _delivered_in_epoch(num_records: int, olds: list, sizes: list, epoch: int) -
         if mine.size:
             seen[_epoch_keys(old_sampler, old_codec, mine)] = True
     return seen
-
-
-# -- pipelines whose fast path reads without a skipping stage ---------------------------
-
-
-def _bottom(it: DatasetIterator) -> DatasetIterator:
-    while it._parents:
-        it = it._parents[0]
-    return it
-
-
-class ElasticRecordsIterDataset(IterDataset):
-    """One loader pipeline computed two ways: ``fast``, and ``exact`` while records are skipped.
-
-    Both compute the same outputs with the same states (``{"next_index": p}`` at
-    the bottom); ``exact`` reads through ``SkipPositionsIterDataset``, ``fast`` (the
-    chunked reading of ``chunked.py``) does not. A state with records to skip
-    runs ``exact`` until its last skipped record is passed, then ``fast`` again.
-
-    Args:
-      fast: the pipeline used normally.
-      exact: the same pipeline with a ``SkipPositionsIterDataset`` above its reader.
-    """
-
-    def __init__(self, fast: IterDataset, exact: IterDataset):
-        super().__init__([fast, exact])
-
-    def set_allocator(self, alloc: Any) -> None:
-        """Gives ``alloc`` to both pipelines (a worker's shared-memory batches)."""
-        for parent in self._parents:
-            parent.set_allocator(alloc)
-
-    def __iter__(self) -> "ElasticRecordsDatasetIterator":
-        return ElasticRecordsDatasetIterator(self._parents[0].__iter__(), self._parents[1].__iter__())
-
-    def __str__(self) -> str:
-        return f"ElasticRecordsIterDataset({self._parents[0]})"
-
-
-class ElasticRecordsDatasetIterator(DatasetIterator):
-    """Runs ``fast``, or ``exact`` while its skip list is pending.
-
-    The first parent (the one ``output_stages._reading_stage`` finds) is ``fast``; while
-    ``exact`` runs, ``fast``'s reader is kept at ``exact``'s position, so that a
-    rewind after an error goes back to the right record.
-    """
-
-    def __init__(self, fast: DatasetIterator, exact: DatasetIterator):
-        super().__init__([fast, exact])
-        self._fast, self._exact = fast, exact
-        self._fast_reader, self._exact_reader = _bottom(fast), _bottom(exact)
-        self._skipper = exact
-        while not isinstance(self._skipper, SkipPositionsDatasetIterator):
-            self._skipper = self._skipper._parents[0]
-        self._active = fast
-
-    def __next__(self) -> Any:
-        if self._active is self._fast:
-            return self._fast.__next__()
-        if not self._skipper.pending():
-            self._fast.set_state(self._exact.get_state())
-            self._active = self._fast
-            return self._fast.__next__()
-        element = self._exact.__next__()
-        self._fast_reader._set_next_index(self._exact_reader._get_next_index())
-        return element
-
-    def get_state(self) -> dict:
-        return self._active.get_state()
-
-    def set_state(self, state: dict) -> None:
-        """A state with a skip list picks the pipeline; one without (a rewind) keeps it."""
-        if isinstance(state, dict) and state_lib.WORKER_SKIP_KEY in state:
-            if state[state_lib.WORKER_SKIP_KEY]:
-                self._exact.set_state(state)
-                self._fast.set_state({k: v for k, v in state.items() if k != state_lib.WORKER_SKIP_KEY})
-                self._active = self._exact
-                return
-            state = {k: v for k, v in state.items() if k != state_lib.WORKER_SKIP_KEY}
-            self._active = self._fast
-        self._active.set_state(state)
-        if self._active is self._exact:
-            self._fast_reader._set_next_index(self._exact_reader._get_next_index())
-
-    def __str__(self) -> str:
-        return f"ElasticRecordsDatasetIterator(active={self._active})"

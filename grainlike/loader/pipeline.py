@@ -1,13 +1,15 @@
 """The DataLoader as a composition of Dataset stages, as grain 0.2.18 composes its own::
 
     SamplerMapDataset(source, sampler, shard_options)   records the sampler chooses
-      .to_iter_dataset(read_options)                    chunks located and read at once
-      -> SkipPositionsIterDataset                       after an elastic restore, skips
-                                                        records delivered before it (a
-                                                        pipeline reading without it runs
-                                                        beside it: ElasticRecordsIterDataset)
+      .to_iter_dataset(read_options)                    the reading stage: chunks located
+                                                        and read at once; after an elastic
+                                                        restore it does not deliver the
+                                                        positions its state skips
       -> one stage per operation, on records            Map, RandomMap, Filter,
                                                         MapWithIndex, Batch, Operation
+      (maps and filters up to the first Batch, read     ChunkedRecordsIterDataset: one
+       in this thread: one stage for the reading and    stage that reads and skips as
+       those operations)                                the reader, a chunk at a time
       -> RecordDataIterDataset                          each record's data
       -> mp_prefetch (worker_count > 0)                 worker w computes positions
                                                         w, w + W, ... of the shard
@@ -15,7 +17,8 @@
 
 Positions count the shard's stream: shard-local position ``p`` is the sampler's
 global index ``p * shard_count + shard_index``. The state of everything below the
-top is the Dataset API's (``{"next_index": p}`` per worker).
+top is the Dataset API's (``{"next_index": p}`` per worker, with the positions still
+to skip after an elastic restore: ``dataset.elastic.SkippingReader``).
 """
 
 from __future__ import annotations
@@ -33,8 +36,6 @@ from grainlike.core.transforms import (
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
 from grainlike.loader import legacy_state as state_lib
-from grainlike.dataset.elastic import SkipPositionsIterDataset, contains_skip_stage
-from grainlike.loader.elastic_restore import ElasticRecordsIterDataset
 from grainlike.loader.chunked import ChunkedRecordsIterDataset, chunkable
 from grainlike.loader.output_stages import LoaderStateIterDataset, RecordDataIterDataset
 from grainlike.loader.stages import (
@@ -108,7 +109,6 @@ def records_dataset(
     operations: Sequence[Any],
     read_options: Optional[ReadOptions],
     worker: Optional[tuple[int, int]] = None,
-    per_record: bool = False,
 ) -> IterDataset:
     """What the calling process computes, or each worker: the operations' outputs.
 
@@ -120,11 +120,7 @@ def records_dataset(
         where they are known to be local (``grainlike.sources.waiting``).
       worker: ``(w, W)``: only worker ``w`` of ``W``'s positions ``w, w + W, ...``
         (``mp_prefetch`` slices a copy for each worker itself).
-      per_record: only the per-record stages, which can skip records (an
-        elastic restore's, see ``elastic_restore.py``); otherwise a pipeline reading
-        without them computes the same beside them, used while nothing is skipped.
     """
-    unsliced = records
     locator = records.locator
     padding = locator if locator.batch_padding is not None else None
     if worker is not None and worker[1] > 1:
@@ -132,15 +128,13 @@ def records_dataset(
     ds = records.to_iter_dataset(read_options)
     start = 0
     flat = any(is_flat_map(op) for op in operations)
-    if not per_record and not flat and ds.read_threads() == 0 and chunkable(operations):
+    if not flat and ds.read_threads() == 0 and chunkable(operations):
         # Maps and filters, then a Batch, read in this thread: on chunks of
         # records, with no per-record objects (the same outputs and states).
         start = next(i for i, op in enumerate(operations) if isinstance(op, Batch))
         ds = ChunkedRecordsIterDataset(records, operations, start, padding, _producer(operations, start, records.data_source))
         padding = None
         start += 1
-    elif not flat:
-        ds = SkipPositionsIterDataset(ds)
     for i, op in enumerate(operations[start:], start):
         if isinstance(op, (MapTransform, RandomMapTransform, MapWithIndexTransform)):
             ds = MapRecordsIterDataset(ds, op, i)
@@ -153,12 +147,7 @@ def records_dataset(
             ds = FlatMapRecordsIterDataset(ds, op, i)
         else:
             ds = OperationIterDataset(ds, op, i)
-    out = RecordDataIterDataset(ds)
-    if per_record or flat or contains_skip_stage(out):
-        # A flat map's state is the Dataset state (see loader_dataset): no elastic restore.
-        return out
-    exact = records_dataset(unsliced, operations, read_options, worker, per_record=True)
-    return ElasticRecordsIterDataset(out, exact)
+    return RecordDataIterDataset(ds)
 
 
 def loader_dataset(

@@ -6,9 +6,12 @@ grain 0.2.18 builds its DataLoader from Dataset stages over ``Record``s (see
 * ``SamplerMapDataset``: element ``i`` is the record at shard-local position ``i``
   of the sampler's stream: its metadata (global index, record key, rng) and its
   data. A chunk of positions is located in one call of the sampler contract
-  (``BaseSampler.locate``) and read in one batched read of the source.
+  (``BaseSampler.locate``, ``located_columns``) and read in one batched read of
+  the source (``SamplerMapDataset.read``): the chunked path (``chunked.py``)
+  locates and reads through the same two.
 * ``ReadRecordsIterDataset``: its ``to_iter_dataset()``, reading chunks as long
-  as the caps allow after the first record.
+  as the caps allow after the first record, less the positions an elastic
+  restore skips (``dataset.elastic.SkippingReader``).
 * one stage per operation, on records: ``MapRecordsIterDataset`` (Map,
   RandomMap, MapWithIndex), ``FilterRecordsIterDataset``,
   ``BatchRecordsIterDataset`` (with ``pad=True`` and a padding sampler's mask)
@@ -24,9 +27,11 @@ operation, the record's global index and its record key.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import copy
 import itertools
+import sys
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
@@ -46,6 +51,7 @@ from grainlike.core.transforms import (
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.map_dataset import MapDataset
+from grainlike.dataset.elastic import SkippingReader, SkipsPositions
 from grainlike.dataset.filter import FilterThresholdChecker
 from grainlike.dataset.map import PassThroughStateIterator
 from grainlike.dataset.prefetch import PrefetchDatasetIterator, PrefetchIterDataset
@@ -153,26 +159,51 @@ class SamplerMapDataset(MapDataset):
         located = self._locator.locate(global_indices)
         if located.metadata is not None:
             return located.metadata  # A grain-protocol sampler's own metadata.
-        gs = (global_indices if located.indices is None else located.indices).tolist()
-        keys = located.keys.tolist()
-        if located.seeds is None:
+        gs, keys, seeds = located_columns(global_indices, located, 0, len(global_indices))
+        if seeds is None:
             return [RecordMetadata(g, k) for g, k in zip(gs, keys)]
-        return [RecordMetadata(g, k, LazyRng(s)) for g, k, s in zip(gs, keys, located.seeds.tolist())]
+        return [RecordMetadata(g, k, LazyRng(s)) for g, k, s in zip(gs, keys, seeds)]
+
+    def _read_all(self, keys: list) -> list:
+        getitems = getattr(self._data_source, "__getitems__", None)
+        return list(getitems(keys)) if getitems is not None else [self._data_source[k] for k in keys]
+
+    def _read_one(self, key: Any, index: int) -> Any:
+        try:
+            return self._data_source[key]
+        except Exception as e:
+            add_note(
+                e,
+                f"grainlike: while reading record_key {key} (global index {index}) from data "
+                f"source {short_repr(self._data_source)}",
+            )
+            raise
+
+    def read(self, keys: list, indices: list) -> tuple[list, Optional[BaseException]]:
+        """The source's values of ``keys`` (the records at global ``indices``), in one batched read.
+
+        Returns:
+          The values and None; or, where the batched read fails, the values read
+          one at a time before the first record that fails, and its error (with
+          a note naming the record).
+        """
+        try:
+            return self._read_all(keys), None
+        except Exception:
+            pass
+        values: list = []
+        for k, g in zip(keys, indices):
+            try:
+                values.append(self._read_one(k, g))
+            except Exception as e:
+                return values, e
+        return values, None
 
     def __getitem__(self, index):
         if isinstance(index, slice):
             return self.slice(index)
         (metadata,) = self._metadata(self._global_indices([index]))
-        try:
-            value = self._data_source[metadata.record_key]
-        except Exception as e:
-            add_note(
-                e,
-                f"grainlike: while reading record_key {metadata.record_key} (global index "
-                f"{metadata.index}) from data source {short_repr(self._data_source)}",
-            )
-            raise
-        return Record(metadata, value)
+        return Record(metadata, self._read_one(metadata.record_key, metadata.index))
 
     def to_iter_dataset(self, read_options: Any = None, *, allow_nones: bool = False) -> IterDataset:
         """Reads the records in order, in chunks (``ReadRecordsIterDataset``)."""
@@ -182,21 +213,34 @@ class SamplerMapDataset(MapDataset):
         # On an error the reading stage reads the chunk again one record at a
         # time (__getitem__), so the error names the record that failed.
         metadata = self._metadata(self._global_indices(indices))
-        source = self._data_source
-        keys = [m.record_key for m in metadata]
-        getitems = getattr(source, "__getitems__", None)
-        values = getitems(keys) if getitems is not None else [source[k] for k in keys]
+        values = self._read_all([m.record_key for m in metadata])
         return [Record(m, v) for m, v in zip(metadata, values)]
 
 
-class ReadRecordsIterDataset(PrefetchIterDataset):
+def located_columns(global_indices: np.ndarray, located: Any, lo: int, hi: int) -> tuple[list, list, Optional[list]]:
+    """Global indices, record keys and rng keys of records ``lo:hi`` of a sampler's ``locate``.
+
+    The rng keys are a list of seeds, or a grain-protocol sampler's own metadata
+    (whose ``rng`` the transforms use), or None without a seed.
+    """
+    metadata = located.metadata
+    if metadata is not None:
+        metadata = metadata[lo:hi]
+        return [m.index for m in metadata], [m.record_key for m in metadata], list(metadata)
+    seeds = None if located.seeds is None else located.seeds[lo:hi].tolist()
+    indices = global_indices if located.indices is None else located.indices
+    return indices[lo:hi].tolist(), located.keys[lo:hi].tolist(), seeds
+
+
+class ReadRecordsIterDataset(SkipsPositions, PrefetchIterDataset):
     """``to_iter_dataset()`` of the sampler's records: chunks as long as the caps allow.
 
     A chunk of records is only located and read (the operations come after), so
     after the first record, which learns the records' size, every chunk is as
     long as the caps allow (256 records, about 8 MiB of data): few calls of the
     sampler and the source, and allocations of one size (growing chunks cost
-    W3 a fifth of its throughput in page faults).
+    W3 a fifth of its throughput in page faults). After an elastic restore it
+    does not deliver the positions its state skips (``SkippingReader``).
     """
 
     def __iter__(self) -> "_ReadRecordsIterator":
@@ -206,8 +250,23 @@ class ReadRecordsIterDataset(PrefetchIterDataset):
         return f"ReadRecordsIterDataset(read_options={self._read_options})"
 
 
-class _ReadRecordsIterator(PrefetchDatasetIterator):
+class _ReadRecordsIterator(SkippingReader, PrefetchDatasetIterator):
     _double_chunks = False
+    _next_skip = sys.maxsize  # The first position to skip from _next_index on (0: look it up).
+
+    def __next__(self) -> Record:
+        if self._next_index >= self._next_skip:
+            skip = self._skip
+            at = bisect.bisect_left(skip, self._next_index)
+            while at < len(skip) and skip[at] == self._next_index:
+                PrefetchDatasetIterator.__next__(self)  # Delivered before the restore: dropped.
+                at += 1
+            self._next_skip = skip[at] if at < len(skip) else sys.maxsize
+        return PrefetchDatasetIterator.__next__(self)
+
+    def set_state(self, state: dict) -> None:
+        super().set_state(state)
+        self._next_skip = 0
 
     def _element_nbytes(self, element: Any) -> int:
         # The data: the metadata is small, and measuring it would build its rng.
@@ -220,14 +279,26 @@ class _ReadRecordsIterator(PrefetchDatasetIterator):
 # -- operations on records ----------------------------------------------------------------
 
 
+def note_transform(error: BaseException, op: Any, index: Optional[int], key: Any = None) -> None:
+    """Notes the operation that failed and the record (global index, record key) it failed on."""
+    on = "" if index is None else f" on the record at global index {index}"
+    add_note(error, f"grainlike: in transform {describe_op(op)}{on}{'' if key is None else f', record_key {key}'}")
+
+
 def note_record(error: BaseException, op: Any, record: Any) -> None:
-    """Notes the operation that failed and the record it failed on."""
+    """``note_transform`` for a ``Record`` (or an element without metadata)."""
     m = getattr(record, "metadata", None)
-    if m is None:
-        add_note(error, f"grainlike: in transform {describe_op(op)}")
-        return
-    key = "" if m.record_key is None else f", record_key {m.record_key}"
-    add_note(error, f"grainlike: in transform {describe_op(op)} on the record at global index {m.index}{key}")
+    note_transform(error, op, None if m is None else m.index, None if m is None else m.record_key)
+
+
+class StacksBatches:
+    """A stage that stacks batches, into the allocator a worker gives it (shared memory)."""
+
+    _alloc: Optional[tree.Allocator] = None
+
+    def set_allocator(self, alloc: Optional[tree.Allocator]) -> None:
+        """Stacks leaves into arrays from ``alloc(shape, dtype)`` (None: numpy)."""
+        self._alloc = alloc
 
 
 class _OperationStage(IterDataset):
@@ -337,7 +408,7 @@ class FilterRecordsIterDataset(_OperationStage):
         return _FilterRecordsIterator(self._parent.__iter__(), self._op, self._op.filter)
 
 
-class BatchRecordsIterDataset(_OperationStage):
+class BatchRecordsIterDataset(StacksBatches, _OperationStage):
     """A ``Batch``: consecutive records' data stacked (or ``batch_fn``), in one record.
 
     The batch's record has the last record's metadata without its record key,
@@ -365,11 +436,6 @@ class BatchRecordsIterDataset(_OperationStage):
         super().__init__(parent, op, position)
         self._padding = padding if op.pad else None
         self._producer = producer
-        self._alloc: Optional[tree.Allocator] = None
-
-    def set_allocator(self, alloc: Optional[tree.Allocator]) -> None:
-        """Stacks leaves into arrays from ``alloc(shape, dtype)`` (None: numpy)."""
-        self._alloc = alloc
 
     def __iter__(self) -> DatasetIterator:
         return _BatchRecordsIterator(self._parent.__iter__(), self._op, self._padding, self._producer, self._alloc)
@@ -395,50 +461,40 @@ class _BatchRecordsIterator(PassThroughStateIterator):
         records = list(itertools.islice(self._parent, self._size))
         if not records or (len(records) < self._size and self._op.drop_remainder):
             raise StopIteration
+        values = [r.data for r in records]
+        indices = [r.metadata.index for r in records]
         try:
-            data = self._batch(records)
+            data = batch_elements(self._op, values, indices, self._padding, self._alloc)
         except Exception as e:
-            self._note(e, records)
+            note_batch(e, self._op, values, indices, [r.metadata.record_key for r in records], self._producer)
             raise
         return Record(records[-1].metadata.remove_record_key(), data)
-
-    def _batch(self, records: list) -> Any:
-        indices = [r.metadata.index for r in records] if self._op.pad else ()
-        return batch_elements(self._op, [r.data for r in records], indices, self._padding, self._alloc)
-
-    def _note(self, error: BaseException, records: list) -> None:
-        idx = [r.metadata.index for r in records]
-        keys = [r.metadata.record_key for r in records]
-        add_note(
-            error,
-            f"grainlike: in {describe_op(self._op)} of the records at global indices "
-            f"{idx} (record_keys {keys})",
-        )
-        if self._op.batch_fn is None:
-            odd = odd_elements(records, self._producer)
-            if odd:
-                add_note(error, odd)
 
     def __str__(self) -> str:
         return f"{type(self).__name__}({describe_op(self._op)})"
 
 
-def odd_elements(records: list, producer: str) -> str:
+def note_batch(error: BaseException, op: Batch, values: list, indices: list, keys: list, producer: str) -> None:
+    """Notes the Batch that failed, its records and those whose structure or shapes differ."""
+    add_note(error, f"grainlike: in {describe_op(op)} of the records at global indices {indices} (record_keys {keys})")
+    odd = "" if op.batch_fn is not None else odd_elements(values, indices, keys, producer)
+    if odd:
+        add_note(error, odd)
+
+
+def odd_elements(values: list, indices: list, keys: list, producer: str) -> str:
     """Names the records whose structure or shapes differ from the most common one."""
     try:
-        specs = [repr(tree.shape_spec(r.data)) for r in records]
+        specs = [repr(tree.shape_spec(v)) for v in values]
         common, count = collections.Counter(specs).most_common(1)[0]
         if count == len(specs):
             return ""
-        odd = [(r, s) for r, s in zip(records, specs) if s != common]
-        lines = [
-            f"  record_key {r.metadata.record_key} (global index {r.metadata.index}): {s}"
-            for r, s in odd[:8]
-        ]
+        odd = [(g, k, s) for g, k, s in zip(indices, keys, specs) if s != common]
+        lines = [f"  record_key {k} (global index {g}): {s}" for g, k, s in odd[:8]]
         if len(odd) > 8:
             lines.append(f"  ... and {len(odd) - 8} more")
         return (
-            f"grainlike: {len(odd)} of the {len(records)} elements differ in structure or "
+            f"grainlike: {len(odd)} of the {len(values)} elements differ in structure or "
             f"shape from the other {count}, which are {common} (structure with leaf "
             f"shapes); the elements were produced by {producer}:\n" + "\n".join(lines)
         )
