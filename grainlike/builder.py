@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from grainlike.core import sharding
-from grainlike.core.read_ahead import Prefetcher, stop_holder, take
+from grainlike.core.read_ahead import Prefetcher, restore, stop_holder, take
 from grainlike.core.samplers import IndexSampler
 from grainlike.core.transforms import (
     Batch,
@@ -486,8 +486,8 @@ class _ReadAheadIterator(_WrappedIterator):
         return self._inner.get_state() if self._holder[0] is None else self._state
 
     def set_state(self, state: Any) -> None:
-        stop_holder(self._holder)  # joins the thread: the wrapped iterator is idle
-        self._inner.set_state(state)
+        # Joins the thread; a state set_state refuses leaves the delivered position.
+        restore(self._holder, self._inner.set_state, state, self.get_state())
 
     def close(self) -> None:
         stop_holder(self._holder)

@@ -180,6 +180,21 @@ def test_prefetch_without_workers_reads_ahead_in_a_thread_and_keeps_states_exact
     assert got + rest == want
 
 
+def test_prefetch_iterator_that_refuses_a_state_stays_where_it_was(no_leaks):
+    from tests.helpers.leaks import wait_until
+
+    source = CountingSource(40)
+    loader = from_source(source).batch(4).prefetch(3).build()
+    other = iter(from_source(CountingSource(40)).shuffle(7).batch(4).build())
+    with iter(loader) as it:
+        assert next(it).tolist() == [0, 1, 2, 3]
+        assert wait_until(lambda: source.reads >= 4 * 4)  # batches read ahead
+        with pytest.raises(grain.InvalidStateError):
+            it.set_state(other.get_state())  # another sampler's state
+        assert next(it).tolist() == [4, 5, 6, 7]  # the next batch delivered, not the next read
+    other.close()
+
+
 def test_prefetch_with_workers_sets_the_per_worker_buffer():
     assert from_source(list(range(8))).workers(2).prefetch(5).build() \
         .multiprocessing_options.per_worker_buffer_size == 3

@@ -40,9 +40,8 @@ __all__ = ["TfDataSource", "is_tf_dataset"]
 _CHUNK = 1024
 # The default bound on the arrays a TfDataSource holds (4 GiB).
 DEFAULT_MAX_BYTES = 4 << 30
-# tf.data.INFINITE_CARDINALITY and tf.data.UNKNOWN_CARDINALITY.
+# tf.data.INFINITE_CARDINALITY.
 _INFINITE = -1
-_UNKNOWN = -2
 
 
 def is_tf_dataset(x: Any) -> bool:
