@@ -358,12 +358,9 @@ def _first_bad_checksum(records: list, starts: list, end: int, buf: bytes) -> Op
                 return i
         return None
     crcs = masked(crc32c_many(records))
-    at = np.array(starts[1:] + [end], dtype=np.int64) - _FOOTER.size
-    raw = np.frombuffer(buf, dtype=np.uint8)
-    footers = raw[at].astype(np.uint64)
-    for shift in (8, 16, 24):
-        at += 1
-        footers |= raw[at].astype(np.uint64) << np.uint64(shift)
+    # Each footer: the 4 little-endian bytes before the next record.
+    at = np.array(starts[1:] + [end], dtype=np.int64)[:, None] + np.arange(-_FOOTER.size, 0)
+    footers = np.frombuffer(buf, dtype=np.uint8)[at].view("<u4")[:, 0]
     bad = np.flatnonzero(crcs != footers)
     return int(bad[0]) if len(bad) else None
 
