@@ -1,4 +1,4 @@
-"""The random-access source protocol, the ``waits`` declaration and ``RangeDataSource``.
+"""The random-access source protocol, the ``waits`` declaration, ``ClosingSource`` and ``RangeDataSource``.
 
 A source is anything with ``len(source)`` and ``source[record_key]``. The loader
 asks for records by key, in whatever order the sampler chooses, possibly from
