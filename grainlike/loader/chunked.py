@@ -387,7 +387,7 @@ class ChunkedRecordsDatasetIterator(SkippingReader, DatasetIterator):
                     if stacker is not None and stacker.count:
                         # Records let go of after their copy come back from their rows.
                         values = [stacker.element(i) if v is _COPIED else v for i, v in enumerate(values)]
-                    data = self._stack(values, indices)
+                    data = batch_elements(self._batch, values, indices, self._padding, self._alloc)
             except Exception as e:
                 stages.note_batch(e, self._batch, values, indices, self._keys[:n], self._producer)
                 raise
@@ -443,9 +443,6 @@ class ChunkedRecordsDatasetIterator(SkippingReader, DatasetIterator):
         for i in range(added, stacker.count):
             values[i] = _COPIED
         return end
-
-    def _stack(self, values: list, indices: list) -> Any:
-        return batch_elements(self._batch, values, indices, self._padding, self._alloc)
 
     # -- the rest of the protocol (the state is SkippingReader's) -------------------------
 
