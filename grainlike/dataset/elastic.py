@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import sys
 from typing import Any, Iterable, Optional, Sequence
 
 from grainlike.core import sharding
@@ -330,6 +331,9 @@ class SkippingReader(NextIndexState):
     """
 
     _skip: list = []  # Sorted.
+    # The first position to skip at or after _next_index, for readers that look
+    # before each element (0: to be looked up again).
+    _next_skip = sys.maxsize
 
     def get_state(self) -> dict:
         return with_pending_skip({"next_index": self._next_index}, self._skip, self._next_index)
@@ -349,6 +353,7 @@ class SkippingReader(NextIndexState):
         except BaseException:
             self._skip = old
             raise
+        self._next_skip = 0
 
     def _skipped(self, start: int, stop: int) -> list[int]:
         """The positions in ``[start, stop)`` not to deliver."""

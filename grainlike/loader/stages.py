@@ -188,7 +188,7 @@ class SamplerMapDataset(MapDataset):
           a note naming the record).
         """
         try:
-            return self._read_all(keys), None
+            return (self._read_all(keys) if keys else []), None
         except Exception:
             pass
         values: list = []
@@ -252,7 +252,6 @@ class ReadRecordsIterDataset(SkipsPositions, PrefetchIterDataset):
 
 class _ReadRecordsIterator(SkippingReader, PrefetchDatasetIterator):
     _double_chunks = False
-    _next_skip = sys.maxsize  # The first position to skip from _next_index on (0: look it up).
 
     def __next__(self) -> Record:
         if self._next_index >= self._next_skip:
@@ -263,10 +262,6 @@ class _ReadRecordsIterator(SkippingReader, PrefetchDatasetIterator):
                 at += 1
             self._next_skip = skip[at] if at < len(skip) else sys.maxsize
         return PrefetchDatasetIterator.__next__(self)
-
-    def set_state(self, state: dict) -> None:
-        super().set_state(state)
-        self._next_skip = 0
 
     def _element_nbytes(self, element: Any) -> int:
         # The data: the metadata is small, and measuring it would build its rng.

@@ -404,3 +404,34 @@ def test_positions_skipped_after_an_elastic_restore_match_per_record_stages(name
     assert len(delivered) == len({sampler[g].record_key for g in range(at, N)} - skipped_keys) - (
         sum(1 for g in range(at, N) if g not in skip and sampler[g].record_key % 3 == 0) if "filter" in names else 0
     )
+
+
+def test_positions_skipped_after_an_elastic_restore_are_not_read_on_the_chunked_path():
+    import json
+
+    from grainlike.loader.legacy_state import SKIP_KEY
+
+    class RecordingSource(PlainSource):
+        def __init__(self):
+            super().__init__()
+            self.reads = []
+
+        def __getitems__(self, keys):
+            self.reads.append(list(keys))
+            return list(keys)
+
+    it = iter(_loader(_ops(["square", "batch"]), threads=False))
+    next(it)
+    state = json.loads(it.get_state())
+    at = state["last_seen_indices"]["0"] + 1
+    skip = list(range(at + 1, at + 600 // 2))  # Whole chunks of 256 positions among them.
+    state[SKIP_KEY] = skip
+    source = RecordingSource()
+    restored = iter(_loader(_ops(["square", "batch"]), threads=False, source=source))
+    restored.set_state(json.dumps(state).encode())
+    delivered = [x for batch in restored for x in batch["x"].tolist()]
+    sampler = grainlike.IndexSampler(N, grainlike.NoSharding(), shuffle=True, num_epochs=1, seed=5)
+    skipped = {sampler[g].record_key for g in skip}
+    read = [k for keys in source.reads for k in keys]
+    assert all(source.reads) and not skipped & set(read)
+    assert sorted(delivered) == sorted(read) == sorted({sampler[g].record_key for g in range(at, N)} - skipped)
