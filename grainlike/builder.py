@@ -32,7 +32,7 @@ import numpy as np
 
 from grainlike.core import sharding
 from grainlike.core.read_ahead import Prefetcher, restore, stop_holder, take
-from grainlike.core.samplers import IndexSampler
+from grainlike.core.samplers import IndexSampler, as_sampler
 from grainlike.core.transforms import (
     Batch,
     FilterTransform,
@@ -305,7 +305,7 @@ class LoaderBuilder:
                     "batch(..., global_order=True) needs one Batch, as the last operation; "
                     f"got operations {operations!r:.300}"
                 )
-            if getattr(sampler, "batch_padding", None) is not None:
+            if as_sampler(sampler).batch_padding is not None:  # as the DataLoader sees it
                 raise ValueError(
                     f"batch(..., global_order=True) cannot mask the padding of {sampler!r}; "
                     "use per-worker batches with it"

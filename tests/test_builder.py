@@ -228,6 +228,13 @@ def test_global_order_checkpoints_restore_mid_run(no_leaks):
         assert [{k: v.tolist() for k, v in b.items()} for b in it] == out[3:]
 
 
+def test_global_order_refuses_a_sampler_that_pads_its_epochs():
+    sampler = grain.PaddedEpochSampler(10, 4, worker_count=2, num_epochs=1)
+    builder = from_source(list(range(10))).sampler(sampler).batch(4, pad=True, global_order=True).workers(2)
+    with pytest.raises(ValueError, match="cannot mask the padding of PaddedEpochSampler"):
+        builder.build()
+
+
 def test_global_order_needs_the_batch_last():
     with pytest.raises(ValueError, match="one Batch, as the last operation"):
         from_source(list(range(4))).batch(2, global_order=True).map(lambda b: b).workers(2).build()
