@@ -43,7 +43,7 @@ import numpy as np
 
 from grainlike.core.errors import add_note
 from grainlike.sources.formats.record_codec import IMAGE_SIGNATURES, encode_record
-from grainlike.sources.protocol import SupportsBatchedRead
+from grainlike.sources.protocol import RandomAccessDataSource, SupportsBatchedRead
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -470,7 +470,7 @@ def _load_object(spec: str) -> Any:
         obj = getattr(obj, part)
     if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "__len__")):
         obj = obj()
-    if not (hasattr(obj, "__len__") and hasattr(obj, "__getitem__")):
+    if not isinstance(obj, RandomAccessDataSource):
         raise TypeError(f"{spec} is {type(obj).__name__}, not a source (it needs len() and [key])")
     return obj
 

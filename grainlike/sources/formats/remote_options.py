@@ -71,8 +71,8 @@ class RemoteOptions:
                   ("block_size", ">= 1", lambda v: v >= 1), ("read_ahead", ">= 0", lambda v: v >= 0),
                   ("cache_max_bytes", ">= 0 or None", lambda v: v is None or v >= 0))
         for name, bound, ok in checks:
-            if not ok(getattr(self, name)):
-                raise ValueError(f"RemoteOptions.{name} must be {bound}, got {getattr(self, name)}")
+            if not ok(value := getattr(self, name)):
+                raise ValueError(f"RemoteOptions.{name} must be {bound}, got {value}")
 
     def _key(self) -> str:
         return repr((sorted((self.storage_options or {}).items()), self.timeout_s))
