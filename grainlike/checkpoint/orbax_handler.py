@@ -37,6 +37,7 @@ import threading
 import types
 from typing import Any
 
+from grainlike.core.protocols import Prefetching, missing_state_methods
 from grainlike.core.state_files import (
     _apply_state,
     _read_state_for_process,
@@ -74,25 +75,25 @@ ORBAX_CLASS_NAMES = {
 _PUBLIC_MODULE = "grainlike.checkpoint"
 
 
-def _check_iterator(item: Any, method: str, args_name: str) -> None:
+def _check_iterator(item: Any, args_name: str) -> None:
     if isinstance(item, (list, tuple)):
         # A list is for handler subclasses that override save()/restore()
         # (MaxText's): each entry is an iterator or a tuple starting with one.
         for i, entry in enumerate(item):
             inner = entry[0] if isinstance(entry, tuple) and entry else entry
-            if not callable(getattr(inner, method, None)):
+            if missing := missing_state_methods(inner):
                 raise TypeError(
                     f"{args_name} takes an iterator with get_state()/set_state(), or a "
                     "list of them for a handler subclass that overrides save()/restore(); "
                     f"got a {type(item).__name__} whose entry {i} is "
-                    f"{type(inner).__name__}, which has no {method}()"
+                    f"{type(inner).__name__}, which has no {missing}"
                 )
         return
-    if not callable(getattr(item, method, None)):
+    if missing := missing_state_methods(item):
         raise TypeError(
             f"{args_name} takes an iterator with get_state()/set_state(), such as "
             f"iter(DataLoader) or a DeviceIterator; got {type(item).__name__}, which "
-            f"has no {method}()"
+            f"has no {missing}"
         )
 
 
@@ -170,9 +171,8 @@ def _build_orbax_classes() -> dict[str, type]:
                 _apply_state(item, text, filename)
                 # As grain: start the workers now, so loading overlaps the rest
                 # of the restore.
-                start = getattr(item, "start_prefetch", None)
-                if start is not None:
-                    start()
+                if isinstance(item, Prefetching):
+                    item.start_prefetch()
                 return item
 
             def structure(self, directory: Any) -> Any:
@@ -200,7 +200,7 @@ def _build_orbax_classes() -> dict[str, type]:
             def __post_init__(self):
                 # Here, not in the handler: an error inside Orbax's async save
                 # leaves its background threads waiting for minutes.
-                _check_iterator(self.item, "get_state", "PyGrainCheckpointSave")
+                _check_iterator(self.item, "PyGrainCheckpointSave")
 
         @dataclasses.dataclass
         class PyGrainCheckpointRestore(ocp.args.CheckpointArgs):
@@ -212,7 +212,7 @@ def _build_orbax_classes() -> dict[str, type]:
             item: Any
 
             def __post_init__(self):
-                _check_iterator(self.item, "set_state", "PyGrainCheckpointRestore")
+                _check_iterator(self.item, "PyGrainCheckpointRestore")
 
         classes = {
             "PyGrainCheckpointHandler": PyGrainCheckpointHandler,

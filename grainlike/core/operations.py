@@ -40,6 +40,7 @@ from grainlike.core.transforms import (
     RandomMap,
     TfRandomMap,
     as_python_transform,
+    is_batch,
     is_flat_map,
     transform_name,
 )
@@ -227,11 +228,7 @@ def loader_operation(op: Any, position: int) -> Any:
         return op.as_batch()
     if is_flat_map(op):
         return op  # Split records, as grain's DataLoader does (loader/flatmap_records.py).
-    if (
-        not isinstance(op, BatchOperation)
-        and getattr(op, "batch_size", None) is not None
-        and hasattr(op, "drop_remainder")
-    ):
+    if not isinstance(op, BatchOperation) and is_batch(op):
         # grain's own Batch / BatchOperation objects: the same meaning.
         return Batch(
             batch_size=op.batch_size,

@@ -22,6 +22,7 @@ import threading
 from typing import Any, Callable, Iterator, Optional
 
 from grainlike.core.errors import ClosedIteratorError
+from grainlike.core.protocols import Checkpointable, missing_state_methods
 
 BATCH, END, ERROR = "batch", "end", "error"
 
@@ -137,19 +138,18 @@ def take(holder: list) -> tuple[Any, Any]:
     raise value
 
 
-def wrapped_method(iterator: Any, method: str, owner: str) -> Callable:
-    """``iterator``'s ``method`` (``get_state``/``set_state``), which ``owner`` needs to save and restore.
+def checkpointable(iterator: Any, owner: str) -> Checkpointable:
+    """``iterator``, whose state ``owner`` saves and restores.
 
     Raises:
-      TypeError: ``iterator`` has no such method.
+      TypeError: ``iterator`` is not ``Checkpointable``.
     """
-    fn = getattr(iterator, method, None)
-    if fn is None:
+    if not isinstance(iterator, Checkpointable):
         raise TypeError(
-            f"the wrapped {type(iterator).__name__} has no {method}(); "
+            f"the wrapped {type(iterator).__name__} has no {missing_state_methods(iterator)}; "
             f"{owner} saves and restores the state of iterators that do (iter(DataLoader))"
         )
-    return fn
+    return iterator
 
 
 def restore(holder: list, set_state: Callable[[Any], None], state: Any, previous: Any) -> None:

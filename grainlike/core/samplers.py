@@ -20,6 +20,7 @@ import abc
 import dataclasses
 import operator
 import sys
+from collections.abc import Sized
 from typing import Any, NamedTuple, Optional, Protocol, runtime_checkable
 
 import numpy as np
@@ -208,7 +209,7 @@ class _GrainProtocolSampler(BaseSampler):
 
 def _size_by_probing(sampler: Any) -> int:
     """``len(sampler)``, or the first index it refuses (by bisection) if it has no len."""
-    if hasattr(sampler, "__len__"):
+    if isinstance(sampler, Sized):
         return len(sampler)
     lo, hi = 0, sys.maxsize
     while lo < hi:
@@ -234,7 +235,7 @@ def as_sampler(sampler: Any) -> BaseSampler:
     """
     if isinstance(sampler, BaseSampler):
         return sampler
-    if not hasattr(sampler, "__getitem__"):
+    if not isinstance(sampler, Sampler):
         raise TypeError(
             f"sampler must map a global index to a RecordMetadata (grain's Sampler "
             f"protocol: __getitem__), got {type(sampler).__name__}: {sampler!r:.120}"

@@ -30,23 +30,12 @@ import hashlib
 import json
 import os
 import re
-from typing import Any, Awaitable, Protocol, runtime_checkable
+from typing import Any, Awaitable
 
 from grainlike.core.errors import InvalidStateError, add_note
+from grainlike.core.protocols import Checkpointable, ProcessStatesMerger
 
 __all__ = ["ProcessStatesMerger", "load_state_async", "process_state_path", "save_state_async"]
-
-
-@runtime_checkable
-class ProcessStatesMerger(Protocol):
-    """An iterator that restores from the state files of another number of processes.
-
-    A DataLoader iterator is one: its state names the worker positions of one
-    shard, and the loader recomputes every old shard's records to merge them.
-    """
-
-    def _merge_process_states(self, texts: dict, old_count: int) -> str:
-        """This process's state text continuing ``texts`` (old process index -> state text)."""
 
 
 def _process_index_and_count() -> tuple[int, int]:
@@ -82,13 +71,12 @@ def _state_text(iterator: Any) -> str:
     Bytes (a DataLoader iterator's state) are written as they are; a dict (a
     Dataset iterator's) as ``json.dumps(state, indent=4)``, grain's bytes for both.
     """
-    get_state = getattr(iterator, "get_state", None)
-    if get_state is None:
+    if not isinstance(iterator, Checkpointable):
         raise TypeError(
             "a grainlike checkpoint holds an iterator with get_state()/set_state() "
             f"(iter(DataLoader), a Dataset iterator, DeviceIterator), got {type(iterator).__name__}"
         )
-    state = get_state()
+    state = iterator.get_state()
     if isinstance(state, (bytes, bytearray)):
         return bytes(state).decode()
     if isinstance(state, str):
@@ -111,8 +99,7 @@ def _state_from_text(iterator: Any, text: str) -> Any:
     wrappers) the file's bytes, a str the text. Deciding on the state, not on the
     iterator's class, lets any iterator with ``get_state``/``set_state`` restore.
     """
-    get_state = getattr(iterator, "get_state", None)
-    current = get_state() if callable(get_state) else None
+    current = iterator.get_state() if isinstance(iterator, Checkpointable) else None
     if isinstance(current, dict):
         return json.loads(text)
     if isinstance(current, str):
@@ -285,7 +272,7 @@ def _read_state_for_process(iterator: Any, directory: Any) -> tuple[str, Any]:
 
 def _elastic_state_text(iterator: Any, texts: dict, old_count: int) -> str:
     """The state text for this process, continuing the states of ``old_count`` processes."""
-    current = iterator.get_state() if callable(getattr(iterator, "get_state", None)) else None
+    current = iterator.get_state() if isinstance(iterator, Checkpointable) else None
     if isinstance(current, dict):
         states = {i: json.loads(t) for i, t in texts.items()}
         if len(states) != old_count or any(s != states[0] for s in states.values()):

@@ -105,6 +105,11 @@ def is_flat_map(op: Any) -> bool:
     return isinstance(op, FlatMap) or (callable(getattr(op, "flat_map", None)) and hasattr(op, "max_fan_out"))
 
 
+def is_batch(op: Any) -> bool:
+    """Whether ``op`` batches: a ``Batch``, or grain's (``batch_size`` and ``drop_remainder``)."""
+    return isinstance(op, Batch) or (getattr(op, "batch_size", None) is not None and hasattr(op, "drop_remainder"))
+
+
 # grain.python's names for the same classes.
 MapTransform = Map
 RandomMapTransform = RandomMap

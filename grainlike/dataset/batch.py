@@ -11,6 +11,7 @@ import numpy as np
 from grainlike.core import tree
 from grainlike.core.shared_memory_array import SharedMemoryArray
 from grainlike.core.errors import add_note
+from grainlike.dataset.dataset_node import walk
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.map_dataset import MapDataset
@@ -120,13 +121,7 @@ def discarding_stage(ds: MapDataset) -> Optional[MapDataset]:
     from grainlike.dataset.filter import FilterMapDataset
     from grainlike.dataset.flatmap import FlatMapMapDataset
 
-    to_check = [ds]
-    while to_check:
-        node = to_check.pop()
-        if isinstance(node, (FilterMapDataset, FlatMapMapDataset)):
-            return node
-        to_check.extend(getattr(node, "_parents", ()))
-    return None
+    return next((node for node in walk(ds) if isinstance(node, (FilterMapDataset, FlatMapMapDataset))), None)
 
 
 class _Batcher:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from grainlike.core import tree
+from grainlike.core.protocols import close_if_closeable, missing_state_methods
 
 __all__ = ["assert_equal_output_after_checkpoint"]
 
@@ -50,22 +51,15 @@ def _comparable(value: Any) -> Any:
     return tree.map_structure(leaf, value)
 
 
-def _close(iterator: Any) -> None:
-    close = getattr(iterator, "close", None)
-    if close is not None:
-        close()
-
-
 def _iterator(ds: Any) -> Any:
     iterator = iter(ds)
-    for method in ("get_state", "set_state"):
-        if not callable(getattr(iterator, method, None)):
-            _close(iterator)
-            raise TypeError(
-                f"assert_equal_output_after_checkpoint: the iterator of {ds!r:.120} "
-                f"({type(iterator).__name__}) has no {method}(); checkpointing needs "
-                "get_state() and set_state()"
-            )
+    if missing := missing_state_methods(iterator):
+        close_if_closeable(iterator)
+        raise TypeError(
+            f"assert_equal_output_after_checkpoint: the iterator of {ds!r:.120} "
+            f"({type(iterator).__name__}) has no {missing}; checkpointing needs "
+            "get_state() and set_state()"
+        )
     return iterator
 
 
@@ -136,7 +130,7 @@ def assert_equal_output_after_checkpoint(ds: Any, *, check_states_after_restore:
             step += 1
         final_state = state
     finally:
-        _close(iterator)
+        close_if_closeable(iterator)
 
     assert expected, "Dataset did not produce any elements."
     states_after = checkpoints[1:] + [final_state]
@@ -168,7 +162,7 @@ def assert_equal_output_after_checkpoint(ds: Any, *, check_states_after_restore:
                     )
             values.extend(_comparable(v) for v in restored)
         finally:
-            _close(restored)
+            close_if_closeable(restored)
         np.testing.assert_equal(
             values,
             expected[i:],

@@ -8,11 +8,27 @@ transforms it applies for error messages, and chains custom stages (``pipe``).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
 
 import numpy as np
 
 T = TypeVar("T")
+
+
+def parents(node: Any) -> Sequence[Any]:
+    """The stages ``node`` reads from (datasets or iterators); () for one that skipped ``super().__init__``."""
+    return getattr(node, "_parents", ())
+
+
+def walk(node: Any) -> Iterator[Any]:
+    """``node`` and every stage above it, each once: depth first, a stage's first parent first."""
+    to_visit, seen = [node], set()
+    while to_visit:
+        node = to_visit.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            yield node
+            to_visit.extend(reversed(parents(node)))
 
 
 class _Dataset:
@@ -40,8 +56,7 @@ class _Dataset:
             if node_seed is not None:
                 aggregated.extend((node_seed, depth))
             else:
-                # User-defined datasets may skip ``super().__init__`` and lack parents.
-                to_visit.extend((p, depth + 1) for p in getattr(node, "_parents", ()))
+                to_visit.extend((p, depth + 1) for p in parents(node))
         if not aggregated:
             return None
         return np.random.SeedSequence(aggregated).generate_state(1, dtype=np.uint32)[0]

@@ -242,11 +242,8 @@ class InterleaveDatasetIterator(DatasetIterator):
             if iterator is not None:
                 iterator.start_prefetch()
 
-    def close(self) -> None:
+    def _close(self) -> None:
         """Stops building iterators and closes the iterators in use."""
-        if getattr(self, "_closed", True):
-            return
-        self._closed = True
         self._make_iters.close()
         for iterator in self._in_use:
             if iterator is not None:

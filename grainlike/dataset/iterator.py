@@ -16,6 +16,8 @@ import threading
 from typing import Any, Iterator, Sequence, TypeVar, Union
 
 from grainlike.core.errors import ClosedIteratorError
+from grainlike.core.protocols import OrbaxCheckpointable
+from grainlike.dataset.dataset_node import walk
 
 T = TypeVar("T")
 
@@ -96,10 +98,11 @@ class IteratorContext:
             )
 
 
-class DatasetIterator(Iterator[T], abc.ABC):
+class DatasetIterator(OrbaxCheckpointable, Iterator[T], abc.ABC):
     """The iterator stage: ``__next__``, ``get_state``, ``set_state``, ``close``.
 
-    Not thread-safe: one thread uses an iterator at a time.
+    grainlike's ``core.protocols.DatasetIteratorProtocol``, with Orbax v1's
+    ``save``/``load``. Not thread-safe: one thread uses an iterator at a time.
     """
 
     def __init__(self, parents: Union["DatasetIterator", Sequence["DatasetIterator"]] = ()):
@@ -112,13 +115,10 @@ class DatasetIterator(Iterator[T], abc.ABC):
             ctx = self._parents[0]._ctx
             # One context for the whole tree: merge the others' into the first
             # and point every iterator below at it.
-            others = list(self._parents[1:])
-            for parent in others:
+            for parent in self._parents[1:]:
                 ctx.merge(parent._ctx)
-            while others:
-                node = others.pop()
+            for node in (n for parent in self._parents[1:] for n in walk(parent)):
                 node._ctx = ctx
-                others.extend(getattr(node, "_parents", ()))
             self._ctx: IteratorContext = ctx
         else:
             self._ctx = IteratorContext()
@@ -138,18 +138,6 @@ class DatasetIterator(Iterator[T], abc.ABC):
     def set_state(self, state: dict) -> None:
         """Moves the iterator to ``state`` (from ``get_state``)."""
 
-    async def save(self, directory: Any) -> Any:
-        """Orbax v1 ``StatefulCheckpointable``: the state is read now, written later."""
-        from grainlike.core import state_files  # Only when Orbax calls it.
-
-        return await state_files.save_state_async(self, directory)
-
-    async def load(self, directory: Any) -> Any:
-        """Orbax v1 ``StatefulCheckpointable``: restores from ``directory``."""
-        from grainlike.core import state_files
-
-        return await state_files.load_state_async(self, directory)
-
     def start_prefetch(self) -> None:
         """Starts reading ahead in the first asynchronous stage (idempotent)."""
         for parent in self._parents:
@@ -160,9 +148,13 @@ class DatasetIterator(Iterator[T], abc.ABC):
 
         Advancing a closed iterator raises ``ClosedIteratorError`` (a ``ValueError``).
         """
-        if getattr(self, "_closed", True):
+        if getattr(self, "_closed", True):  # closed, or __init__ did not finish
             return
         self._closed = True
+        self._close()
+
+    def _close(self) -> None:
+        """What ``close`` does, once: a stage releases its own threads, processes and files here."""
         for parent in self._parents:
             parent.close()
 

@@ -326,6 +326,7 @@ def apply_transformations(ds: Any, transformations: Any) -> Any:
         MapTransform,
         MapWithIndexTransform,
         RandomMapTransform,
+        is_flat_map,
     )
 
     if not isinstance(transformations, Sequence):
@@ -344,8 +345,7 @@ def apply_transformations(ds: Any, transformations: Any) -> Any:
             ds = ds.random_map(t)
         elif isinstance(t, MapWithIndexTransform):
             ds = ds.map_with_index(t)
-        elif not isinstance(t, FilterTransform) and callable(getattr(t, "flat_map", None)):
-            # grain's FlatMap: an object with flat_map() (and max_fan_out).
+        elif not isinstance(t, FilterTransform) and is_flat_map(t):
             from grainlike.dataset import flatmap
 
             stage = flatmap.FlatMapMapDataset if isinstance(ds, MapDataset) else flatmap.FlatMapIterDataset

@@ -267,15 +267,12 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
             self._assert_not_closed()
             self._ensure_pool().start()
 
-    def close(self) -> None:
+    def _close(self) -> None:
         """Stops the workers. Idempotent; outputs already returned stay valid.
 
         Closing an iterator nobody holds (from its ``__del__``) does not wait for
         a worker in the middle of an output (see ``WorkerPool.close``).
         """
-        if getattr(self, "_closed", True):
-            return
-        self._closed = True
         self._drop_pool(dropped=closing_dropped())
 
     # -- state -------------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from grainlike.dataset import worker_slice
+from grainlike.dataset.dataset_node import walk
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator, MultiprocessingContext
 from grainlike.dataset.interleave import InterleaveIterDataset
@@ -48,12 +49,9 @@ def _dataset_options(ds: IterDataset) -> Any:
     from grainlike.dataset.seed import WithOptionsIterDataset
 
     result = DatasetOptions()
-    to_visit = [ds]
-    while to_visit:
-        node = to_visit.pop()
+    for node in walk(ds):
         if isinstance(node, WithOptionsIterDataset):
             result = result.merge(node.options)
-        to_visit.extend(getattr(node, "_parents", ()))
     return result
 
 

@@ -105,10 +105,8 @@ class _ParquetDatasetIterator(DatasetIterator):
         self._index = index
         self._read_row_group()
 
-    def close(self) -> None:
-        if getattr(self, "_closed", True):
-            return
-        super().close()
+    def _close(self) -> None:
+        super()._close()
         self._columns = {}
         self._file.close()
 

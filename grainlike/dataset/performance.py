@@ -30,6 +30,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from grainlike.core.protocols import close_if_closeable
 from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
 
 _logger = logging.getLogger("grainlike")
@@ -79,9 +80,7 @@ def _first_elements(ds: Any, count: int) -> list:
     try:
         return list(itertools.islice(it, count))
     finally:
-        close = getattr(it, "close", None)
-        if close is not None:
-            close()
+        close_if_closeable(it)
 
 
 def _mean_size_mb(datasets: list, samples_to_check: int) -> float:

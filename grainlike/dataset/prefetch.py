@@ -434,11 +434,8 @@ class PrefetchDatasetIterator(NextIndexState, DatasetIterator):
         if self._threads and not self._closed and not self._tasks.pending and not self._ready:
             self._submit()
 
-    def close(self) -> None:
+    def _close(self) -> None:
         """Stops the read threads without waiting for a read in progress."""
-        if getattr(self, "_closed", True):
-            return
-        self._closed = True
         self._ready.clear()
         if self._tasks is not None:
             self._finalizer()

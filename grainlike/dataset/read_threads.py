@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from grainlike.dataset.dataset_node import parents
 from grainlike.dataset.map_dataset import MapDataset
 from grainlike.sources.waiting import declared_waits, source_waits
 
@@ -88,7 +89,7 @@ def _inputs(node: MapDataset) -> list:
     """The datasets ``node`` reads: its parents, and a MapDataset given as a source."""
     from grainlike.dataset.source import SourceMapDataset
 
-    inputs = list(getattr(node, "_parents", ()))
+    inputs = list(parents(node))
     if isinstance(node, SourceMapDataset) and isinstance(node._source, MapDataset):
         inputs.append(node._source)
     return inputs

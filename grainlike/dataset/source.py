@@ -8,6 +8,7 @@ from grainlike.core.errors import NonSequentialSliceError, add_note
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.map_dataset import MapDataset
 from grainlike.dataset.worker_slice import sequential_range
+from grainlike.sources.protocol import SupportsBatchedRead
 
 
 class SourceMapDataset(MapDataset):
@@ -22,10 +23,8 @@ class SourceMapDataset(MapDataset):
     def __init__(self, source: Any):
         super().__init__()
         self._source = source
-        batched = getattr(source, "__getitems__", None)
-        if batched is None:
-            batched = getattr(source, "_getitems", None)
-        self._batched_read = batched
+        batched = source.__getitems__ if isinstance(source, SupportsBatchedRead) else None
+        self._batched_read = batched or getattr(source, "_getitems", None)  # grain's sources' name
         # A worker's contiguous range of keys (set_slice); None: the whole source.
         self._range: Optional[tuple[int, int]] = None
 

@@ -65,10 +65,8 @@ class _TfDataDatasetIterator(DatasetIterator):
         self._consumed = consumed
         self._iterator = None
 
-    def close(self) -> None:
-        if getattr(self, "_closed", True):
-            return
-        super().close()
+    def _close(self) -> None:
+        super()._close()
         self._iterator = None
 
     def __str__(self) -> str:

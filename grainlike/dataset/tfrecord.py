@@ -12,6 +12,7 @@ import os
 from typing import Union
 
 from grainlike.core.errors import CorruptRecordError
+from grainlike.core.protocols import close_if_closeable
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.state import non_negative_int, require_keys
@@ -45,14 +46,9 @@ class _TFRecordDatasetIterator(DatasetIterator):
         require_keys(state, self, ("reader_offset",))
         self._reader.seek(non_negative_int(state, "reader_offset", self))
 
-    def close(self) -> None:
+    def _close(self) -> None:
         """Closes the reader's file."""
-        if getattr(self, "_closed", True):
-            return
-        self._closed = True
-        close = getattr(getattr(self, "_reader", None), "close", None)
-        if close is not None:
-            close()
+        close_if_closeable(getattr(self, "_reader", None))  # None: closed before it was opened
 
 
 class _PreadTFRecordDatasetIterator(TFRecordFile, _TFRecordDatasetIterator):

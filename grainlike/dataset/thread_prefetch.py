@@ -144,11 +144,8 @@ class ThreadPrefetchDatasetIterator(DatasetIterator):
         self._next_index = index
         self._state = None
 
-    def close(self) -> None:
+    def _close(self) -> None:
         """Stops the thread without waiting for an element in progress; closes a DatasetIterator parent."""
-        if getattr(self, "_closed", True):
-            return
-        self._closed = True
         stop_holder(self._holder, wait=False)
         if self._native_parent:
             self._parent.close()

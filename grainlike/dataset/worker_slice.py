@@ -20,26 +20,13 @@ slices itself in place (``SupportsInPlaceSlicing``) does.
 from __future__ import annotations
 
 import copy
-import typing
-from typing import Any, Protocol
+from typing import Any
 
 from grainlike.core import sharding
+from grainlike.core.protocols import SupportsInPlaceSlicing
+from grainlike.dataset.dataset_node import parents
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.map_dataset import MapDataset
-
-
-@typing.runtime_checkable
-class SupportsInPlaceSlicing(Protocol):
-    """A stage that can cut itself down to one worker's share (grain's protocol).
-
-    Implement it on a dataset of your own that ``mp_prefetch`` should slice:
-    ``set_slice(slice(w, None, W), sequential_slice)`` is called on worker
-    ``w``'s copy of the stage, never on the dataset you built.
-    """
-
-    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
-        """Keeps only worker ``sl.start`` of ``sl.step``'s share of the elements."""
-        ...
 
 
 def set_slice(ds: Any, sl: slice, sequential_slice: bool = False) -> None:
@@ -58,8 +45,7 @@ def set_slice(ds: Any, sl: slice, sequential_slice: bool = False) -> None:
     if isinstance(ds, SupportsInPlaceSlicing):
         ds.set_slice(sl, sequential_slice)
         return
-    parents = getattr(ds, "_parents", ())  # User datasets may skip super().__init__.
-    if not parents:
+    if not parents(ds):
         kind = "MapDataset" if isinstance(ds, MapDataset) else "IterDataset"
         raise ValueError(
             f"Cannot slice `{kind}` source. {type(ds)}: mp_prefetch gives each worker a "
@@ -72,7 +58,7 @@ def set_slice(ds: Any, sl: slice, sequential_slice: bool = False) -> None:
                 else ""
             )
         )
-    for parent in parents:
+    for parent in parents(ds):
         set_slice(parent, sl, sequential_slice)
 
 
@@ -86,9 +72,8 @@ def copy_stages(ds: Any, sequential_slice: bool = False) -> Any:
     if not (sequential_slice or isinstance(ds, IterDataset)):
         return ds
     out = copy.copy(ds)
-    parents = getattr(ds, "_parents", ())
-    if parents:
-        out._parents = tuple(copy_stages(p, sequential_slice) for p in parents)
+    if parents(ds):
+        out._parents = tuple(copy_stages(p, sequential_slice) for p in parents(ds))
     return out
 
 

@@ -17,26 +17,25 @@ import cloudpickle
 
 from grainlike.core import pickling
 from grainlike.core.errors import add_note
+from grainlike.core.protocols import TakesAllocator
 from grainlike.core.transforms import transform_name
 from grainlike.core.tree import Allocator
 from grainlike.dataset import worker_slice
-from grainlike.dataset.dataset_node import _Dataset
+from grainlike.dataset.dataset_node import _Dataset, parents, walk
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import MultiprocessingContext
 
 
 def _user_transforms(ds: Any) -> list:
     """The user transforms of ``ds``'s pipeline, nearest to its output first, each once."""
-    found, seen, to_visit = [], set(), [ds]
-    while to_visit:
-        node = to_visit.pop()
+    found, seen = [], set()
+    # Parents in order: the first (an elastic stage's pipeline in use) first.
+    for node in walk(ds):
         if isinstance(node, _Dataset):
             for transform in reversed(node.user_transforms()):
                 if id(transform) not in seen:
                     seen.add(id(transform))
                     found.append(transform)
-        # Parents in order: the first (an elastic stage's pipeline in use) first.
-        to_visit.extend(reversed(getattr(node, "_parents", ())))
     return found
 
 
@@ -46,7 +45,7 @@ def _pickling_error(ds: Any, error: Exception) -> Exception:
     Where one of the stage's user transforms cannot be pickled by itself, a note
     names it (class or function and where it was defined).
     """
-    for parent in getattr(ds, "_parents", ()):
+    for parent in parents(ds):
         found = _pickling_error(parent, error)
         if found is not error:
             return found
@@ -110,6 +109,7 @@ class WorkerSliceTask:
         self._worker_init_fn = worker_init_fn
         self._sequential_slice = sequential_slice
         self._dataset_bytes: Optional[bytes] = None
+        self._worker_dataset: Optional[IterDataset] = None  # the copy outputs() iterates, for describe_output
         self._initialized = False  # worker_init_fn has run in this process
         # The DatasetOptions of the whole pipeline, including those set after
         # mp_prefetch: the workers' stages follow them too, as in grain.
@@ -120,7 +120,7 @@ class WorkerSliceTask:
         if self._dataset_bytes is None:
             state["_dataset_bytes"] = pickling.dumps(self._parent)
         state["_parent"] = None
-        state.pop("_worker_dataset", None)
+        state["_worker_dataset"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -146,7 +146,7 @@ class WorkerSliceTask:
             self._initialized = True
             self._worker_init_fn(worker_index, worker_count)
         ds = self._dataset()
-        self._worker_dataset = ds  # For describe_output.
+        self._worker_dataset = ds
         if worker_count > 1:
             worker_slice.set_slice(ds, slice(worker_index, None, worker_count), self._sequential_slice)
         if isinstance(state, dict) and state.get("skip_positions"):
@@ -157,10 +157,8 @@ class WorkerSliceTask:
 
             if not contains_skip_stage(ds):
                 ds = insert_skip_stage(ds)
-        set_allocator = getattr(ds, "set_allocator", None)
-        if alloc is not None and callable(set_allocator):
-            # The parent's batches are the outputs: stack them in shared memory.
-            set_allocator(alloc)
+        if alloc is not None and isinstance(ds, TakesAllocator):
+            ds.set_allocator(alloc)  # The parent's batches are the outputs: stack them in shared memory.
         it = ds.__iter__()
         ctx = getattr(it, "_ctx", None)
         if ctx is not None:
@@ -186,13 +184,11 @@ class WorkerSliceTask:
 
     def describe_output(self, worker_index: int, worker_count: int, before: Any, after: Any) -> str:
         """The stages that made an output (nearest first) and the worker's states around it."""
-        stages, ds = [], getattr(self, "_worker_dataset", None) or self._parent
+        stages, ds = [], self._worker_dataset or self._parent
         while ds is not None and len(stages) < 4:
-            describe = getattr(ds, "describe", None)  # grainlike's stages: with the transform's file:line
-            stages.append(describe() if describe is not None else str(ds))
-            parents = getattr(ds, "_parents", ())
-            ds = parents[0] if len(parents) == 1 else None
-        transforms = _user_transforms(getattr(self, "_worker_dataset", None) or self._parent)
+            stages.append(ds.describe() if isinstance(ds, _Dataset) else str(ds))  # with the transform's file:line
+            ds = parents(ds)[0] if len(parents(ds)) == 1 else None
+        transforms = _user_transforms(self._worker_dataset or self._parent)
         made = ""
         if transforms:
             names = ", ".join(transform_name(t) for t in transforms)

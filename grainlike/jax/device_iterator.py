@@ -30,7 +30,8 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from grainlike.core.errors import ClosedIteratorError
-from grainlike.core.read_ahead import Prefetcher, restore, stop_holder, take, wrapped_method
+from grainlike.core.protocols import Checkpointable, ClosesOnExit, OrbaxCheckpointable, Prefetching, close_if_closeable
+from grainlike.core.read_ahead import Prefetcher, checkpointable, restore, stop_holder, take
 from grainlike.core.tree import DEVICE_KINDS
 
 __all__ = ["DeviceIterator", "make_global_batch"]
@@ -192,7 +193,7 @@ def make_global_batch(local_batch: Any, sharding: Any, *, copy: Optional[bool] =
     return _to_device(local_batch, sharding, copy, global_batch=True)
 
 
-class DeviceIterator(Iterator[Any]):
+class DeviceIterator(OrbaxCheckpointable, ClosesOnExit, Iterator[Any]):
     """Puts each batch on JAX devices, keeping ``prefetch`` batches ready ahead.
 
     Args:
@@ -226,6 +227,7 @@ class DeviceIterator(Iterator[Any]):
         import jax
 
         self._iterator = iter(iterator)
+        self._get_state = self._iterator.get_state if isinstance(self._iterator, Checkpointable) else None
         self._sharding = _batch_sharding(sharding)
         global_batch = isinstance(self._sharding, jax.sharding.Sharding) and not (
             self._sharding.is_fully_addressable
@@ -247,19 +249,15 @@ class DeviceIterator(Iterator[Any]):
         self._holder: list = [None]
         self._finalizer = weakref.finalize(self, stop_holder, self._holder, wait=False)
 
-    def __iter__(self) -> "DeviceIterator":
-        return self
-
     def _prefetcher(self) -> Prefetcher:
         if self._closed:
             raise ClosedIteratorError("DeviceIterator is closed")
         prefetcher = self._holder[0]
         if prefetcher is None:
-            get_state = getattr(self._iterator, "get_state", None)
-            if get_state is not None and self._state is None:
+            if self._get_state is not None and self._state is None:
                 # The thread runs ahead from here on; remember where the user is.
-                self._state = get_state()
-            prefetcher = Prefetcher(self._iterator, get_state, self._convert, self._prefetch)
+                self._state = self._get_state()
+            prefetcher = Prefetcher(self._iterator, self._get_state, self._convert, self._prefetch)
             self._holder[0] = prefetcher
         return prefetcher
 
@@ -278,17 +276,15 @@ class DeviceIterator(Iterator[Any]):
         with self._lock:
             if self._prefetch:
                 self._prefetcher()
-            else:
-                start = getattr(self._iterator, "start_prefetch", None)
-                if start is not None:
-                    start()
+            elif isinstance(self._iterator, Prefetching):
+                self._iterator.start_prefetch()
 
     def get_state(self) -> Any:
         """The wrapped iterator's state right after the last batch you received.
 
         From another thread it does not wait behind a blocked ``next()``.
         """
-        get_state = wrapped_method(self._iterator, "get_state", "DeviceIterator")
+        get_state = checkpointable(self._iterator, "DeviceIterator").get_state
         if self._prefetch == 0:
             return get_state()  # Nothing runs ahead: the wrapped iterator is where the user is.
         if self._lock.acquire(blocking=False):
@@ -316,22 +312,10 @@ class DeviceIterator(Iterator[Any]):
         for a state of another pipeline), leaving the position unchanged.
         """
         with self._lock:
-            set_state = wrapped_method(self._iterator, "set_state", "DeviceIterator")
+            set_state = checkpointable(self._iterator, "DeviceIterator").set_state
             previous = self.get_state()
             self._state = None
             restore(self._holder, set_state, state, previous)
-
-    async def save(self, directory: Any) -> Any:
-        """Orbax v1 ``StatefulCheckpointable``: the state is read now."""
-        from grainlike.core import state_files
-
-        return await state_files.save_state_async(self, directory)
-
-    async def load(self, directory: Any) -> Any:
-        """Orbax v1 ``StatefulCheckpointable``: restores from ``directory``."""
-        from grainlike.core import state_files
-
-        return await state_files.load_state_async(self, directory)
 
     def close(self) -> None:
         """Stops the prefetch thread and closes the wrapped iterator. Idempotent.
@@ -342,20 +326,12 @@ class DeviceIterator(Iterator[Any]):
         self._closed = True
         prefetcher = self._holder[0]
         stop_holder(self._holder, wait=False)  # Wakes a next() waiting for a batch.
-        close = getattr(self._iterator, "close", None)
-        if close is not None:
-            close()  # Ends a next() waiting in the wrapped iterator (workers).
+        close_if_closeable(self._iterator)  # Ends a next() waiting in the wrapped iterator (workers).
         if prefetcher is not None:
             prefetcher.stop()  # Returns once its thread has ended.
         with self._lock:
             # A read-ahead thread started by a next() that ran meanwhile.
             stop_holder(self._holder)
-
-    def __enter__(self) -> "DeviceIterator":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __str__(self) -> str:
         return f"DeviceIterator({self._iterator}, sharding={self._sharding}, prefetch={self._prefetch})"

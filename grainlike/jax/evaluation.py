@@ -26,7 +26,7 @@ import numpy as np
 
 from grainlike.core import sharding as sharding_lib
 from grainlike.core.sampling import PaddedEpochSampler
-from grainlike.core.transforms import Batch, MapWithIndexTransform
+from grainlike.core.transforms import Batch, MapWithIndexTransform, is_batch
 from grainlike.loader.data_loader import DataLoader
 from grainlike.dataset.options import ReadOptions
 
@@ -44,7 +44,7 @@ class _WithIndex(MapWithIndexTransform):
 
 def _check_args(operations: Sequence[Any], batch_size: Any, reduce: Any) -> None:
     for i, op in enumerate(operations):
-        if isinstance(op, Batch) or (hasattr(op, "batch_size") and hasattr(op, "drop_remainder")):
+        if is_batch(op):
             raise ValueError(
                 f"operations[{i}] is a Batch; evaluate batches by itself (with padding "
                 "and a mask), pass batch_size= instead"

@@ -48,7 +48,8 @@ import numpy as np
 
 from grainlike.core import tree
 from grainlike.core.errors import ClosedIteratorError
-from grainlike.core.read_ahead import Prefetcher, restore, stop_holder, take, wrapped_method
+from grainlike.core.protocols import Checkpointable, ClosesOnExit, close_if_closeable
+from grainlike.core.read_ahead import Prefetcher, checkpointable, restore, stop_holder, take
 from grainlike.jax.host_callbacks import CallbackErrors, host_callback
 
 __all__ = ["InJitIterator"]
@@ -104,7 +105,7 @@ def _matching(x: Any, spec: Any) -> np.ndarray:
     return x
 
 
-class InJitIterator:
+class InJitIterator(ClosesOnExit):
     """Feeds batches to jitted code: ``draw()`` returns the next ``k`` batches, stacked.
 
     Args:
@@ -150,6 +151,7 @@ class InJitIterator:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         self._iterator = iter(iterator)
+        self._get_state = self._iterator.get_state if isinstance(self._iterator, Checkpointable) else None
         self._explicit_k = batches_per_call is not None
         self._k = batches_per_call if batches_per_call is not None else _DEFAULT_K
         self._mode: Optional[str] = None  # "draw" or "next", fixed by the first use
@@ -173,9 +175,8 @@ class InJitIterator:
 
     def _remember_position(self) -> None:
         """Before reading ahead of the user for the first time, note where they are."""
-        get_state = getattr(self._iterator, "get_state", None)
-        if get_state is not None and self._state is None:
-            self._state = get_state()
+        if self._get_state is not None and self._state is None:
+            self._state = self._get_state()
 
     def _read(self) -> tuple:
         """The next (stack, wrapped state after it), from the buffer or directly."""
@@ -184,18 +185,17 @@ class InJitIterator:
         if self._peeked is not None:
             item, self._peeked = self._peeked, None
             return item
-        get_state = getattr(self._iterator, "get_state", None)
         if self._prefetch == 0:
             self._remember_position()
             try:
                 stack = next(self._stacks)
             except StopIteration:
                 raise EOFError("InJitIterator: the wrapped iterator has ended") from None
-            return stack, get_state() if get_state is not None else None
+            return stack, self._get_state() if self._get_state is not None else None
         prefetcher = self._holder[0]
         if prefetcher is None:
             self._remember_position()
-            prefetcher = Prefetcher(self._stacks, get_state, None, self._prefetch, owner="InJitIterator")
+            prefetcher = Prefetcher(self._stacks, self._get_state, None, self._prefetch, owner="InJitIterator")
             self._holder[0] = prefetcher
         try:
             return take(self._holder)
@@ -380,8 +380,7 @@ class InJitIterator:
         """
         self._errors.raise_pending()
         with self._lock:
-            get_state = wrapped_method(self._iterator, "get_state", "InJitIterator")
-            return get_state() if self._state is None else self._state
+            return checkpointable(self._iterator, "InJitIterator").get_state() if self._state is None else self._state
 
     def set_state(self, state: Any) -> None:
         """Restores the wrapped iterator; buffered stacks are dropped.
@@ -392,7 +391,7 @@ class InJitIterator:
         """
         self._errors.raise_pending()
         with self._lock:
-            set_state = wrapped_method(self._iterator, "set_state", "InJitIterator")
+            set_state = checkpointable(self._iterator, "InJitIterator").set_state
             previous = self.get_state()
             self._peeked = None
             self._state = None
@@ -408,12 +407,4 @@ class InJitIterator:
             self._closed = True
             self._peeked = None
             stop_holder(self._holder)
-            close = getattr(self._iterator, "close", None)
-            if close is not None:
-                close()
-
-    def __enter__(self) -> "InJitIterator":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+            close_if_closeable(self._iterator)

@@ -25,6 +25,7 @@ import weakref
 from typing import Any, Callable, Optional, Sequence
 
 from grainlike.core import memfd
+from grainlike.core.protocols import ClosesOnExit
 from grainlike.core.errors import (
     ClosedIteratorError,
     ForeignWorkersError,
@@ -41,7 +42,7 @@ from grainlike.workers.shutdown import DROPPED_JOIN_TIMEOUT_S, JOIN_TIMEOUT_S, S
 from grainlike.workers.start import launch, pickle_task
 
 
-class WorkerPool:
+class WorkerPool(ClosesOnExit):
     """Outputs of ``worker_count`` worker processes, taken strictly round-robin.
 
     ``states[w]`` is worker ``w``'s state after its last delivered output (at
@@ -151,12 +152,6 @@ class WorkerPool:
     def __iter__(self) -> "WorkerPool":
         return self
 
-    def __enter__(self) -> "WorkerPool":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def start(self, hold: bool = False) -> None:
         """Starts the workers; ``hold`` starts them held (see the class doc).
 
@@ -168,7 +163,7 @@ class WorkerPool:
         if self._started:
             return
         if self._closed:
-            raise RuntimeError("the worker pool is closed")
+            raise ClosedIteratorError("the worker pool is closed")
         self._started = True
         self._shutdown.owner_pid = os.getpid()
         shm.raise_fd_limit()

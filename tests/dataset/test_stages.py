@@ -421,3 +421,58 @@ def test_merging_iterator_contexts_of_different_worker_processes_raises_naming_b
         "Cannot merge contexts from different worker processes: MultiprocessingContext(process_index=0, "
         "process_count=1) vs MultiprocessingContext(process_index=1, process_count=2)."
     )
+
+
+def test_every_iterator_stage_satisfies_the_declared_stage_protocol():
+    from grainlike.core.protocols import DatasetIteratorProtocol, Prefetching
+    from grainlike.dataset.dataset_node import walk
+    from grainlike.experimental import ThreadPrefetchIterDataset
+
+    shuffled = MapDataset.range(12).shuffle(seed=1).filter(lambda x: x % 5)
+    ds = IterDataset.mix([shuffled.to_iter_dataset(), MapDataset.range(3).repeat(2).to_iter_dataset()])
+    ds = ThreadPrefetchIterDataset(ds.map(lambda x: x * 2).batch(2), prefetch_buffer_size=2)
+    it = iter(ds)
+    stages = list(walk(it))
+    assert len(stages) >= 6
+    for stage in stages:
+        assert isinstance(stage, DatasetIteratorProtocol), stage
+        assert isinstance(stage, Prefetching), stage
+    it.close()
+
+
+def test_checkpointable_is_decided_by_the_methods_alone():
+    from grainlike.core.protocols import Checkpointable, Closeable, missing_state_methods
+
+    class Position:
+        def get_state(self):
+            return {"i": 0}
+
+        def set_state(self, state):
+            pass
+
+    class ReadOnly:
+        def get_state(self):
+            return {"i": 0}
+
+    assert isinstance(Position(), Checkpointable) and not isinstance(Position(), Closeable)
+    assert not isinstance(ReadOnly(), Checkpointable)
+    assert missing_state_methods(Position()) == ""
+    assert missing_state_methods(ReadOnly()) == "set_state()"
+    assert missing_state_methods(iter([1])) == "get_state()/set_state()"
+
+
+def test_walk_visits_each_stage_once_and_a_stage_without_super_init_has_no_parents():
+    from grainlike.dataset.dataset_node import parents, walk
+
+    class NoInit(IterDataset):
+        def __init__(self):  # skips super().__init__, as user datasets may
+            pass
+
+        def __iter__(self):
+            return iter(MapDataset.range(2).to_iter_dataset())
+
+    shared = MapDataset.range(4)
+    ds = MapDataset.mix([shared.map(str), shared])
+    assert [type(s).__name__ for s in walk(ds)] == ["MixedMapDataset", "MapMapDataset", "RangeMapDataset"]
+    assert parents(NoInit()) == ()
+    assert [type(s).__name__ for s in walk(NoInit().map(str))] == ["MapIterDataset", "NoInit"]
