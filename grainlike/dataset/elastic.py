@@ -419,7 +419,8 @@ class SkipPositionsDatasetIterator(DatasetIterator):
         return self._pull()
 
     def get_state(self) -> dict:
-        return with_pending_skip(self._parent.get_state(), self._skip, self._parent._get_next_index())
+        state = self._parent.get_state()
+        return with_pending_skip(state, self._skip, self._parent._get_next_index()) if self._skip else state
 
     def set_state(self, state: dict) -> None:
         """Restores the parent; a state without a skip list keeps this one's (a rewind).
