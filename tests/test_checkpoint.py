@@ -407,3 +407,35 @@ def test_any_iterator_with_a_dict_state_restores_through_a_manager(tmp_path):
     with ocp.CheckpointManager(tmp_path) as mngr:
         mngr.restore(2, args=ocp.args.Composite(data_iter=gckpt.CheckpointRestore(restored)))
     assert next(restored) == 3
+
+
+class _StateOnly:
+    """A user iterator wrapper with only the method one side of a checkpoint calls."""
+
+    def __init__(self, state=None):
+        self.state = state
+
+    def get_state(self):
+        return self.state
+
+
+class _RestoreOnly:
+    def set_state(self, state):
+        self.state = state
+
+
+def test_save_needs_only_get_state_and_restore_only_set_state(tmp_path):
+    # grain's handler calls get_state() to save and set_state() to restore, nothing else.
+    with ocp.CheckpointManager(tmp_path) as mngr:
+        mngr.save(1, args=gckpt.PyGrainCheckpointSave(_StateOnly({"next_index": 3})))
+        mngr.wait_until_finished()
+    assert json.loads((tmp_path / "1" / "default" / "process_0-of-1.json").read_text()) == {"next_index": 3}
+    target = _RestoreOnly()
+    with ocp.CheckpointManager(tmp_path) as mngr:
+        mngr.restore(1, args=gckpt.PyGrainCheckpointRestore(target))
+    # Without get_state() to say which form it takes, the state comes as the file's bytes.
+    assert json.loads(target.state) == {"next_index": 3}
+    with pytest.raises(TypeError, match=r"has no get_state\(\)$"):
+        gckpt.PyGrainCheckpointSave(_RestoreOnly())
+    with pytest.raises(TypeError, match=r"has no set_state\(\)$"):
+        gckpt.PyGrainCheckpointRestore(_StateOnly())

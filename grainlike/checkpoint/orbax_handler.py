@@ -75,13 +75,13 @@ ORBAX_CLASS_NAMES = {
 _PUBLIC_MODULE = "grainlike.checkpoint"
 
 
-def _check_iterator(item: Any, args_name: str) -> None:
+def _check_iterator(item: Any, method: str, args_name: str) -> None:
     if isinstance(item, (list, tuple)):
         # A list is for handler subclasses that override save()/restore()
         # (MaxText's): each entry is an iterator or a tuple starting with one.
         for i, entry in enumerate(item):
             inner = entry[0] if isinstance(entry, tuple) and entry else entry
-            if missing := missing_state_methods(inner):
+            if missing := missing_state_methods(inner, (method,)):
                 raise TypeError(
                     f"{args_name} takes an iterator with get_state()/set_state(), or a "
                     "list of them for a handler subclass that overrides save()/restore(); "
@@ -89,7 +89,7 @@ def _check_iterator(item: Any, args_name: str) -> None:
                     f"{type(inner).__name__}, which has no {missing}"
                 )
         return
-    if missing := missing_state_methods(item):
+    if missing := missing_state_methods(item, (method,)):
         raise TypeError(
             f"{args_name} takes an iterator with get_state()/set_state(), such as "
             f"iter(DataLoader) or a DeviceIterator; got {type(item).__name__}, which "
@@ -200,7 +200,7 @@ def _build_orbax_classes() -> dict[str, type]:
             def __post_init__(self):
                 # Here, not in the handler: an error inside Orbax's async save
                 # leaves its background threads waiting for minutes.
-                _check_iterator(self.item, "PyGrainCheckpointSave")
+                _check_iterator(self.item, "get_state", "PyGrainCheckpointSave")
 
         @dataclasses.dataclass
         class PyGrainCheckpointRestore(ocp.args.CheckpointArgs):
@@ -212,7 +212,7 @@ def _build_orbax_classes() -> dict[str, type]:
             item: Any
 
             def __post_init__(self):
-                _check_iterator(self.item, "PyGrainCheckpointRestore")
+                _check_iterator(self.item, "set_state", "PyGrainCheckpointRestore")
 
         classes = {
             "PyGrainCheckpointHandler": PyGrainCheckpointHandler,

@@ -101,11 +101,15 @@ class OrbaxCheckpointable:
         return await state_files.load_state_async(self, directory)
 
 
-def missing_state_methods(obj: Any) -> str:
-    """``""`` for a ``Checkpointable``, else what errors name as missing: ``"get_state()/set_state()"``."""
-    if isinstance(obj, Checkpointable):
+def missing_state_methods(obj: Any, methods: tuple = ("get_state", "set_state")) -> str:
+    """``""`` when ``obj`` has ``methods``, else what errors name as missing, e.g. ``"get_state()/set_state()"``.
+
+    Saving asks for ``("get_state",)`` only and restoring for ``("set_state",)``, as
+    grain's handler calls only the one it needs.
+    """
+    if methods == ("get_state", "set_state") and isinstance(obj, Checkpointable):
         return ""
-    return "/".join(f"{m}()" for m in ("get_state", "set_state") if getattr(obj, m, None) is None)
+    return "/".join(f"{m}()" for m in methods if not callable(getattr(obj, m, None)))
 
 
 def close_if_closeable(obj: Any) -> None:

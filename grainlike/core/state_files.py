@@ -33,7 +33,7 @@ import re
 from typing import Any, Awaitable
 
 from grainlike.core.errors import InvalidStateError, add_note
-from grainlike.core.protocols import Checkpointable, ProcessStatesMerger
+from grainlike.core.protocols import Checkpointable, ProcessStatesMerger, missing_state_methods
 
 __all__ = ["ProcessStatesMerger", "load_state_async", "process_state_path", "save_state_async"]
 
@@ -71,7 +71,7 @@ def _state_text(iterator: Any) -> str:
     Bytes (a DataLoader iterator's state) are written as they are; a dict (a
     Dataset iterator's) as ``json.dumps(state, indent=4)``, grain's bytes for both.
     """
-    if not isinstance(iterator, Checkpointable):
+    if missing_state_methods(iterator, ("get_state",)):
         raise TypeError(
             "a grainlike checkpoint holds an iterator with get_state()/set_state() "
             f"(iter(DataLoader), a Dataset iterator, DeviceIterator), got {type(iterator).__name__}"
