@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -80,7 +81,12 @@ def _drop_keys(dataset: Any, exclude_keys: Sequence[str]) -> Any:
     if missing:
         raise KeyError(f"TfDataSource: exclude_keys {missing!r} are not keys of the elements; they have {sorted(spec)!r}")
     drop = set(exclude_keys)
-    return dataset.map(lambda element: {k: v for k, v in element.items() if k not in drop})
+    # Plain Python for tf.data to trace: autograph would convert it through a
+    # source file it writes to TMPDIR and never removes.
+    keep = sys.modules["tensorflow"].autograph.experimental.do_not_convert(
+        lambda element: {k: v for k, v in element.items() if k not in drop}
+    )
+    return dataset.map(keep)
 
 
 def _column(leaves: list, is_string: bool) -> np.ndarray:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -87,6 +88,15 @@ def test_exclude_keys_drops_them_before_reading():
         TfDataSource(_pipeline(), exclude_keys=["nope"])
     with pytest.raises(TypeError, match="needs dict elements"):
         TfDataSource(tf.data.Dataset.range(3), exclude_keys=["id"])
+
+
+def test_exclude_keys_leaves_no_file_in_tmpdir(tmp_path, monkeypatch):
+    # tf.data traces the function that drops the keys; autograph, if let convert
+    # it, writes a source file into TMPDIR and never removes it.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    source = TfDataSource(_pipeline(), exclude_keys=["id"])
+    assert sorted(source[0]) == ["image", "label", "scaled"]
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(
