@@ -28,9 +28,8 @@ import sys
 import weakref
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
-import numpy as np
-
 from grainlike.core import sharding
+from grainlike.core.errors import check_int
 from grainlike.core.read_ahead import Prefetcher, restore, stop_holder, take
 from grainlike.core.samplers import IndexSampler, as_sampler
 from grainlike.core.transforms import (
@@ -98,14 +97,6 @@ def _as_transform(value: Any, kind: type, wrapper: type, method: str) -> Any:
     return wrapper(value)
 
 
-def _check_count(name: str, value: Any, low: int, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        none = " or None" if allow_none else ""
-        raise ValueError(f"{name} must be an int >= {low}{none}, got {value!r}")
-
-
 @dataclasses.dataclass(frozen=True)
 class LoaderBuilder:
     """Collects a DataLoader's configuration one call at a time; ``build()`` makes it.
@@ -152,8 +143,7 @@ class LoaderBuilder:
 
     def epochs(self, num_epochs: Optional[int]) -> "LoaderBuilder":
         """Number of passes over the data; None repeats forever. Default 1."""
-        _check_count("epochs", num_epochs, 1, allow_none=True)
-        return self._with(num_epochs=num_epochs)
+        return self._with(num_epochs=check_int("epochs", num_epochs, 1, none_ok=True))
 
     def shard(self, shard_options: Any, data_axis: Union[str, Sequence[str], None] = None, *,
               data_axis_name: Union[str, Sequence[str], None] = None) -> "LoaderBuilder":
@@ -256,8 +246,7 @@ class LoaderBuilder:
 
     def workers(self, worker_count: int) -> "LoaderBuilder":
         """Worker processes; 0 (the default) runs in the calling process."""
-        _check_count("workers", worker_count, 0)
-        return self._with(worker_count=worker_count)
+        return self._with(worker_count=check_int("workers", worker_count))
 
     def prefetch(self, num_batches: int) -> "LoaderBuilder":
         """Reads ``num_batches`` outputs ahead of the consumer, with or without workers.
@@ -266,8 +255,7 @@ class LoaderBuilder:
         keeps ``ceil(num_batches / W)`` finished outputs ready
         (``worker_buffer_size``). Default: no read-ahead thread, one output per worker.
         """
-        _check_count("prefetch", num_batches, 1)
-        return self._with(prefetch_=num_batches)
+        return self._with(prefetch_=check_int("prefetch", num_batches, 1))
 
     def read(self, read_options: ReadOptions) -> "LoaderBuilder":
         """Read-ahead threads and buffer (``ReadOptions``)."""

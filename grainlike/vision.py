@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
+from grainlike.core.errors import check_int, is_int
 from grainlike.core.transforms import MapTransform, RandomMapTransform
 
 __all__ = [
@@ -61,14 +62,10 @@ _INTERPOLATIONS = {
 _INTERPOLATION_CODES = {0: "nearest", 1: "linear", 2: "cubic", 3: "area", 4: "lanczos4", 5: "linear_exact", 6: "nearest_exact"}
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
 def _parse_size(size: Any, name: str = "size") -> tuple[int, int]:
     """``int`` or ``(height, width)`` of positive ints -> ``(height, width)``."""
     is_pair = isinstance(size, (Sequence, np.ndarray)) and not isinstance(size, (str, bytes)) and len(size) == 2
-    pair = (size, size) if _is_int(size) else tuple(size) if is_pair and all(_is_int(s) for s in size) else (0, 0)
+    pair = (size, size) if is_int(size) else tuple(size) if is_pair and all(is_int(s) for s in size) else (0, 0)
     if pair[0] <= 0 or pair[1] <= 0:
         raise ValueError(f"{name} must be a positive int or a (height, width) pair of positive ints, got {size!r}")
     return int(pair[0]), int(pair[1])
@@ -77,7 +74,7 @@ def _parse_size(size: Any, name: str = "size") -> tuple[int, int]:
 def _parse_interpolation(interpolation: Union[str, int]) -> str:
     if isinstance(interpolation, str) and interpolation.lower() in _INTERPOLATIONS:
         return interpolation.lower()
-    if _is_int(interpolation) and int(interpolation) in _INTERPOLATION_CODES:
+    if is_int(interpolation) and int(interpolation) in _INTERPOLATION_CODES:
         return _INTERPOLATION_CODES[int(interpolation)]
     raise ValueError(
         f"interpolation must be one of {sorted(_INTERPOLATIONS)} or a cv2.INTER_* constant, got {interpolation!r}"
@@ -104,7 +101,7 @@ class _ImageTransform:
 
     def _set_size(self, size: Size) -> None:
         self._hw = _parse_size(size)
-        self.size = int(size) if _is_int(size) else self._hw
+        self.size = int(size) if is_int(size) else self._hw
 
     def _on(self, element: Any, fn: Callable[[Any], Any]) -> Any:
         key = self.key
@@ -230,7 +227,7 @@ class Resize(_ImageMap):
     _fields = ("size", "keep_aspect", "interpolation")
 
     def __init__(self, size: Size, keep_aspect: bool = False, interpolation: Union[str, int] = "linear", *, key: Optional[Hashable] = None):
-        if keep_aspect and not (_is_int(size) and size > 0):
+        if keep_aspect and not (is_int(size) and size > 0):
             raise ValueError(f"with keep_aspect=True, size must be a positive int (the shorter side), got {size!r}")
         self._set_size(size)
         self.keep_aspect = bool(keep_aspect)
@@ -490,9 +487,7 @@ class ResizeAndCrop(_ImageMap):
     _fields = ("size", "interpolation")
 
     def __init__(self, size: int, interpolation: Union[str, int] = "linear", *, key: Optional[Hashable] = None):
-        if not (_is_int(size) and size > 0):
-            raise ValueError(f"size must be a positive int (the side of the output square), got {size!r}")
-        self.size = int(size)
+        self.size = check_int("size (the side of the output square)", size, 1)
         self._resize = Resize(self.size, keep_aspect=True, interpolation=interpolation)
         self._crop = CenterCrop(self.size)
         self.interpolation = self._resize.interpolation

@@ -198,7 +198,7 @@ def test_prefetch_iterator_that_refuses_a_state_stays_where_it_was(no_leaks):
 def test_prefetch_with_workers_sets_the_per_worker_buffer():
     assert from_source(list(range(8))).workers(2).prefetch(5).build() \
         .multiprocessing_options.per_worker_buffer_size == 3
-    with pytest.raises(ValueError, match="prefetch must be an int >= 1"):
+    with pytest.raises(ValueError, match="prefetch must be a positive int"):
         from_source(list(range(8))).prefetch(0)
 
 

@@ -18,16 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from grainlike.core.errors import check_int
 from grainlike.core.record import LazyRng, RecordMetadata
 from grainlike.core.samplers import BaseSampler, SampledIndices, as_sampler
 
 __all__ = ["BatchSliceSampler"]
-
-
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
 
 
 class BatchSliceSampler(BaseSampler):
@@ -63,8 +58,8 @@ class BatchSliceSampler(BaseSampler):
                 f"{self._sampler!r} pads its epochs to whole batches of each process; "
                 "a sampler for mesh sharding must not pad (use Batch(..., drop_remainder=True))"
             )
-        self._batch = _positive("global_batch_size", global_batch_size)
-        self._shards = _positive("num_shards", num_shards)
+        self._batch = check_int("global_batch_size", global_batch_size, 1)
+        self._shards = check_int("num_shards", num_shards, 1)
         if self._batch % self._shards:
             raise ValueError(
                 f"global batch size {self._batch} does not split over {self._shards} data "

@@ -4,7 +4,8 @@ One module for all of them, so a reader finds each error's meaning and its grain
 counterpart in one place: each docstring says when it is raised and which grain
 class it equals or subclasses (or "none in grain" where grain has no such error).
 The modules that raise them re-export them under their old names (e.g.
-``grainlike.sources.remote.RemoteReadError``). Numpy and the standard library only.
+``grainlike.sources.remote.RemoteReadError``). Also the one check of an int
+argument (``check_int``). Numpy and the standard library only.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 import linecache
 import sys
 import types
-from typing import Optional
+from typing import Any, Optional
+
+import numpy as np
 
 
 def add_note(error: BaseException, note: str) -> None:
@@ -26,6 +29,42 @@ def add_note(error: BaseException, note: str) -> None:
             error.__notes__ = notes
         except AttributeError:
             pass
+
+
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is an ``int`` or a numpy integer, and not a bool."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def check_int(what: str, value: Any, low: int = 0, high: Optional[int] = None, *,
+              none_ok: bool = False, type_error: type = ValueError) -> Optional[int]:
+    """``value`` as an ``int``, if it is one (numpy's too, bools not) in ``[low, high)``.
+
+    Args:
+      what: the argument's name, which the message begins with.
+      value: what was passed.
+      low: the least value accepted.
+      high: the first value too large, if there is one.
+      none_ok: whether None is accepted (and returned).
+      type_error: the class raised for a value that is not an int.
+
+    Raises:
+      ValueError: out of range, or not an int where ``type_error`` is ValueError;
+        e.g. ``batch_size must be a positive int, got 0``.
+    """
+    if value is None and none_ok:
+        return None
+    fits = is_int(value)
+    if fits and value >= low and (high is None or value < high):
+        return int(value)
+    if high is not None:
+        top = f"2**{high.bit_length() - 1}" if high > 1024 and not high & (high - 1) else high
+        kind = f"an int in [{low}, {top})"
+    else:
+        kind = "a positive int" if low == 1 else f"an int >= {low}"
+    raise (type_error if not fits else ValueError)(
+        f"{what} must be {kind}{' or None' if none_ok else ''}, got {value!r}"
+    )
 
 
 # At most this many frames of another process's traceback are rebuilt (the innermost).

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple, Optional, Protocol, runtime_checkable
 import numpy as np
 
 from grainlike.core import sharding
-from grainlike.core.errors import EmptyShardError
+from grainlike.core.errors import EmptyShardError, check_int, is_int
 from grainlike.core.index_shuffle import index_shuffle
 from grainlike.core.record import LazyRng, RecordMetadata
 
@@ -99,7 +99,7 @@ def empty_shard_error(shard_options: sharding.ShardOptions, num_records: int) ->
 
 
 def _check_num_records(num_records: object) -> None:
-    if isinstance(num_records, bool) or not isinstance(num_records, (int, np.integer)):
+    if not is_int(num_records):
         raise TypeError(f"num_records must be an int, got {num_records!r}")
     if num_records <= 0:
         raise ValueError(
@@ -336,14 +336,10 @@ class IndexSampler(BaseSampler):
         if shuffle and not isinstance(seed, int):
             raise TypeError(f"Expected seed of int type. Got seed with type {type(seed)}")
         if seed is not None:
-            if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-                raise TypeError(f"seed must be an int in [0, 2**32), got {seed!r}")
-            if seed < 0 or int(seed).bit_length() > 32:
-                raise ValueError(
-                    f"Seed should be positive 32-bit integer: seed must be an int in "
-                    f"[0, 2**32), got {seed}."
-                )
-            seed = int(seed)
+            try:
+                seed = check_int("seed", seed, 0, 2**32, type_error=TypeError)
+            except ValueError as e:  # grain's words first
+                raise ValueError(f"Seed should be positive 32-bit integer: {e}.") from None
         self._num_records = int(num_records)
         self._shard_options = shard_options
         self._shuffle = shuffle

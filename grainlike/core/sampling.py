@@ -27,6 +27,7 @@ from typing import Optional
 import numpy as np
 
 from grainlike.core import sharding
+from grainlike.core.errors import check_int
 from grainlike.core.samplers import (
     BaseSampler,
     BatchPadding,
@@ -66,22 +67,6 @@ def splitmix64(seed: int, indices: np.ndarray) -> np.ndarray:
         return _mix64(state + (g + np.uint64(1)) * _GOLDEN)
 
 
-def _check_seed(seed: object) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be an int in [0, 2**32), got {seed!r}")
-    if seed < 0 or int(seed).bit_length() > 32:
-        raise ValueError(f"seed must be an int in [0, 2**32), got {seed}")
-    return int(seed)
-
-
-def _check_positive(name: str, value: object, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        none = " or None" if allow_none else ""
-        raise ValueError(f"{name} must be a positive int{none}, got {value!r}")
-
-
 class RandomSampler(BaseSampler):
     """Independent uniform draws with replacement: reproducible and restorable.
 
@@ -118,11 +103,10 @@ class RandomSampler(BaseSampler):
         seed: int = 0,
     ):
         _check_num_records(num_records)
-        _check_positive("num_samples", num_samples, allow_none=True)
         self._num_records = int(num_records)
         self._shard_options = shard_options
-        self._num_samples = None if num_samples is None else int(num_samples)
-        self._seed = _check_seed(seed)
+        self._num_samples = check_int("num_samples", num_samples, 1, none_ok=True)
+        self._seed = check_int("seed", seed, 0, 2**32, type_error=TypeError)
         self._start, end = sharding.even_split(self._num_records, shard_options)
         self._shard_size = end - self._start
 
@@ -208,12 +192,9 @@ class PaddedEpochSampler(BaseSampler):
     ):
         # IndexSampler validates the shared arguments with grain's messages.
         inner = IndexSampler(num_records, shard_options, shuffle, num_epochs, seed)
-        _check_positive("batch_size", batch_size)
-        if isinstance(worker_count, bool) or not isinstance(worker_count, int) or worker_count < 0:
-            raise ValueError(f"worker_count must be an int >= 0, got {worker_count!r}")
+        self._batch_size = check_int("batch_size", batch_size, 1)
+        self._worker_count = check_int("worker_count", worker_count)
         self._num_records = int(num_records)
-        self._batch_size = int(batch_size)
-        self._worker_count = worker_count
         self._shard_options = shard_options
         self._shuffle = shuffle
         self._num_epochs = num_epochs

@@ -29,7 +29,7 @@ import functools
 import weakref
 from typing import Any, Optional, Sequence, Union
 
-from grainlike.core.errors import StateIndexError, StateTypeError
+from grainlike.core.errors import StateIndexError, StateTypeError, check_int, is_int
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator, get_next_index, set_next_index
 from grainlike.dataset.map_dataset import MapDataset
@@ -190,7 +190,7 @@ class InterleaveDatasetIterator(DatasetIterator):
                     f"{self}: state[{key!r}] must be a list of {self._cycle_length} entries, got {value!r}"
                 )
         for index in state["iterators_in_use_indices"]:
-            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < max(n, 1):
+            if not is_int(index) or not 0 <= index < max(n, 1):
                 raise StateTypeError(f"{self}: state['iterators_in_use_indices'] holds {index!r}, not a dataset index")
 
     def set_state(self, state: dict) -> None:
@@ -290,11 +290,9 @@ class InterleaveIterDataset(IterDataset):
         iter_buffer_size: int = 1,
     ):
         super().__init__()
-        if isinstance(cycle_length, bool) or not isinstance(cycle_length, int) or cycle_length < 1:
-            # grain fails later, on the first next() (ZeroDivisionError).
-            raise ValueError(f"cycle_length must be a positive int, got {cycle_length!r}")
         self._datasets = datasets
-        self._cycle_length = cycle_length
+        # grain fails later, on the first next() (ZeroDivisionError).
+        self._cycle_length = check_int("cycle_length", cycle_length, 1)
         self._num_make_iter_threads = num_make_iter_threads
         self._make_iter_buffer_size = make_iter_buffer_size
         self._iter_buffer_size = iter_buffer_size

@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from grainlike.core import tree
+from grainlike.core.errors import check_int
 from grainlike.core.transforms import Batch, MapTransform, batch_elements
 from grainlike.loader import pipeline
 from grainlike.dataset.options import ReadOptions
@@ -86,13 +87,6 @@ def first_output(loader: Any) -> Any:
     return _first(loader, list(loader.operations))
 
 
-def _check_batch_size(batch_size: Any) -> None:
-    if batch_size is None:
-        return
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
-        raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
-
-
 def example_batch(loader: Any, batch_size: Optional[int] = None) -> Any:
     """A batch of the loader's structure, shapes and dtypes, from one element (numpy).
 
@@ -103,7 +97,7 @@ def example_batch(loader: Any, batch_size: Optional[int] = None) -> Any:
       ValueError: a bad ``batch_size``, or no element to describe.
       TypeError: an operation after the ``Batch`` that is not a MapTransform.
     """
-    _check_batch_size(batch_size)
+    check_int("batch_size", batch_size, 1, none_ok=True)
     operations = list(loader.operations)
     last = max((i for i, op in enumerate(operations) if isinstance(op, Batch)), default=None)
     if last is None:

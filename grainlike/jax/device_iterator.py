@@ -29,7 +29,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from grainlike.core.errors import ClosedIteratorError
+from grainlike.core.errors import ClosedIteratorError, check_int
 from grainlike.core.protocols import Checkpointable, ClosesOnExit, OrbaxCheckpointable, Prefetching, close_if_closeable
 from grainlike.core.read_ahead import Prefetcher, checkpointable, restore, stop_holder, take
 from grainlike.core.tree import DEVICE_KINDS
@@ -220,8 +220,7 @@ class DeviceIterator(OrbaxCheckpointable, ClosesOnExit, Iterator[Any]):
 
     def __init__(self, iterator: Iterator[Any], sharding: Any = None, *, prefetch: int = 2,
                  copy: Optional[bool] = None):
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-            raise ValueError(f"prefetch must be an int >= 0, got {prefetch!r}")
+        prefetch = check_int("prefetch", prefetch)
         if copy not in (None, True, False):
             raise ValueError(f"copy must be None, True or False, got {copy!r}")
         import jax

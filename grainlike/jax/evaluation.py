@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 
 from grainlike.core import sharding as sharding_lib
+from grainlike.core.errors import check_int
 from grainlike.core.sampling import PaddedEpochSampler
 from grainlike.core.transforms import Batch, MapWithIndexTransform, is_batch
 from grainlike.loader.data_loader import DataLoader
@@ -49,8 +50,7 @@ def _check_args(operations: Sequence[Any], batch_size: Any, reduce: Any) -> None
                 f"operations[{i}] is a Batch; evaluate batches by itself (with padding "
                 "and a mask), pass batch_size= instead"
             )
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    batch_size = check_int("batch_size", batch_size, 1)
     if not callable(reduce) and reduce not in _REDUCTIONS:
         raise ValueError(f"reduce must be one of {_REDUCTIONS} or a callable, got {reduce!r}")
 

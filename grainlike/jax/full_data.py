@@ -18,6 +18,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 import numpy as np
 
 from grainlike.core import tree
+from grainlike.core.errors import check_int
 from grainlike.core.samplers import IndexSampler
 from grainlike.core.sharding import NoSharding
 from grainlike.core.transforms import Batch, FilterTransform
@@ -26,7 +27,6 @@ from grainlike.jax.jit_batches import (
     MiniBatchInformation,
     _as_source,
     _cast,
-    _check_positive,
     _device_specs,
     _find_batch,
     _numeric,
@@ -69,7 +69,7 @@ class FullReferenceData:
 
     def __init__(self, loader: DataLoader, cache_size: int, observation_count: int):
         self._loader = loader
-        self._cache_size = _check_positive("cache_size", cache_size)
+        self._cache_size = check_int("cache_size", cache_size, 1)
         self._count = int(observation_count)
         self._num_batches = len(loader)
         self._lock = threading.Lock()
@@ -238,7 +238,7 @@ def full_reference_data(data: Any, cache_size: int = 100, batch_size: Optional[i
         return FullReferenceData(data, cache_size, len(data.sampler))
     if batch_size is None:
         raise ValueError("full_reference_data(source, ...): pass batch_size=")
-    batch_size = _check_positive("batch_size", batch_size)
+    batch_size = check_int("batch_size", batch_size, 1)
     if any(isinstance(op, (Batch, FilterTransform)) for op in operations):
         raise ValueError("full_reference_data: operations must be per-record maps (no Batch, no filter)")
     source = _as_source(data)

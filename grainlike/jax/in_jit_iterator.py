@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from grainlike.core import tree
-from grainlike.core.errors import ClosedIteratorError
+from grainlike.core.errors import ClosedIteratorError, check_int, is_int
 from grainlike.core.protocols import Checkpointable, ClosesOnExit, close_if_closeable
 from grainlike.core.read_ahead import Prefetcher, checkpointable, restore, stop_holder, take
 from grainlike.jax.host_callbacks import CallbackErrors, host_callback
@@ -145,11 +145,8 @@ class InJitIterator(ClosesOnExit):
 
     def __init__(self, iterator: Iterator[Any], *, batches_per_call: Optional[int] = None,
                  prefetch: int = 1, spec: Any = None):
-        for name, value, low in (("batches_per_call", batches_per_call, 1), ("prefetch", prefetch, 0)):
-            if name == "batches_per_call" and value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        batches_per_call = check_int("batches_per_call", batches_per_call, 1, none_ok=True)
+        prefetch = check_int("prefetch", prefetch)
         self._iterator = iter(iterator)
         self._get_state = self._iterator.get_state if isinstance(self._iterator, Checkpointable) else None
         self._explicit_k = batches_per_call is not None
@@ -342,8 +339,7 @@ class InJitIterator(ClosesOnExit):
         import jax
         import jax.numpy as jnp
 
-        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps <= 0 \
-                or num_steps % self._k:
+        if not is_int(num_steps) or num_steps <= 0 or num_steps % self._k:
             raise ValueError(
                 f"num_steps must be a positive multiple of batches_per_call={self._k}, "
                 f"got {num_steps!r}"

@@ -44,6 +44,7 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
+from grainlike.core.errors import check_int
 from grainlike.jax.host_callbacks import CallbackErrors, host_callback
 from grainlike.jax.pytree_dicts import (
     dict_to_pytree,
@@ -237,8 +238,7 @@ def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int =
       module docstring).
     """
     collector = data_collector if data_collector is not None else MemoryCollector()
-    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 0:
-        raise ValueError(f"checkpoint_every must be an int >= 0, got {checkpoint_every!r}")
+    checkpoint_every = check_int("checkpoint_every", checkpoint_every)
     if checkpoint_every and checkpoint_dir is None:
         raise ValueError("save(checkpoint_every=...) needs checkpoint_dir=")
     templates: dict = {}  # chain id -> init_checkpoint

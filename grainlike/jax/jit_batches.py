@@ -72,12 +72,6 @@ def _leading(batch: Any) -> int:
     return int(np.shape(tree.flatten(batch)[0])[0])
 
 
-def _check_positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
-
-
 def _device_specs(host_tree: Any) -> Any:
     """ShapeDtypeStructs (canonical dtypes) of a pytree of numpy arrays, as a JAX pytree."""
     import jax

@@ -30,6 +30,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 import numpy as np
 
 from grainlike.core import tree
+from grainlike.core.errors import check_int, is_int
 from grainlike.core.read_ahead import ERROR, Prefetcher
 from grainlike.core.sampling import PaddedEpochSampler, RandomSampler
 from grainlike.core.samplers import IndexSampler
@@ -41,7 +42,6 @@ from grainlike.jax.jit_batches import (
     MiniBatchInformation,
     _as_source,
     _cast,
-    _check_positive,
     _device_specs,
     _find_batch,
     _leading,
@@ -135,7 +135,7 @@ class ReferenceData:
                  observation_count: int, default_config: dict, read_ahead: bool = True):
         self._make_reader = make_reader
         self._read_ahead = read_ahead
-        self._cache_size = _check_positive("cache_size", cache_size)
+        self._cache_size = check_int("cache_size", cache_size, 1)
         self._observation_count = int(observation_count)
         self._default_config = dict(default_config)
         self._chains: dict[int, _Chain] = {}
@@ -437,7 +437,7 @@ class _GatherReader:
 
     def set_state(self, state: str) -> None:
         position = json.loads(state).get("position") if isinstance(state, str) else None
-        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        if not is_int(position) or position < 0:
             raise ValueError(f"reference data: not a position of in-memory arrays: {state!r:.200}")
         self._position = position
 
@@ -527,7 +527,7 @@ def reference_data(data: Any, cache_size: int = 100, batch_size: Optional[int] =
         return ReferenceData(lambda config: _LoaderReader(data), cache_size, count, {"loader": True})
     if batch_size is None:
         raise ValueError("reference_data(source, ...): pass batch_size=")
-    batch_size = _check_positive("batch_size", batch_size)
+    batch_size = check_int("batch_size", batch_size, 1)
     data = _as_source(data)
     count = len(data)
     if batch_size > count:

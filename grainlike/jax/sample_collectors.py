@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from grainlike.core.errors import is_int
 from grainlike.jax.pytree_dicts import pytree_dict_keys, pytree_dict_leaves, unflatten_dict_leaves
 
 __all__ = ["DataCollector", "HDF5Collector", "MemoryCollector", "samples_to_collect"]
@@ -22,7 +23,7 @@ __all__ = ["DataCollector", "HDF5Collector", "MemoryCollector", "samples_to_coll
 
 def samples_to_collect(samples_collected: Any) -> int:
     n = getattr(samples_collected, "samples_collected", samples_collected)
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+    if not is_int(n) or n < 0:
         raise ValueError(
             "samples_collected must be an int >= 0 (or have a samples_collected attribute), "
             f"got {samples_collected!r}"
