@@ -21,13 +21,12 @@ from grainlike.core import tree
 from grainlike.core.errors import check_int
 from grainlike.core.samplers import IndexSampler
 from grainlike.core.sharding import NoSharding
-from grainlike.core.transforms import Batch
+from grainlike.core.transforms import Batch, FilterTransform
 from grainlike.jax.host_callbacks import CallbackErrors, host_callback
 from grainlike.jax.jit_batches import (
     MiniBatchInformation,
     _as_source,
     _cast,
-    _check_data_args,
     _device_specs,
     _find_batch,
     _numeric,
@@ -227,12 +226,21 @@ def full_reference_data(data: Any, cache_size: int = 100, batch_size: Optional[i
       state, (batch_sums, _) = full.map(lambda b, m, c: (jnp.sum(m * b["base"] ** 2), c),
                                         full.init(), None, masking=True)
     """
-    batch_size = _check_data_args("full_reference_data", data, batch_size, operations, worker_count)
     if isinstance(data, DataLoader):
+        if batch_size is not None or operations or worker_count:
+            raise ValueError(
+                "full_reference_data(loader): batch_size, operations and worker_count come "
+                "from the DataLoader; leave them out"
+            )
         batch = _find_batch(data.operations, "full_reference_data")
         if not batch.pad or not isinstance(data.operations[-1], Batch):
             raise ValueError("full_reference_data(loader): the last operation must be Batch(..., pad=True)")
         return FullReferenceData(data, cache_size, len(data.sampler))
+    if batch_size is None:
+        raise ValueError("full_reference_data(source, ...): pass batch_size=")
+    batch_size = check_int("batch_size", batch_size, 1)
+    if any(isinstance(op, (Batch, FilterTransform)) for op in operations):
+        raise ValueError("full_reference_data: operations must be per-record maps (no Batch, no filter)")
     source = _as_source(data)
     loader = DataLoader(
         data_source=source,

@@ -14,9 +14,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from grainlike.core import tree
-from grainlike.core.errors import check_int
-from grainlike.core.transforms import Batch, FilterTransform
-from grainlike.loader.data_loader import DataLoader
+from grainlike.core.transforms import Batch
 from grainlike.sources.tf_data import TfDataSource, is_tf_dataset
 
 __all__ = ["ArraysSource", "MiniBatchInformation"]
@@ -67,25 +65,6 @@ def _find_batch(operations: Sequence[Any], where: str) -> Batch:
             f"got {len(batches)}"
         )
     return batches[0]
-
-
-def _check_data_args(where: str, data: Any, batch_size: Any, operations: Sequence[Any], worker_count: int) -> Any:
-    """``batch_size`` checked: a positive int for a source, None for a DataLoader.
-
-    Raises:
-      ValueError: naming ``where``: a DataLoader given a source's arguments, a
-        source without ``batch_size``, or a ``Batch`` or filter in ``operations``.
-    """
-    if isinstance(data, DataLoader):
-        if batch_size is not None or operations or worker_count:
-            raise ValueError(f"{where}(loader): batch_size, operations and worker_count come from "
-                             "the DataLoader; leave them out")
-        return None
-    if batch_size is None:
-        raise ValueError(f"{where}(source, ...): pass batch_size=")
-    if any(isinstance(op, (Batch, FilterTransform)) for op in operations):
-        raise ValueError(f"{where}: operations must be per-record maps (no Batch, no filter)")
-    return check_int("batch_size", batch_size, 1)
 
 
 def _leading(batch: Any) -> int:

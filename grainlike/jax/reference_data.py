@@ -35,14 +35,13 @@ from grainlike.core.read_ahead import ERROR, Prefetcher
 from grainlike.core.sampling import PaddedEpochSampler, RandomSampler
 from grainlike.core.samplers import IndexSampler
 from grainlike.core.sharding import NoSharding
-from grainlike.core.transforms import Batch
+from grainlike.core.transforms import Batch, FilterTransform
 from grainlike.jax.host_callbacks import CallbackErrors, host_callback
 from grainlike.jax.jit_batches import (
     ArraysSource,
     MiniBatchInformation,
     _as_source,
     _cast,
-    _check_data_args,
     _device_specs,
     _find_batch,
     _leading,
@@ -514,18 +513,27 @@ def reference_data(data: Any, cache_size: int = 100, batch_size: Optional[int] =
       state = data.init(shuffle=True)
       state, batch, info = data.next(state)      # inside jit / scan / while_loop
     """
-    batch_size = _check_data_args("reference_data", data, batch_size, operations, worker_count)
     if isinstance(data, DataLoader):
+        if batch_size is not None or operations or worker_count:
+            raise ValueError(
+                "reference_data(loader): batch_size, operations and worker_count come from "
+                "the DataLoader; leave them out"
+            )
         _find_batch(data.operations, "reference_data")
         try:
             count = len(data.data_source)
         except TypeError:
             count = -1
         return ReferenceData(lambda config: _LoaderReader(data), cache_size, count, {"loader": True})
+    if batch_size is None:
+        raise ValueError("reference_data(source, ...): pass batch_size=")
+    batch_size = check_int("batch_size", batch_size, 1)
     data = _as_source(data)
     count = len(data)
     if batch_size > count:
         raise ValueError(f"batch_size={batch_size} is larger than the {count} records of {data!r:.100}")
+    if any(isinstance(op, (Batch, FilterTransform)) for op in operations):
+        raise ValueError("reference_data: operations must be per-record maps (no Batch, no filter)")
     operations = list(operations)
     return ReferenceData(
         lambda config: _mode_reader(data, batch_size, operations, worker_count, config),
