@@ -30,7 +30,7 @@ import copy
 import threading
 from typing import Any, Callable, Optional
 
-from grainlike.core.errors import InvalidStateError, WorkerDiedError
+from grainlike.core.errors import InvalidStateError, WorkerDiedError, is_int
 from grainlike.dataset import worker_slice
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator, closing_dropped, get_next_index, set_next_index
@@ -98,9 +98,9 @@ class MultiprocessPrefetchIterDataset(IterDataset):
         super().__init__(parent)
         num_workers = _options_value(options, "num_workers", None)
         buffer_size = _options_value(options, "per_worker_buffer_size", 1)
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers <= 0:
+        if not is_int(num_workers) or num_workers <= 0:
             raise ValueError(f"mp_prefetch needs options.num_workers > 0, got {num_workers!r}")
-        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size <= 0:
+        if not is_int(buffer_size) or buffer_size <= 0:
             raise ValueError(f"`buffer_size` must be greater than 0, got {buffer_size}.")
         self._options = options
         self._num_workers = num_workers
@@ -332,8 +332,7 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
         )
         old_w = state["next_index_in_datasets"]
         if (
-            isinstance(old_w, int)
-            and not isinstance(old_w, bool)
+            is_int(old_w)
             and 0 < old_w != w
             and isinstance(indices, list)
             and indices == list(range(old_w))
@@ -369,7 +368,7 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
                 f"iterator has {w} workers"
             )
         cycle = state["next_index_in_cycle"]
-        if isinstance(cycle, bool) or not isinstance(cycle, int) or not 0 <= cycle < w:
+        if not is_int(cycle) or not 0 <= cycle < w:
             raise InvalidStateError(f"{where}: next_index_in_cycle must be an int in [0, {w}), got {cycle!r}")
         if any(e not in (0, 1) for e in exhausted):
             raise InvalidStateError(f"{where}: exhausted must hold 0 or 1 per worker, got {exhausted!r}")

@@ -7,14 +7,8 @@ import enum
 import logging
 from typing import Any, Optional
 
+from grainlike.core.errors import check_int
 from grainlike.workers.liveness import DEFAULT_STALL_TIMEOUT_S
-
-
-def _check_non_negative_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be non-negative, got {value}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +37,8 @@ class ReadOptions:
     prefetch_buffer_size: int = 500
 
     def __post_init__(self):
-        _check_non_negative_int("num_threads", self.num_threads)
-        _check_non_negative_int("prefetch_buffer_size", self.prefetch_buffer_size)
+        check_int("num_threads", self.num_threads, type_error=TypeError)
+        check_int("prefetch_buffer_size", self.prefetch_buffer_size, type_error=TypeError)
         # As grain: a buffer smaller than the threads idles threads; 0 (no
         # read-ahead) is a usual choice and is not warned about.
         if 0 < self.prefetch_buffer_size < self.num_threads:
@@ -100,8 +94,8 @@ class MultiprocessingOptions:
     restart_dead_workers: bool = dataclasses.field(default=False, repr=False)
 
     def __post_init__(self):
-        _check_non_negative_int("num_workers", self.num_workers)
-        _check_non_negative_int("per_worker_buffer_size", self.per_worker_buffer_size)
+        check_int("num_workers", self.num_workers, type_error=TypeError)
+        check_int("per_worker_buffer_size", self.per_worker_buffer_size, type_error=TypeError)
         timeout = self.stall_timeout_s
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0

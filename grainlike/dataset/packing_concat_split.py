@@ -25,7 +25,7 @@ from typing import Any, Collection, Mapping, Optional, Sequence
 
 import numpy as np
 
-from grainlike.core.errors import StateIndexError, StateTypeError
+from grainlike.core.errors import StateIndexError, StateTypeError, is_int
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.state import non_negative_int
@@ -42,7 +42,7 @@ def _is_slice(sl: Any) -> bool:
     """Whether ``sl`` is a state's ``(start, stop)`` pair: ``(-1, -1)`` or ``0 <= start <= stop``."""
     if not isinstance(sl, (list, tuple)) or len(sl) != 2:
         return False
-    if any(isinstance(v, bool) or not isinstance(v, int) for v in sl):
+    if any(not is_int(v) for v in sl):
         return False
     return tuple(sl) == _WHOLE or 0 <= sl[0] <= sl[1] < 2**63
 

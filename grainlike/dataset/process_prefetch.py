@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Optional
 
+from grainlike.core.errors import is_int
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.mp_prefetch import MultiprocessPrefetchDatasetIterator, MultiprocessPrefetchIterDataset
 
@@ -58,7 +59,7 @@ class ProcessPrefetchIterDataset(IterDataset):
         buffer_size: int,
         worker_init_fn: Optional[Callable[[], None]] = None,
     ):
-        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size <= 0:
+        if not is_int(buffer_size) or buffer_size <= 0:
             raise ValueError(f"`buffer_size` must be greater than 0, got {buffer_size}.")
         super().__init__(parent)
         self._buffer_size = buffer_size

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from grainlike.core.errors import StateIndexError, StateKeyError, StateTypeError
+from grainlike.core.errors import StateIndexError, StateKeyError, StateTypeError, is_int
 
 
 def require_keys(state: Any, stage: Any, keys: Sequence[str]) -> dict:
@@ -86,7 +86,7 @@ def interleave_state(state: Any, stage: Any, keys: Sequence[str], slots: Any = N
     states = state_list(state, "iterators_in_use_states", stage, len(indices), why)
     exhausted = state_list(state, "exhausted", stage, len(indices), why)
     for index in indices:
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < STATE_INT_LIMIT:
+        if not is_int(index) or not 0 <= index < STATE_INT_LIMIT:
             raise StateTypeError(
                 f"{stage}: state['iterators_in_use_indices'] holds {index!r}, not an int in [0, 2**63)"
             )
