@@ -10,9 +10,8 @@ global batch size): the next global batch starts at that element.
 
 ``rebalance_worker_states``: an ``mp_prefetch`` state restored on another number
 of workers (grainlike only; grain refuses it). The elements consumed before it
-travel in each worker's state (``SKIP_KEY``); a reading stage that skips them
-itself (``SkippingReader``: the DataLoader's) never delivers them, and above any
-other sliced stage ``mp_prefetch`` puts a ``SkipPositionsIterDataset``.
+travel in each worker's state (``SKIP_KEY``); the reading stage (``SkippingReader``:
+``to_iter_dataset()``'s and the DataLoader's) never delivers them.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.map_dataset import MapDataset
 from grainlike.dataset.filter import FilterMapDataset
 from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
-from grainlike.dataset.prefetch import NextIndexState
 
 _GLOBAL_NEXT_INDEX = "global_next_index"
 
@@ -244,7 +242,7 @@ def rebalance_worker_states(
     of a ``to_iter_dataset()`` slice, kept by maps, filters and batches above it),
     worker ``i`` has consumed elements ``i + j * k`` for ``j < n`` (and those its
     ``"skip_positions"`` list names). The new workers start at the first element not
-    consumed, ``f``, and skip the consumed ones above it (``SkipPositionsIterDataset``).
+    consumed, ``f``, and skip the consumed ones above it (``SkippingReader``).
 
     Returns:
       The new workers' states and the worker whose output comes next.
@@ -312,16 +310,8 @@ def with_pending_skip(state: dict, skip: list[int], next_index: int) -> dict:
     return state
 
 
-class SkipsPositions:
-    """A reading stage whose iterator skips the positions its state names by itself.
-
-    ``mp_prefetch`` puts no ``SkipPositionsIterDataset`` into a pipeline that has
-    one (the DataLoader's readers, ``grainlike.loader``).
-    """
-
-
-class SkippingReader(NextIndexState):
-    """``NextIndexState`` of a reader that does not deliver the positions its state skips.
+class SkippingReader:
+    """Mixed in before ``NextIndexState``: a reader that does not deliver the positions its state skips.
 
     After a restore on another worker count, a state may carry ``SKIP_KEY``:
     positions above ``next_index`` delivered before it. The reader drops them
@@ -362,77 +352,11 @@ class SkippingReader(NextIndexState):
             return []
         return skip[bisect.bisect_left(skip, start) : bisect.bisect_left(skip, stop)]
 
-
-def insert_skip_stage(ds: Any) -> Any:
-    """``ds`` (a worker's copy of the stages) with a ``SkipPositionsIterDataset`` above
-    each stage that ``mp_prefetch`` slices (``set_slice``): its positions are the
-    worker's own."""
-    if isinstance(ds, IterDataset) and callable(getattr(ds, "set_slice", None)):
-        return SkipPositionsIterDataset(ds)
-    parents = getattr(ds, "_parents", ())
-    if parents:
-        ds._parents = tuple(insert_skip_stage(p) for p in parents)
-    return ds
-
-
-def contains_skip_stage(ds: Any) -> bool:
-    """Whether a stage of ``ds`` skips positions (``SkipsPositions``)."""
-    if isinstance(ds, SkipsPositions):
-        return True
-    return any(contains_skip_stage(p) for p in getattr(ds, "_parents", ()))
-
-
-class SkipPositionsIterDataset(SkipsPositions, IterDataset):
-    """Elements of its parent (a ``to_iter_dataset()`` slice), less the positions its state skips.
-
-    ``mp_prefetch`` puts it in a worker's Dataset pipeline only while that
-    worker's state names positions to skip (after a restore on another worker
-    count). It reads the skipped elements and drops them; the DataLoader's
-    readers skip positions themselves, before reading (``SkippingReader``).
-    """
-
-    def __iter__(self) -> "SkipPositionsDatasetIterator":
-        return SkipPositionsDatasetIterator(self._parent.__iter__())
-
-    def __str__(self) -> str:
-        return "SkipPositionsIterDataset"
-
-
-class SkipPositionsDatasetIterator(DatasetIterator):
-    """State: the parent's, plus ``"skip_positions"``: the positions still to skip."""
-
-    def __init__(self, parent: DatasetIterator):
-        super().__init__(parent)
-        self._pull = parent.__next__
-        self._skip: list[int] = []
-        self._passed = True  # Whether every position to skip is behind.
-
-    def __next__(self) -> Any:
+    def _skips(self, position: int) -> bool:
+        """Whether not to deliver ``position`` (at or after ``_next_skip``); moves ``_next_skip`` past it."""
         skip = self._skip
-        while not self._passed:
-            position = self._parent._get_next_index()
-            at = bisect.bisect_left(skip, position)
-            self._passed = at == len(skip)
-            if self._passed or skip[at] != position:
-                break
-            self._pull()  # delivered before the restore: dropped
-        return self._pull()
-
-    def get_state(self) -> dict:
-        state = self._parent.get_state()
-        return with_pending_skip(state, self._skip, self._parent._get_next_index()) if self._skip else state
-
-    def set_state(self, state: dict) -> None:
-        """Restores the parent; a state without a skip list keeps this one's (a rewind).
-
-        Raises:
-          InvalidStateError: the skip list is not a list of ints.
-        """
-        state, skip = split_skip_state(state, self)
-        self._parent.set_state(state)
-        if skip is not None:
-            self._skip = skip
-        self._passed = not self._skip
-
-    def __str__(self) -> str:
-        return f"SkipPositionsDatasetIterator(skip={len(self._skip)})"
+        at = bisect.bisect_left(skip, position)
+        hit = at < len(skip) and skip[at] == position
+        at += hit
+        self._next_skip = skip[at] if at < len(skip) else sys.maxsize
+        return hit

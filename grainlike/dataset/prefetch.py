@@ -16,6 +16,9 @@ threads are used when some work under the iterator waits (``read_threads.py``):
 decided from the options and the stages' and sources' types, never from timings.
 
 The state is grain's: ``{"next_index": n}``, the index of the next element read.
+After a restore on another number of ``mp_prefetch`` workers it also names the
+positions delivered before the restore, which the iterator does not deliver
+again (``elastic.SkippingReader``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import numpy as np
 from grainlike.core import tree
 from grainlike.core.errors import ClosedIteratorError, StateIndexError
 from grainlike.dataset import worker_slice
+from grainlike.dataset.elastic import SkippingReader
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.map_dataset import MapDataset
@@ -288,7 +292,7 @@ class _ReadTasks:
             pool.shutdown(wait=False, cancel_futures=True)
 
 
-class PrefetchDatasetIterator(NextIndexState, DatasetIterator):
+class PrefetchDatasetIterator(SkippingReader, NextIndexState, DatasetIterator):
     """Reads its MapDataset in chunks; see the module docstring."""
 
     # Chunks double from one element, so that the first elements do not wait
@@ -317,6 +321,7 @@ class PrefetchDatasetIterator(NextIndexState, DatasetIterator):
         self._checker: Any = False  # Built at the first window's end.
         self._window_end = WINDOW
         self._dropped = 0
+        self._next_check = WINDOW - 1  # The next position _checked_out looks at.
         self._chunk_bytes = _CHUNK_BYTES
         if threads:
             self._chunk_cap = max(1, min(_MAX_THREAD_CHUNK, read_options.prefetch_buffer_size // threads))
@@ -402,16 +407,29 @@ class PrefetchDatasetIterator(NextIndexState, DatasetIterator):
                 continue
             value = self._ready.popleft()
             self._next_index += 1
-            keep = value is not None or self._allow_nones
-            if not keep:
-                self._dropped += 1
-            if self._next_index >= self._window_end:
-                self._end_window()
-            if keep:
+            if self._next_index > self._next_check and self._checked_out(value):
+                continue
+            if value is not None or self._allow_nones:
                 return value
+            self._dropped += 1
+
+    def _checked_out(self, value: Any) -> bool:
+        """At a position to skip or a window's end: whether not to deliver ``value``.
+
+        A position delivered before an elastic restore is skipped; every
+        ``WINDOW`` elements, the share of Nones dropped is checked (grain's check).
+        """
+        position = self._next_index - 1
+        drop = position >= self._next_skip and self._skips(position)
+        if not drop and value is None and not self._allow_nones:
+            drop = True
+            self._dropped += 1
+        if self._next_index >= self._window_end:
+            self._end_window()
+        self._next_check = min(self._next_skip, self._window_end - 1)
+        return drop
 
     def _end_window(self) -> None:
-        """Checks the share of Nones dropped in the last ``WINDOW`` elements (grain's check)."""
         dropped, self._dropped = self._dropped, 0
         self._window_end = self._next_index + WINDOW
         if self._checker is False:
@@ -427,6 +445,7 @@ class PrefetchDatasetIterator(NextIndexState, DatasetIterator):
         self._ready.clear()
         self._error = None
         self._window_end += index - self._next_index  # Windows count elements consumed.
+        self._next_check = 0
         self._next_index = self._read_until = index
         self._chunk = 1
 

@@ -29,7 +29,6 @@ from grainlike.dataset.iterator import MultiprocessingContext
 def _user_transforms(ds: Any) -> list:
     """The user transforms of ``ds``'s pipeline, nearest to its output first, each once."""
     found, seen = [], set()
-    # Parents in order: the first (an elastic stage's pipeline in use) first.
     for node in walk(ds):
         if isinstance(node, _Dataset):
             for transform in reversed(node.user_transforms()):
@@ -149,14 +148,6 @@ class WorkerSliceTask:
         self._worker_dataset = ds
         if worker_count > 1:
             worker_slice.set_slice(ds, slice(worker_index, None, worker_count), self._sequential_slice)
-        if isinstance(state, dict) and state.get("skip_positions"):
-            # Restored on another worker count: elements consumed before it are
-            # skipped (see grainlike/dataset/elastic.py), by the pipeline's own
-            # skipping stage if it has one (the DataLoader's).
-            from grainlike.dataset.elastic import contains_skip_stage, insert_skip_stage
-
-            if not contains_skip_stage(ds):
-                ds = insert_skip_stage(ds)
         if alloc is not None and isinstance(ds, TakesAllocator):
             ds.set_allocator(alloc)  # The parent's batches are the outputs: stack them in shared memory.
         it = ds.__iter__()

@@ -41,7 +41,8 @@ from grainlike.core.transforms import (
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.filter import FilterThresholdChecker
-from grainlike.dataset.elastic import SkippingReader, SkipsPositions
+from grainlike.dataset.elastic import SkippingReader
+from grainlike.dataset.prefetch import NextIndexState
 from grainlike.loader import stages
 
 # Chunks never exceed this many records, nor about this many bytes of data: a
@@ -84,7 +85,7 @@ def _kind(op: Any) -> int:
     return _MAP
 
 
-class ChunkedRecordsIterDataset(SkipsPositions, stages.StacksBatches, IterDataset):
+class ChunkedRecordsIterDataset(stages.StacksBatches, IterDataset):
     """``operations[:batch_position + 1]`` of a DataLoader on chunks of its records.
 
     Args:
@@ -137,7 +138,7 @@ class ChunkedRecordsIterDataset(SkipsPositions, stages.StacksBatches, IterDatase
         return tuple(f for op in ops for f in stages.operation_functions(op))
 
 
-class ChunkedRecordsDatasetIterator(SkippingReader, DatasetIterator):
+class ChunkedRecordsDatasetIterator(SkippingReader, NextIndexState, DatasetIterator):
     """Iterates a ``ChunkedRecordsIterDataset``; see the module docstring."""
 
     def __init__(

@@ -27,11 +27,9 @@ operation, the record's global index and its record key.
 
 from __future__ import annotations
 
-import bisect
 import collections
 import copy
 import itertools
-import sys
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
@@ -51,7 +49,6 @@ from grainlike.core.transforms import (
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.map_dataset import MapDataset
-from grainlike.dataset.elastic import SkippingReader, SkipsPositions
 from grainlike.dataset.filter import FilterThresholdChecker
 from grainlike.dataset.map import PassThroughStateIterator
 from grainlike.dataset.prefetch import PrefetchDatasetIterator, PrefetchIterDataset
@@ -232,7 +229,7 @@ def located_columns(global_indices: np.ndarray, located: Any, lo: int, hi: int) 
     return indices[lo:hi].tolist(), located.keys[lo:hi].tolist(), seeds
 
 
-class ReadRecordsIterDataset(SkipsPositions, PrefetchIterDataset):
+class ReadRecordsIterDataset(PrefetchIterDataset):
     """``to_iter_dataset()`` of the sampler's records: chunks as long as the caps allow.
 
     A chunk of records is only located and read (the operations come after), so
@@ -240,7 +237,7 @@ class ReadRecordsIterDataset(SkipsPositions, PrefetchIterDataset):
     long as the caps allow (256 records, about 8 MiB of data): few calls of the
     sampler and the source, and allocations of one size (growing chunks cost
     W3 a fifth of its throughput in page faults). After an elastic restore it
-    does not deliver the positions its state skips (``SkippingReader``).
+    does not deliver the positions its state skips (as every ``to_iter_dataset()``).
     """
 
     def __iter__(self) -> "_ReadRecordsIterator":
@@ -250,18 +247,8 @@ class ReadRecordsIterDataset(SkipsPositions, PrefetchIterDataset):
         return f"ReadRecordsIterDataset(read_options={self._read_options})"
 
 
-class _ReadRecordsIterator(SkippingReader, PrefetchDatasetIterator):
+class _ReadRecordsIterator(PrefetchDatasetIterator):
     _double_chunks = False
-
-    def __next__(self) -> Record:
-        if self._next_index >= self._next_skip:
-            skip = self._skip
-            at = bisect.bisect_left(skip, self._next_index)
-            while at < len(skip) and skip[at] == self._next_index:
-                PrefetchDatasetIterator.__next__(self)  # Delivered before the restore: dropped.
-                at += 1
-            self._next_skip = skip[at] if at < len(skip) else sys.maxsize
-        return PrefetchDatasetIterator.__next__(self)
 
     def _element_nbytes(self, element: Any) -> int:
         # The data: the metadata is small, and measuring it would build its rng.

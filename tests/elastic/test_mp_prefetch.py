@@ -37,6 +37,24 @@ def test_state_restores_on_another_worker_count_every_element_once(no_leaks, old
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("old, new, steps", [(2, 3, 1), (3, 2, 2), (3, 1, 1)])
+def test_restore_on_another_worker_count_skips_positions_a_map_filter_left_empty(no_leaks, old, new, steps):
+    # The filter runs before to_iter_dataset(): a skipped position may hold None,
+    # which the reading stage skips without taking the element after it.
+    def ds(workers):
+        ds = grain.MapDataset.range(24).map(lambda x: x + 1000).filter(lambda x: x % 5 != 0)
+        return ds.to_iter_dataset().batch(3).mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+
+    with contextlib.closing(ds(old).__iter__()) as it:
+        before = _values(next(it) for _ in range(steps))
+        state = it.get_state()
+    with contextlib.closing(ds(new).__iter__()) as it:
+        it.set_state(state)
+        after = _values(it)
+    assert collections.Counter(before + after) == ELEMENTS
+
+
+@pytest.mark.timeout(60)
 def test_pending_skips_are_in_the_state_until_passed(no_leaks):
     with contextlib.closing(_ds(2).__iter__()) as it:
         before = _values([next(it)])  # worker 0: elements 0, 2, 4, 6 (1000 dropped)
