@@ -23,7 +23,7 @@ from grainlike.core.tree import Allocator
 from grainlike.dataset import worker_slice
 from grainlike.dataset.dataset_node import _Dataset, parents, walk
 from grainlike.dataset.iter_dataset import IterDataset
-from grainlike.dataset.iterator import MultiprocessingContext
+from grainlike.dataset.iterator import DatasetIterator, MultiprocessingContext
 
 
 def _user_transforms(ds: Any) -> list:
@@ -151,9 +151,9 @@ class WorkerSliceTask:
         if alloc is not None and isinstance(ds, TakesAllocator):
             ds.set_allocator(alloc)  # The parent's batches are the outputs: stack them in shared memory.
         it = ds.__iter__()
-        ctx = getattr(it, "_ctx", None)
-        if ctx is not None:
+        if isinstance(it, DatasetIterator):
             # Random stages on iterators draw per process (grain's mp_context).
+            ctx = it._ctx
             ctx.mp_context = MultiprocessingContext(process_index=worker_index, process_count=worker_count)
             if self.dataset_options is not None:
                 ctx.dataset_options = self.dataset_options.merge(ctx.dataset_options)

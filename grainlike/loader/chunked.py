@@ -447,11 +447,8 @@ class ChunkedRecordsDatasetIterator(SkippingReader, NextIndexState, DatasetItera
 
     # -- the rest of the protocol (the state is SkippingReader's) -------------------------
 
-    def close(self) -> None:
-        if getattr(self, "_closed", True):
-            return
-        self._closed = True
-        self._values = []
+    def _close(self) -> None:
+        self._values = []  # (No parents: it reads the sampler's records itself.)
 
     def __str__(self) -> str:
         return f"ChunkedRecordsDatasetIterator({stages.describe_op(self._batch)})"

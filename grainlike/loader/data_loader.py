@@ -10,8 +10,10 @@ from typing import Any, Iterator, Optional, Sequence
 
 from grainlike.core import sharding
 from grainlike.core.errors import ClosedIteratorError, InvalidStateError
+from grainlike.core.protocols import ClosesOnExit, OrbaxCheckpointable
 from grainlike.core.transforms import Batch, FilterTransform, Map, MapWithIndex, RandomMap, is_flat_map
 from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.dataset_node import parents
 from grainlike.dataset.iterator import close_dropped
 from grainlike.loader import elastic_restore as elastic
 from grainlike.loader import pipeline
@@ -248,8 +250,8 @@ class DataLoader:
         )
 
 
-class DataLoaderIterator(Iterator[Any]):
-    """Iterates a DataLoader; its position can be saved and restored.
+class DataLoaderIterator(OrbaxCheckpointable, ClosesOnExit, Iterator[Any]):
+    """Iterates a DataLoader; its position can be saved and restored (also by Orbax v1: ``save``/``load``).
 
     ``get_state()`` returns grain's JSON state bytes; ``set_state()`` accepts states
     written by grain or grainlike for the same pipeline. Worker processes (if any)
@@ -295,8 +297,10 @@ class DataLoaderIterator(Iterator[Any]):
     @property
     def _stream(self) -> Any:
         """The worker pool running now (None: no worker runs); for diagnostics."""
-        parents = self._iterator._parents
-        return getattr(parents[0], "_pool", None) if parents else None
+        from grainlike.dataset.mp_prefetch import MultiprocessPrefetchDatasetIterator
+
+        workers = parents(self._iterator)
+        return workers[0]._pool if workers and isinstance(workers[0], MultiprocessPrefetchDatasetIterator) else None
 
     def start_prefetch(self) -> None:
         """Starts the workers now, so the first batch is ready sooner."""
@@ -378,12 +382,6 @@ class DataLoaderIterator(Iterator[Any]):
             self._closed = True
             self._iterator.close()
 
-    def __enter__(self) -> "DataLoaderIterator":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def __del__(self):
         closer = close_dropped  # None while the interpreter tears the module down at exit
         if closer is not None:
@@ -391,18 +389,6 @@ class DataLoaderIterator(Iterator[Any]):
 
     def __str__(self) -> str:
         return f"PyGrainDatasetIterator(state={self.get_state().decode()})"
-
-    async def save(self, directory: Any) -> Any:
-        """Orbax v1 ``StatefulCheckpointable``: the state is read now, written later."""
-        from grainlike.core import state_files  # Only when Orbax calls it.
-
-        return await state_files.save_state_async(self, directory)
-
-    async def load(self, directory: Any) -> Any:
-        """Orbax v1 ``StatefulCheckpointable``: restores from ``directory``."""
-        from grainlike.core import state_files
-
-        return await state_files.load_state_async(self, directory)
 
     def _merge_process_states(self, texts: dict, old_count: int) -> str:
         """This process's state text continuing ``old_count`` processes' ``texts`` (by process index).

@@ -16,6 +16,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from grainlike.core import tree
+from grainlike.core.protocols import TakesAllocator
+from grainlike.dataset.dataset_node import walk
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.map import PassThroughStateIterator
@@ -44,14 +46,9 @@ class RecordDataIterDataset(IterDataset):
         A worker calls it so that its batches are written once, into shared
         memory.
         """
-        node = self._parent
-        while node is not None:
-            set_allocator = getattr(node, "set_allocator", None)
-            if callable(set_allocator):
-                set_allocator(alloc)
-                return
-            parents = getattr(node, "_parents", ())
-            node = parents[0] if len(parents) == 1 else None
+        stacker = next((node for node in walk(self._parent) if isinstance(node, TakesAllocator)), None)
+        if stacker is not None:
+            stacker.set_allocator(alloc)
 
     def __iter__(self) -> DatasetIterator:
         return _RecordDataIterator(self._parent.__iter__())
@@ -62,10 +59,7 @@ class RecordDataIterDataset(IterDataset):
 
 def _reading_stage(it: DatasetIterator) -> Optional[DatasetIterator]:
     """The stage reading the sampler's records under ``it`` (None: it runs in workers)."""
-    # The loader's stages form a chain: each has one parent, the reader none.
-    while it._parents:
-        it = it._parents[0]
-    # The chunked stage (chunked.py) reads and transforms: it has no parents.
+    *_, it = walk(it)  # The loader's stages form a chain; the reader (or the chunked stage) ends it.
     return it if isinstance(it, NextIndexState) else None
 
 

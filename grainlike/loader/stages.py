@@ -36,6 +36,7 @@ import numpy as np
 
 from grainlike.core import tree
 from grainlike.core.errors import add_note
+from grainlike.core.protocols import close_if_closeable
 from grainlike.core.record import LazyRng, Record, RecordMetadata
 from grainlike.core.samplers import BaseSampler, as_sampler
 from grainlike.core.sharding import ShardOptions
@@ -52,6 +53,7 @@ from grainlike.dataset.map_dataset import MapDataset
 from grainlike.dataset.filter import FilterThresholdChecker
 from grainlike.dataset.map import PassThroughStateIterator
 from grainlike.dataset.prefetch import PrefetchDatasetIterator, PrefetchIterDataset
+from grainlike.sources.protocol import SupportsBatchedRead
 
 
 def operation_functions(op: Any) -> tuple:
@@ -99,6 +101,7 @@ class SamplerMapDataset(MapDataset):
         # (whether reads wait) find it.
         super().__init__(MapDataset.source(data_source))
         self._data_source = data_source
+        self._batched_read = data_source.__getitems__ if isinstance(data_source, SupportsBatchedRead) else None
         self._sampler = sampler
         self._locator: BaseSampler = as_sampler(sampler)
         self._shard_index = shard_options.shard_index
@@ -162,8 +165,8 @@ class SamplerMapDataset(MapDataset):
         return [RecordMetadata(g, k, LazyRng(s)) for g, k, s in zip(gs, keys, seeds)]
 
     def _read_all(self, keys: list) -> list:
-        getitems = getattr(self._data_source, "__getitems__", None)
-        return list(getitems(keys)) if getitems is not None else [self._data_source[k] for k in keys]
+        read = self._batched_read
+        return list(read(keys)) if read is not None else [self._data_source[k] for k in keys]
 
     def _read_one(self, key: Any, index: int) -> Any:
         try:
@@ -505,19 +508,15 @@ class _OperationIterator(PassThroughStateIterator):
 
     def _drop_outputs(self) -> None:
         outputs, self._outputs = self._outputs, None
-        close = getattr(outputs, "close", None)
-        if close is not None:
-            close()
+        close_if_closeable(outputs)
 
     def set_state(self, state: dict) -> None:
         self._parent.set_state(state)
         self._drop_outputs()
 
-    def close(self) -> None:
-        if getattr(self, "_closed", True):
-            return
+    def _close(self) -> None:
         self._drop_outputs()
-        super().close()
+        super()._close()
 
     def __str__(self) -> str:
         return f"OperationIterator({describe_op(self._op)})"

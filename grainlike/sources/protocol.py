@@ -21,8 +21,9 @@ from typing import Any, Iterator, Protocol, Sequence, SupportsIndex, TypeVar
 
 import numpy as np
 
+from grainlike.core.protocols import ClosesOnExit
+
 T = TypeVar("T", covariant=True)
-_S = TypeVar("_S", bound="ClosingSource")
 
 
 @typing.runtime_checkable
@@ -147,20 +148,15 @@ class PinsRemoteObjects(Protocol):
         ...
 
 
-class ClosingSource:
+class ClosingSource(ClosesOnExit):
     """Base of the sources that hold readers, files or memory until ``close()``.
 
     ``with source:`` closes it on exit; iterating reads every record in key order.
     """
 
     def close(self) -> None:
+        """Releases the source's readers, files or memory (each subclass says which)."""
         raise NotImplementedError
-
-    def __enter__(self: _S) -> _S:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __iter__(self) -> Iterator[Any]:
         for key in range(len(self)):  # type: ignore[arg-type]
