@@ -22,6 +22,7 @@ import sys
 from typing import Any, Iterable, Optional, Sequence
 
 from grainlike.core import sharding
+from grainlike.dataset.dataset_node import walk
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.map_dataset import MapDataset
@@ -146,12 +147,8 @@ class ElasticIterator(IterDataset):
         multiprocessing_options: Optional[MultiprocessingOptions] = None,
     ):
         super().__init__()
-        to_check = [ds]
-        while to_check:
-            next_ds = to_check.pop()
-            if isinstance(next_ds, FilterMapDataset):
-                raise ValueError("ElasticIterator does not support `filter` transformation.")
-            to_check.extend(next_ds.parents)
+        if any(isinstance(node, FilterMapDataset) for node in walk(ds)):
+            raise ValueError("ElasticIterator does not support `filter` transformation.")
         self._spec = _ElasticSpec(ds, global_batch_size, shard_options, read_options, multiprocessing_options)
         self._default: Optional[_ElasticMapDatasetIterator] = None
 
