@@ -7,8 +7,16 @@ import enum
 import logging
 from typing import Any, Optional
 
-from grainlike.core.errors import check_int
+from grainlike.core.errors import is_int
 from grainlike.workers.liveness import DEFAULT_STALL_TIMEOUT_S
+
+
+def _check_non_negative_int(name: str, value: object) -> None:
+    # grain's words for a negative value (its tests match them), not check_int's.
+    if not is_int(value):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be non-negative, got {value}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +45,8 @@ class ReadOptions:
     prefetch_buffer_size: int = 500
 
     def __post_init__(self):
-        check_int("num_threads", self.num_threads, type_error=TypeError)
-        check_int("prefetch_buffer_size", self.prefetch_buffer_size, type_error=TypeError)
+        _check_non_negative_int("num_threads", self.num_threads)
+        _check_non_negative_int("prefetch_buffer_size", self.prefetch_buffer_size)
         # As grain: a buffer smaller than the threads idles threads; 0 (no
         # read-ahead) is a usual choice and is not warned about.
         if 0 < self.prefetch_buffer_size < self.num_threads:
@@ -94,8 +102,8 @@ class MultiprocessingOptions:
     restart_dead_workers: bool = dataclasses.field(default=False, repr=False)
 
     def __post_init__(self):
-        check_int("num_workers", self.num_workers, type_error=TypeError)
-        check_int("per_worker_buffer_size", self.per_worker_buffer_size, type_error=TypeError)
+        _check_non_negative_int("num_workers", self.num_workers)
+        _check_non_negative_int("per_worker_buffer_size", self.per_worker_buffer_size)
         timeout = self.stall_timeout_s
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0
