@@ -13,6 +13,25 @@ if ROOT not in sys.path:
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
+def _default_signal_handling() -> None:
+    """SIGINT raises KeyboardInterrupt and SIGHUP ends a process, in the suite and its children.
+
+    A suite started in the background of a script (``cmd &``, which ignores SIGINT)
+    or under ``nohup`` (which ignores SIGHUP) would otherwise pass those ignored
+    dispositions to every process it starts, and the tests that send these
+    signals would test nothing.
+    """
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+_default_signal_handling()
+
+
 def _start_accelerator() -> None:
     """On a GPU host, starts JAX's backends (and a host callback) before any test.
 
