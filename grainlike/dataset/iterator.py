@@ -107,7 +107,9 @@ class DatasetIterator(OrbaxCheckpointable, Iterator[T], abc.ABC):
 
     def __init__(self, parents: Union["DatasetIterator", Sequence["DatasetIterator"]] = ()):
         super().__init__()
-        if isinstance(parents, DatasetIterator):
+        # One iterator is one parent, whatever its class (tuple() of an iterator
+        # of someone else's would read it to the end, forever if it is infinite).
+        if isinstance(parents, DatasetIterator) or hasattr(type(parents), "__next__"):
             self._parents = (parents,)
         else:
             self._parents = tuple(parents)
