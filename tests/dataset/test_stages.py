@@ -476,3 +476,30 @@ def test_walk_visits_each_stage_once_and_a_stage_without_super_init_has_no_paren
     assert [type(s).__name__ for s in walk(ds)] == ["MixedMapDataset", "MapMapDataset", "RangeMapDataset"]
     assert parents(NoInit()) == ()
     assert [type(s).__name__ for s in walk(NoInit().map(str))] == ["MapIterDataset", "NoInit"]
+
+
+def test_an_iterator_of_another_class_is_one_parent_and_is_not_read():
+    from grainlike.dataset.iterator import DatasetIterator, IteratorContext
+
+    class Forever:  # an infinite iterator of another class (as a copy of the class in a worker)
+        _ctx = IteratorContext()
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return 1
+
+    class Above(DatasetIterator):
+        def __next__(self):
+            return next(self._parents[0]) + 1
+
+        def get_state(self):
+            return {}
+
+        def set_state(self, state):
+            pass
+
+    source = Forever()
+    it = Above(source)
+    assert it._parents == (source,) and next(it) == 2
