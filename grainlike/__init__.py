@@ -67,159 +67,69 @@ __version__ = "0.1.0"
 # Every name is loaded on first use, so that ``import grainlike`` costs numpy and
 # the standard library only and the worker server, which imports
 # ``grainlike.workers.main``, does not load the loader, builder and dataset
-# stages (the first batch waits on its boot: W4c in docs/performance.md). The
-# submodules and the names whose modules import jax or orbax are left out of
-# __all__, so that a star import stays light.
-_LAZY = {
-    "Record": "grainlike.core.record:Record",
-    "RecordMetadata": "grainlike.core.record:RecordMetadata",
-    "LoaderBuilder": "grainlike.builder:LoaderBuilder",
-    "from_source": "grainlike.builder:from_source",
-    "config": "grainlike.core.config:config",
-    "DATASET_INDEX": "grainlike.core.meta_features:DATASET_INDEX",
-    "EPOCH": "grainlike.core.meta_features:EPOCH",
-    "INDEX": "grainlike.core.meta_features:INDEX",
-    "META_FEATURES": "grainlike.core.meta_features:META_FEATURES",
-    "RECORD": "grainlike.core.meta_features:RECORD",
-    "RECORD_KEY": "grainlike.core.meta_features:RECORD_KEY",
-    "SEED": "grainlike.core.meta_features:SEED",
-    "BatchOperation": "grainlike.core.operations:BatchOperation",
-    "FilterOperation": "grainlike.core.operations:FilterOperation",
-    "MapOperation": "grainlike.core.operations:MapOperation",
-    "Operation": "grainlike.core.operations:Operation",
-    "RandomMapOperation": "grainlike.core.operations:RandomMapOperation",
-    "IndexSampler": "grainlike.core.samplers:IndexSampler",
-    "Sampler": "grainlike.core.samplers:Sampler",
-    "SequentialSampler": "grainlike.core.samplers:SequentialSampler",
-    "PaddedEpochSampler": "grainlike.core.sampling:PaddedEpochSampler",
-    "RandomSampler": "grainlike.core.sampling:RandomSampler",
-    "NoSharding": "grainlike.core.sharding:NoSharding",
-    "ShardByJaxProcess": "grainlike.core.sharding:ShardByJaxProcess",
-    "ShardOptions": "grainlike.core.sharding:ShardOptions",
-    "Batch": "grainlike.core.transforms:Batch",
-    "FilterTransform": "grainlike.core.transforms:FilterTransform",
-    "MapTransform": "grainlike.core.transforms:MapTransform",
-    "MapWithIndexTransform": "grainlike.core.transforms:MapWithIndexTransform",
-    "RandomMapTransform": "grainlike.core.transforms:RandomMapTransform",
-    "Transformation": "grainlike.core.transforms:Transformation",
-    "Transformations": "grainlike.core.transforms:Transformations",
-    "DatasetIterator": "grainlike.dataset:DatasetIterator",
-    "DatasetSelectionMap": "grainlike.dataset:DatasetSelectionMap",
-    "IterDataset": "grainlike.dataset:IterDataset",
-    "MapDataset": "grainlike.dataset:MapDataset",
-    "MultiprocessingOptions": "grainlike.dataset.options:MultiprocessingOptions",
-    "ReadOptions": "grainlike.dataset.options:ReadOptions",
-    "DataLoader": "grainlike.loader.data_loader:DataLoader",
-    "DataLoaderIterator": "grainlike.loader.data_loader:DataLoaderIterator",
-    "PyGrainDatasetIterator": "grainlike.loader.data_loader:PyGrainDatasetIterator",
-    "load": "grainlike.loader.load:load",
-    "InvalidStateError": "grainlike.loader.legacy_state:InvalidStateError",
-    "ArrayRecordDataSource": "grainlike.sources:ArrayRecordDataSource",
-    "InMemoryDataSource": "grainlike.sources:InMemoryDataSource",
-    "RandomAccessDataSource": "grainlike.sources:RandomAccessDataSource",
-    "RangeDataSource": "grainlike.sources:RangeDataSource",
-    "SharedMemoryDataSource": "grainlike.sources:SharedMemoryDataSource",
-    "TfdsDataSource": "grainlike.sources:TfdsDataSource",
-    "tfds_source": "grainlike.sources:tfds_source",
-    **{
-        name: f"grainlike.{name}"
-        for name in (
-            "checkpoint",
-            "constants",
-            "experimental",
-            # The package is also callable: grainlike.loader(source) is the builder.
-            "loader",
-            "multiprocessing",
-            "python",
-            "samplers",
-            "sharding",
-            "transforms",
-        )
-    },
-    "SharedMemoryArray": "grainlike.core.shared_memory_array:SharedMemoryArray",
-    "PyGrainCheckpointHandler": "grainlike.checkpoint.orbax_handler:PyGrainCheckpointHandler",
-    "PyGrainCheckpointSave": "grainlike.checkpoint.orbax_handler:PyGrainCheckpointSave",
-    "PyGrainCheckpointRestore": "grainlike.checkpoint.orbax_handler:PyGrainCheckpointRestore",
-    "DeviceIterator": "grainlike.jax.device_iterator:DeviceIterator",
-    "make_global_batch": "grainlike.jax.device_iterator:make_global_batch",
-    "element_spec": "grainlike.jax.batch_specs:element_spec",
-    "zeros_batch": "grainlike.jax.batch_specs:zeros_batch",
-    "evaluate": "grainlike.jax.evaluation:evaluate",
-    "InJitIterator": "grainlike.jax.in_jit_iterator:InJitIterator",
-    # JaxSGMC-style data access and saving inside jit (grainlike only).
-    "reference_data": "grainlike.jax.reference_data:reference_data",
-    "full_reference_data": "grainlike.jax.full_data:full_reference_data",
-    "full_data_mapper": "grainlike.jax.full_data:full_data_mapper",
-    "host_errors": "grainlike.jax.host_callbacks:host_errors",
-    "ArraysSource": "grainlike.jax.jit_batches:ArraysSource",
-    "io": "grainlike.jax.in_jit_saving",
-    # Self-describing ArrayRecord files that grainlike-convert writes (grainlike only).
-    "formats": "grainlike.formats",
-    # Errors from worker processes and shared memory (grainlike only).
-    "WorkerError": "grainlike.core.errors:WorkerError",
-    "WorkerDiedError": "grainlike.core.errors:WorkerDiedError",
-    "WorkerStalledError": "grainlike.core.errors:WorkerStalledError",
-    "ForeignWorkersError": "grainlike.core.errors:ForeignWorkersError",
-    "SharedMemoryFullError": "grainlike.core.errors:SharedMemoryFullError",
-    # Sources of Parquet files, Hugging Face datasets, remote files (grainlike only).
-    "ParquetDataSource": "grainlike.sources.parquet:ParquetDataSource",
-    "HuggingFaceDataSource": "grainlike.sources.hf:HuggingFaceDataSource",
-    "RemoteOptions": "grainlike.sources.formats.remote_files:RemoteOptions",
+# stages (the first batch waits on its boot: W4c in docs/performance.md).
+# Module -> the names of ``__all__`` it holds: those of the TYPE_CHECKING imports.
+_PUBLIC = {
+    "grainlike.builder": ("LoaderBuilder", "from_source"),
+    "grainlike.core.config": ("config",),
+    "grainlike.core.meta_features": (
+        "DATASET_INDEX", "EPOCH", "INDEX", "META_FEATURES", "RECORD", "RECORD_KEY", "SEED",
+    ),
+    "grainlike.core.operations": (
+        "BatchOperation", "FilterOperation", "MapOperation", "Operation", "RandomMapOperation",
+    ),
+    "grainlike.core.record": ("Record", "RecordMetadata"),
+    "grainlike.core.samplers": ("IndexSampler", "Sampler", "SequentialSampler"),
+    "grainlike.core.sampling": ("PaddedEpochSampler", "RandomSampler"),
+    "grainlike.core.sharding": ("NoSharding", "ShardByJaxProcess", "ShardOptions"),
+    "grainlike.core.transforms": (
+        "Batch", "FilterTransform", "MapTransform", "MapWithIndexTransform", "RandomMapTransform", "Transformation",
+        "Transformations",
+    ),
+    "grainlike.dataset": ("DatasetIterator", "DatasetSelectionMap", "IterDataset", "MapDataset"),
+    "grainlike.dataset.options": ("MultiprocessingOptions", "ReadOptions"),
+    "grainlike.loader.data_loader": ("DataLoader", "DataLoaderIterator", "PyGrainDatasetIterator"),
+    "grainlike.loader.legacy_state": ("InvalidStateError",),
+    "grainlike.loader.load": ("load",),
+    "grainlike.sources": (
+        "ArrayRecordDataSource", "InMemoryDataSource", "RandomAccessDataSource", "RangeDataSource",
+        "SharedMemoryDataSource", "TfdsDataSource", "tfds_source",
+    ),
 }
+# Left out of __all__, so that a star import stays light: the names whose modules
+# import jax or orbax, and grainlike's own additions.
+_MORE = {
+    "grainlike.core.shared_memory_array": ("SharedMemoryArray",),
+    "grainlike.checkpoint.orbax_handler": (
+        "PyGrainCheckpointHandler", "PyGrainCheckpointSave", "PyGrainCheckpointRestore",
+    ),
+    "grainlike.jax.device_iterator": ("DeviceIterator", "make_global_batch"),
+    "grainlike.jax.batch_specs": ("element_spec", "zeros_batch"),
+    "grainlike.jax.evaluation": ("evaluate",),
+    "grainlike.jax.in_jit_iterator": ("InJitIterator",),
+    # JaxSGMC-style data access and saving inside jit (grainlike only).
+    "grainlike.jax.reference_data": ("reference_data",),
+    "grainlike.jax.full_data": ("full_reference_data", "full_data_mapper"),
+    "grainlike.jax.host_callbacks": ("host_errors",),
+    "grainlike.jax.jit_batches": ("ArraysSource",),
+    # Errors from worker processes and shared memory (grainlike only).
+    "grainlike.core.errors": (
+        "WorkerError", "WorkerDiedError", "WorkerStalledError", "ForeignWorkersError", "SharedMemoryFullError",
+    ),
+    # Sources of Parquet files, Hugging Face datasets, remote files (grainlike only).
+    "grainlike.sources.parquet": ("ParquetDataSource",),
+    "grainlike.sources.hf": ("HuggingFaceDataSource",),
+    "grainlike.sources.formats.remote_files": ("RemoteOptions",),
+}
+# Submodules; ``loader`` is also callable (grainlike.loader(source) is the builder),
+# ``formats`` is the record format grainlike-convert writes (grainlike only).
+_SUBMODULES = (
+    "checkpoint", "constants", "experimental", "formats", "loader", "multiprocessing", "python", "samplers",
+    "sharding", "transforms",
+)
+_LAZY = {name: f"{module}:{name}" for table in (_PUBLIC, _MORE) for module, names in table.items() for name in names}
+_LAZY.update({name: f"grainlike.{name}" for name in _SUBMODULES}, io="grainlike.jax.in_jit_saving")
 
 __getattr__, __dir__ = _attach(globals(), _LAZY)
 
-__all__ = [
-    "ArrayRecordDataSource",
-    "Batch",
-    "BatchOperation",
-    "DATASET_INDEX",
-    "DataLoader",
-    "DataLoaderIterator",
-    "DatasetIterator",
-    "DatasetSelectionMap",
-    "EPOCH",
-    "FilterOperation",
-    "FilterTransform",
-    "INDEX",
-    "InMemoryDataSource",
-    "IndexSampler",
-    "InvalidStateError",
-    "IterDataset",
-    "LoaderBuilder",
-    "META_FEATURES",
-    "MapDataset",
-    "MapOperation",
-    "MapTransform",
-    "MapWithIndexTransform",
-    "MultiprocessingOptions",
-    "NoSharding",
-    "Operation",
-    "PaddedEpochSampler",
-    "PyGrainDatasetIterator",
-    "RECORD",
-    "RECORD_KEY",
-    "RandomAccessDataSource",
-    "RandomMapOperation",
-    "RandomMapTransform",
-    "RandomSampler",
-    "RangeDataSource",
-    "ReadOptions",
-    "Record",
-    "RecordMetadata",
-    "SEED",
-    "Sampler",
-    "SequentialSampler",
-    "ShardByJaxProcess",
-    "ShardOptions",
-    "SharedMemoryArray",
-    "SharedMemoryDataSource",
-    "TfdsDataSource",
-    "Transformation",
-    "Transformations",
-    "config",
-    "experimental",
-    "from_source",
-    "load",
-    "tfds_source",
-]
+__all__ = sorted([*(name for names in _PUBLIC.values() for name in names), "SharedMemoryArray", "experimental"])
