@@ -18,14 +18,5 @@ from grainlike.core.samplers import (
 )
 from grainlike.core.sampling import PaddedEpochSampler, RandomSampler
 
-__all__ = [
-    "BaseSampler",
-    "BatchPadding",
-    "IndexSampler",
-    "PaddedEpochSampler",
-    "RandomSampler",
-    "SampledIndices",
-    "Sampler",
-    "SequentialSampler",
-    "as_sampler",
-]
+# Every name imported above.
+__all__ = sorted(name for name in dir() if not name.startswith("_"))

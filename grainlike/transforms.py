@@ -19,14 +19,5 @@ from grainlike.core.transforms import (
 )
 from grainlike.dataset import DatasetSelectionMap
 
-__all__ = [
-    "Batch",
-    "DatasetSelectionMap",
-    "Filter",
-    "Map",
-    "MapWithIndex",
-    "RandomMap",
-    "TfRandomMap",
-    "Transformation",
-    "Transformations",
-]
+# Every name imported above.
+__all__ = sorted(name for name in dir() if not name.startswith("_"))
