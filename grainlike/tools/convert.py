@@ -4,28 +4,16 @@ Output: ``PREFIX-00000-of-0000N.array_record`` ... (records split into N
 contiguous shards, written with ``group_size:1`` for random reads) plus
 ``PREFIX.json`` describing them. Each record is one example in the format of
 ``grainlike.formats`` (a small JSON header and raw bytes; images stay encoded).
-Read them back with::
+Inputs: a folder of images with one sub-folder per class (``images``,
+``convert_image_folder``), ``.npy`` / ``.npz`` arrays (``arrays``,
+``convert_arrays``), a TFDS split (``tfds``, ``convert_tfds``) or any source
+(``source MODULE:NAME``, ``convert_source``). Read them back with::
 
     import grainlike as grain
     from grainlike.formats import DecodeRecord, list_shards
 
     source = grain.ArrayRecordDataSource(list_shards(PREFIX))
     operations = [DecodeRecord(), ...]
-
-Inputs (command line, and the Python function behind each)::
-
-    grainlike-convert images DIR -o PREFIX [--shards N]        convert_image_folder
-        DIR/<class>/**/*.png|jpg|...  ->  {"image": bytes, "label": int64}
-        (classes sorted by name; label = index; --with-paths adds "path")
-    grainlike-convert arrays A.npz | X.npy Y.npy ... -o PREFIX  convert_arrays
-        row i of each array -> {"<key or file stem>": row, ...}
-    grainlike-convert tfds NAME --split S [--data-dir D] -o PREFIX   convert_tfds
-        the split's examples, images kept encoded (--decode-images to store pixels)
-    grainlike-convert source MODULE:NAME -o PREFIX             convert_source
-        any source (len and [key]), or a function returning one
-
-A progress bar goes to stderr (tqdm when installed, else a plain counter);
-``--quiet`` turns it off.
 """
 
 from __future__ import annotations
@@ -60,16 +48,15 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".
 # Records read per batched read from a source: amortises the per-call cost
 # without holding many decoded examples in memory.
 _READ_CHUNK = 256
+_END = object()
 
 
 class _Progress:
     """tqdm when installed, else a counter on stderr redrawn at most twice a second."""
 
     def __init__(self, total: int, desc: str, enabled: bool):
-        self._total, self._desc, self._done = total, desc, 0
-        self._bar = None
-        self._enabled = enabled
-        self._last = 0.0
+        self._total, self._desc, self._done, self._last = total, desc, 0, 0.0
+        self._enabled, self._bar = enabled, None
         if not enabled:
             return
         try:
@@ -173,12 +160,9 @@ def write_records(
                 raise OSError(f"cannot open {tmp!r} for writing")
             try:
                 for _ in range(bounds[shard], bounds[shard + 1]):
-                    try:
-                        example = next(iterator)
-                    except StopIteration:
-                        raise ValueError(
-                            f"the input ended after {index} records; {num_records} were announced"
-                        ) from None
+                    example = next(iterator, _END)
+                    if example is _END:
+                        raise ValueError(f"the input ended after {index} records; {num_records} were announced")
                     try:
                         data = encode(example)
                     except Exception as e:
@@ -211,9 +195,6 @@ def write_records(
     return paths
 
 
-# -- inputs -----------------------------------------------------------------------
-
-
 def _read_source(source: Any) -> Iterator[Any]:
     n = len(source)
     batched = isinstance(source, SupportsBatchedRead)
@@ -237,10 +218,8 @@ def convert_source(
     Args:
       source: anything with ``len`` and ``[key]`` (``__getitems__`` is used
         when present): grainlike sources, TFDS sources, a list of dicts.
-      output_prefix: path prefix of the output files.
-      num_shards: number of files.
       transform: applied to each record before encoding (e.g. to drop fields).
-      progress, overwrite, metadata: see ``write_records``.
+      output_prefix, num_shards, progress, overwrite, metadata: as for ``write_records``.
 
     Returns:
       The shard paths, in order.
@@ -279,11 +258,9 @@ def convert_image_folder(
 
     Args:
       directory: the root folder.
-      output_prefix: path prefix of the output files.
-      num_shards: number of files.
       extensions: file name endings counted as images (case-insensitive).
       include_paths: add each image's relative path as field ``"path"``.
-      progress, overwrite: see ``write_records``.
+      output_prefix, num_shards, progress, overwrite: as for ``write_records``.
 
     Returns:
       The shard paths, in order.
@@ -385,9 +362,7 @@ def convert_arrays(
 
     Args:
       paths: ``.npy`` and ``.npz`` files whose arrays share their first axis.
-      output_prefix: path prefix of the output files.
-      num_shards: number of files.
-      progress, overwrite: see ``write_records``.
+      output_prefix, num_shards, progress, overwrite: as for ``write_records``.
 
     Returns:
       The shard paths, in order.
@@ -427,11 +402,9 @@ def convert_tfds(
     Args:
       name: TFDS dataset name.
       split: split or split expression (``"train[:10%]"``).
-      output_prefix: path prefix of the output files.
-      num_shards: number of files.
       data_dir: TFDS data directory (TFDS's default when None).
       decode_images: store decoded pixels instead of the encoded image.
-      progress, overwrite: see ``write_records``.
+      output_prefix, num_shards, progress, overwrite: as for ``write_records``.
 
     Returns:
       The shard paths, in order.
@@ -473,9 +446,6 @@ def _load_object(spec: str) -> Any:
     if not isinstance(obj, RandomAccessDataSource):
         raise TypeError(f"{spec} is {type(obj).__name__}, not a source (it needs len() and [key])")
     return obj
-
-
-# -- command line -------------------------------------------------------------------
 
 
 def _parser() -> argparse.ArgumentParser:

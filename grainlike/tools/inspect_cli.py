@@ -1,14 +1,10 @@
 """``grainlike-inspect``: explain a checkpoint state or an ArrayRecord file in words.
 
-    grainlike-inspect STATE.json            what the state says: source, sampler,
-                                            each worker's position, the epoch
-    grainlike-inspect CHECKPOINT_DIR        every process_*-of-*.json in it (Orbax)
-        [--workers W] [--processes M]       and how it restores on W workers per
-                                            process / M processes (elastic restore:
-                                            where each worker starts, what it skips,
-                                            how many records remain)
-    grainlike-inspect FILE.array_record     record count, writer options and a
-        [--record K]                        decoded record (grainlike format)
+``grainlike-inspect PATH ...`` takes state files, checkpoint directories (every
+``process_*-of-*.json`` in them, as Orbax writes) and ArrayRecord files (record
+count, writer options and record ``--record K`` decoded); ``--workers W`` /
+``--processes M`` add how a checkpoint restores on W workers per process or on M
+processes (elastic restore: where each worker starts, what it skips, what remains).
 
 A state (grain 0.2.18's JSON, see "State" in ``docs/concepts.md``) stores, for
 each worker ``i``, the last global index it produced: with ``W`` workers
@@ -56,8 +52,8 @@ _STATE_KEYS = ("last_seen_indices", "last_worker_index", "worker_count", "sample
 _MAX_STATE_BYTES = 16 << 20
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+def _plural(n: int, word: str, plural: str = "") -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {plural or word + 's'}"
 
 
 def _load_state(state: Union[bytes, str, dict], where: str) -> dict:
@@ -186,8 +182,6 @@ def _progress(total, per_epoch, num_records, num_epochs, shard_index, shard_coun
     )
 
 
-# -- elastic restore ------------------------------------------------------------------
-
 
 def _sampler_of(data: dict, shard: Optional[tuple[int, int]] = None) -> Any:
     """The IndexSampler a state names (re-sharded as ``shard``), or None for another sampler."""
@@ -256,10 +250,8 @@ def describe_restore(
     datas = {i: _load_state(s, f"state of process {i}") for i, s in states.items()}
     m_count = process_count if processes is None else processes
     w_text = "each state's worker count" if workers is None else _plural(workers, "worker")
-    def procs(n: int) -> str:
-        return f"{n} process" + ("" if n == 1 else "es")
-
-    lines = [f"Restore of the states of {procs(process_count)} on {procs(m_count)} with {w_text}"]
+    procs, m_procs = _plural(process_count, "process", "processes"), _plural(m_count, "process", "processes")
+    lines = [f"Restore of the states of {procs} on {m_procs} with {w_text}"]
     try:
         if m_count == process_count:
             for i in sorted(datas):
@@ -287,15 +279,12 @@ def describe_restore(
     return "\n".join(lines)
 
 
-# -- ArrayRecord files --------------------------------------------------------------
-
 
 def _size(n: int) -> str:
     for unit in ("bytes", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
         n /= 1024
-    return str(n)
 
 
 def _conversion_metadata(path: str) -> Optional[tuple[str, dict]]:
@@ -361,8 +350,6 @@ def describe_array_record(path: str, record: int = 0) -> str:
     lines.extend(f"    {text}" for text in formats.describe_record(data, show_values=True))
     return "\n".join(lines)
 
-
-# -- any path -------------------------------------------------------------------------
 
 
 def _state_files(directory: str) -> list[str]:
