@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from grainlike.core.errors import check_int
-from grainlike.core.record import LazyRng, RecordMetadata
-from grainlike.core.samplers import BaseSampler, SampledIndices, as_sampler
+from grainlike.core.record import RecordMetadata
+from grainlike.core.samplers import BaseSampler, SampledIndices, _metadata_at, _out_of_range, as_sampler
 
 __all__ = ["BatchSliceSampler"]
 
@@ -128,15 +128,8 @@ class BatchSliceSampler(BaseSampler):
     def __getitem__(self, index: int) -> RecordMetadata:
         index = int(index)
         if index < 0 or index >= self._length:
-            raise IndexError(
-                f"RecordMetadata object index is out of bounds; Got index {index}, "
-                f"allowed indices should be in [0, {self._length}]"
-            )
-        located = self.locate(np.array([index], np.int64))
-        if located.metadata is not None:
-            return located.metadata[0]
-        rng = None if located.seeds is None else LazyRng(int(located.seeds[0]))
-        return RecordMetadata(int(located.indices[0]), int(located.keys[0]), rng)
+            raise _out_of_range(index, self._length)
+        return _metadata_at(self.locate(np.array([index], np.int64)), index)
 
     def __repr__(self) -> str:
         # The state of a loader names its sampler: a restore onto another

@@ -1,17 +1,11 @@
 """Samplers: which record each global index reads, and with which rng.
 
 ``IndexSampler`` reproduces grain 0.2.18's record order exactly (see "Sampler"
-in ``docs/concepts.md``; the tests compare it with grain's own outputs in
-``tests/data/index_sampler_vectors.json``): global index -> shard-local position
--> epoch and position in epoch -> keyed permutation -> record key.
-
-The sampler contract. The loader asks a sampler about many global indices at
-once: ``sampler.locate(indices)`` returns a ``SampledIndices`` with the record
-key of each index, the key of each record's rng (or None) and which positions
-are padding (or None). Every grainlike sampler is a ``BaseSampler`` and
-implements it, vectorised; grain's protocol, ``sampler[index] ->
-RecordMetadata``, follows from it. A sampler written for grain, with
-``__getitem__`` only, is wrapped once by ``as_sampler``.
+in ``docs/concepts.md``; ``tests/data/index_sampler_vectors.json`` holds grain's
+outputs). The loader asks a sampler about many global indices at once:
+``sampler.locate(indices)`` returns a ``SampledIndices``; grain's protocol,
+``sampler[index] -> RecordMetadata``, follows from it. A sampler written for
+grain, with ``__getitem__`` only, is wrapped once by ``as_sampler``.
 """
 
 from __future__ import annotations
@@ -55,12 +49,9 @@ class SampledIndices(NamedTuple):
         masks; None when no position is. Only samplers with ``batch_padding``
         return it.
       metadata: the ``RecordMetadata`` of each index as a sampler wrapped by
-        ``as_sampler`` made it (its ``rng`` and ``index`` are used as they are);
-        None for grainlike's samplers, whose metadata is built from the fields
-        above.
+        ``as_sampler`` made it (used as it is); None for grainlike's samplers.
       indices: the ``RecordMetadata.index`` of each position (int64), where it
-        is not the global index asked for: a sampler that reads positions of
-        another sampler reports those (``BatchSliceSampler``); None otherwise.
+        is not the global index asked for (``BatchSliceSampler``); None otherwise.
     """
 
     keys: np.ndarray
@@ -90,14 +81,6 @@ def _out_of_range(index: int, max_index: Optional[int]) -> IndexError:
     )
 
 
-def empty_shard_error(shard_options: sharding.ShardOptions, num_records: int) -> EmptyShardError:
-    """The error for a shard without records, naming the shard."""
-    return EmptyShardError(
-        f"Shard {shard_options.shard_index} of {shard_options.shard_count} holds no "
-        f"records (num_records={num_records})."
-    )
-
-
 def _check_num_records(num_records: object) -> None:
     if not is_int(num_records):
         raise TypeError(f"num_records must be an int, got {num_records!r}")
@@ -107,6 +90,26 @@ def _check_num_records(num_records: object) -> None:
             f"Got {num_records} records, but number of records "
             "must be greater than 0."
         )
+
+
+def _check_epochs_and_seed(num_epochs: Optional[int], shuffle: bool, seed: Optional[int]) -> Optional[int]:
+    """``IndexSampler``'s checks of its other arguments, with grain's messages; returns the seed."""
+    if num_epochs is not None and num_epochs <= 0:
+        raise ValueError(
+            "Invalid number of epochs in Index Sampler."
+            f"Got {num_epochs} epochs, but number of epochs "
+            "must be greater than 0."
+        )
+    if shuffle and seed is None:
+        raise ValueError("Shuffling requires specifying a seed.")
+    if shuffle and not isinstance(seed, int):
+        raise TypeError(f"Expected seed of int type. Got seed with type {type(seed)}")
+    if seed is None:
+        return None
+    try:
+        return check_int("seed", seed, 0, 2**32, type_error=TypeError)
+    except ValueError as e:  # grain's words first
+        raise ValueError(f"Seed should be positive 32-bit integer: {e}.") from None
 
 
 def _seeds(seed: Optional[int], indices: np.ndarray) -> Optional[np.ndarray]:
@@ -131,12 +134,22 @@ def _permute(positions: np.ndarray, epochs: np.ndarray, n: int, seed: int) -> np
     return out
 
 
+def _metadata_at(located: SampledIndices, index: int) -> RecordMetadata:
+    """The ``RecordMetadata`` of the one global ``index`` that ``located`` describes."""
+    if located.metadata is not None:
+        return located.metadata[0]
+    rng = None if located.seeds is None else LazyRng(int(located.seeds[0]))
+    if located.indices is not None:
+        index = int(located.indices[0])
+    return RecordMetadata(index=index, record_key=int(located.keys[0]), rng=rng)
+
+
 class BaseSampler(abc.ABC):
     """The sampler contract: many global indices located at once.
 
-    Subclasses implement ``__len__``, ``locate`` and ``_index_bound``;
-    ``__getitem__`` (grain's ``Sampler`` protocol) follows from them. A sampler
-    whose epochs are padded to whole batches sets ``batch_padding``.
+    Subclasses implement ``__len__`` and ``locate``; ``__getitem__`` (grain's
+    ``Sampler`` protocol) follows from them. A sampler whose epochs are padded to
+    whole batches sets ``batch_padding``.
     """
 
     #: Set by samplers whose ``locate`` returns padding; the loader then checks
@@ -158,11 +171,6 @@ class BaseSampler(abc.ABC):
           A ``SampledIndices`` whose arrays have the shape of ``indices``.
         """
 
-    def _index_bound(self) -> Optional[int]:
-        """The end of the valid indices named in errors (None: unbounded)."""
-        n = len(self)
-        return None if n == sys.maxsize else n
-
     def __getitem__(self, index: int) -> RecordMetadata:
         """The ``RecordMetadata`` of global ``index`` (grain's ``Sampler`` protocol).
 
@@ -170,12 +178,11 @@ class BaseSampler(abc.ABC):
           IndexError: ``index`` is negative or past the end, as in grain.
         """
         index = operator.index(index)
-        bound = self._index_bound()
+        bound = len(self)
+        bound = None if bound == sys.maxsize else bound
         if index < 0 or (bound is not None and index >= bound):
             raise _out_of_range(index, bound)
-        located = self.locate(np.array([index], np.int64))
-        rng = None if located.seeds is None else LazyRng(int(located.seeds[0]))
-        return RecordMetadata(index=index, record_key=int(located.keys[0]), rng=rng)
+        return _metadata_at(self.locate(np.array([index], np.int64)), index)
 
 
 class _GrainProtocolSampler(BaseSampler):
@@ -243,7 +250,54 @@ def as_sampler(sampler: Any) -> BaseSampler:
     return _GrainProtocolSampler(sampler)
 
 
-class SequentialSampler(BaseSampler):
+class _ShardSampler(BaseSampler):
+    """A sampler of this shard's records ``[_start, _start + _shard_size)`` of ``num_records``."""
+
+    _seed: Optional[int] = None
+    _shuffle = False
+
+    def __init__(self, num_records: int, shard_options: sharding.ShardOptions):
+        _check_num_records(num_records)
+        self._num_records = int(num_records)
+        self._shard_options = shard_options
+        self._start, end = sharding.even_split(self._num_records, shard_options)
+        self._shard_size = end - self._start
+
+    @property
+    def seed(self) -> Optional[int]:
+        return self._seed
+
+    @property
+    def num_records(self) -> int:
+        return self._num_records
+
+    @property
+    def shard_options(self) -> sharding.ShardOptions:
+        return self._shard_options
+
+    def _describe(self, name: str, *fields: str) -> str:
+        """``name(field=value, ...)`` of the attributes ``_<field>``: the loader's state names it."""
+        values = ", ".join(f"{f}={getattr(self, '_' + f)}" for f in fields)
+        return f"{name}({values})"
+
+    def _check_not_empty(self) -> int:
+        """The shard's size; ``EmptyShardError`` naming the shard if it holds no records."""
+        if self._shard_size <= 0:
+            options = self._shard_options
+            raise EmptyShardError(
+                f"Shard {options.shard_index} of {options.shard_count} holds no "
+                f"records (num_records={self._num_records})."
+            )
+        return self._shard_size
+
+    def _keys(self, positions: np.ndarray, epochs: np.ndarray) -> np.ndarray:
+        """The record keys of positions in their epochs' order (shuffled if the sampler shuffles)."""
+        if self._shuffle:
+            positions = _permute(positions, epochs, self._shard_size, self._seed)
+        return positions + self._start
+
+
+class SequentialSampler(_ShardSampler):
     """Reads records ``0, 1, 2, ...`` once, in order.
 
     Args:
@@ -258,28 +312,17 @@ class SequentialSampler(BaseSampler):
         shard_options: sharding.ShardOptions = sharding.NoSharding(),
         seed: Optional[int] = None,
     ):
-        _check_num_records(num_records)
-        self._num_records = int(num_records)
-        self._shard_options = shard_options
+        super().__init__(num_records, shard_options)
+        self._max_index = self._num_records
         if shard_options.drop_remainder:
-            per_shard = self._num_records // shard_options.shard_count
-            self._max_index = per_shard * shard_options.shard_count
-        else:
-            self._max_index = self._num_records
+            self._max_index -= self._num_records % shard_options.shard_count
         self._seed = seed
-
-    @property
-    def seed(self) -> Optional[int]:
-        return self._seed
 
     def __len__(self) -> int:
         return self._max_index
 
     def __repr__(self) -> str:
-        return (
-            f"SequentialSampler(num_records={self._num_records}, "
-            f"shard_options={self._shard_options!r})"
-        )
+        return self._describe("SequentialSampler", "num_records", "shard_options")
 
     def __getitem__(self, index: int) -> RecordMetadata:
         if index < 0 or index >= self._max_index:
@@ -292,7 +335,7 @@ class SequentialSampler(BaseSampler):
         return SampledIndices(indices, _seeds(self._seed, indices))
 
 
-class IndexSampler(BaseSampler):
+class IndexSampler(_ShardSampler):
     """Shards, shuffles and repeats the records of one data source.
 
     Produces exactly grain 0.2.18's order for the same arguments, so a pipeline
@@ -324,29 +367,10 @@ class IndexSampler(BaseSampler):
         num_epochs: Optional[int] = None,
         seed: Optional[int] = None,
     ):
-        _check_num_records(num_records)
-        if num_epochs is not None and num_epochs <= 0:
-            raise ValueError(
-                "Invalid number of epochs in Index Sampler."
-                f"Got {num_epochs} epochs, but number of epochs "
-                "must be greater than 0."
-            )
-        if shuffle and seed is None:
-            raise ValueError("Shuffling requires specifying a seed.")
-        if shuffle and not isinstance(seed, int):
-            raise TypeError(f"Expected seed of int type. Got seed with type {type(seed)}")
-        if seed is not None:
-            try:
-                seed = check_int("seed", seed, 0, 2**32, type_error=TypeError)
-            except ValueError as e:  # grain's words first
-                raise ValueError(f"Seed should be positive 32-bit integer: {e}.") from None
-        self._num_records = int(num_records)
-        self._shard_options = shard_options
+        super().__init__(num_records, shard_options)
+        self._seed = _check_epochs_and_seed(num_epochs, shuffle, seed)
         self._shuffle = shuffle
         self._num_epochs = num_epochs
-        self._seed = seed
-        self._start, self._end = sharding.even_split(self._num_records, shard_options)
-        self._shard_size = self._end - self._start
         self._max_index = None if num_epochs is None else num_epochs * self._num_records
         if (
             self._max_index is not None
@@ -356,18 +380,6 @@ class IndexSampler(BaseSampler):
             self._max_index = min(
                 self._max_index, self._shard_size * shard_options.shard_count * num_epochs
             )
-
-    @property
-    def seed(self) -> Optional[int]:
-        return self._seed
-
-    @property
-    def num_records(self) -> int:
-        return self._num_records
-
-    @property
-    def shard_options(self) -> sharding.ShardOptions:
-        return self._shard_options
 
     @property
     def shuffle(self) -> bool:
@@ -381,31 +393,17 @@ class IndexSampler(BaseSampler):
         return sys.maxsize if self._max_index is None else self._max_index
 
     def __repr__(self) -> str:
-        return (
-            f"IndexSampler(num_records={self._num_records}, "
-            f"shard_options={self._shard_options!r}, "
-            f"shuffle={self._shuffle}, "
-            f"num_epochs={self._num_epochs}, "
-            f"seed={self._seed})"
-        )
-
-    def _key(self, index: int) -> int:
-        n = self._shard_size
-        if n <= 0:
-            raise empty_shard_error(self._shard_options, self._num_records)
-        epoch, i = divmod(index // self._shard_options.shard_count, n)
-        if self._shuffle:
-            i = index_shuffle(i, n - 1, (self._seed + epoch) % 2**32, _SHUFFLE_ROUNDS)
-        return self._start + i
+        return self._describe("IndexSampler", "num_records", "shard_options", "shuffle", "num_epochs", "seed")
 
     def __getitem__(self, index: int) -> RecordMetadata:
         if index < 0 or (self._max_index is not None and index >= self._max_index):
             raise _out_of_range(index, self._max_index)
+        n = self._check_not_empty()
+        epoch, i = divmod(index // self._shard_options.shard_count, n)
+        if self._shuffle:
+            i = index_shuffle(i, n - 1, (self._seed + epoch) % 2**32, _SHUFFLE_ROUNDS)
         rng = None if self._seed is None else LazyRng(self._seed + index)
-        return RecordMetadata(index=index, record_key=self._key(index), rng=rng)
-
-    def _index_bound(self) -> Optional[int]:
-        return self._max_index
+        return RecordMetadata(index=index, record_key=self._start + i, rng=rng)
 
     def locate(self, indices: np.ndarray) -> SampledIndices:
         """Record keys and rng keys of many global indices at once (vectorised).
@@ -413,12 +411,7 @@ class IndexSampler(BaseSampler):
         ``locate(i).keys[0] == self[i].record_key`` for every ``i``.
         """
         indices = np.asarray(indices, dtype=np.int64)
-        n = self._shard_size
-        if n <= 0:
-            if indices.size:
-                self._key(0)  # raises EmptyShardError
+        if indices.size == 0:
             return SampledIndices(indices.copy(), _seeds(self._seed, indices))
-        epochs, pos = np.divmod(indices // self._shard_options.shard_count, n)
-        if self._shuffle:
-            pos = _permute(pos, epochs, n, self._seed)
-        return SampledIndices(pos + self._start, _seeds(self._seed, indices))
+        epochs, pos = np.divmod(indices // self._shard_options.shard_count, self._check_not_empty())
+        return SampledIndices(self._keys(pos, epochs), _seeds(self._seed, indices))

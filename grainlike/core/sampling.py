@@ -1,22 +1,10 @@
-"""Sampling modes for training and evaluation, beyond grain's ``IndexSampler``.
+"""Sampling modes beyond grain's ``IndexSampler``: draws with replacement, padded epochs.
 
-Three ways to go over a data source, each a sampler that ``DataLoader`` accepts
-and whose checkpoint state is, as for every grainlike sampler, the index of the
-next record of each worker (grain's JSON):
-
-- **Independent draws with replacement** (``RandomSampler``): global index ``g``
-  reads record ``start + SplitMix64(seed)[g] % shard_size``, the ``g``-th output of
-  a counter-based generator keyed on ``seed``. A record's key is a pure function
-  of ``(seed, g)``, so the stream is reproducible for any worker count and a
-  restore continues exactly.
-- **Shuffling without replacement, reshuffled every epoch**: ``IndexSampler(...,
-  shuffle=True, num_epochs=n, seed=s)`` already does this (epoch ``e`` is the
-  keyed permutation with key ``s + e``, as in grain); nothing new is needed.
-- **Epoch-exact with masked padding** (``PaddedEpochSampler``): the same
-  permutation per epoch as ``IndexSampler``, with each epoch filled up to whole
-  batches by padding records that ``Batch(..., pad=True)`` zeroes and masks. No
-  batch mixes two epochs, and over an epoch every record has ``mask == True``
-  exactly once.
+``IndexSampler(..., shuffle=True, num_epochs=n, seed=s)`` already reshuffles every
+epoch (epoch ``e`` uses key ``s + e``, as in grain); these two add independent
+draws (``RandomSampler``) and epochs padded to whole, masked batches
+(``PaddedEpochSampler``). Their checkpoint state is, as for every grainlike
+sampler, the index of the next record of each worker.
 """
 
 from __future__ import annotations
@@ -28,16 +16,7 @@ import numpy as np
 
 from grainlike.core import sharding
 from grainlike.core.errors import check_int
-from grainlike.core.samplers import (
-    BaseSampler,
-    BatchPadding,
-    IndexSampler,
-    SampledIndices,
-    _check_num_records,
-    _permute,
-    _seeds,
-    empty_shard_error,
-)
+from grainlike.core.samplers import BatchPadding, SampledIndices, _check_epochs_and_seed, _seeds, _ShardSampler
 
 __all__ = ["PaddedEpochSampler", "RandomSampler"]
 
@@ -67,7 +46,7 @@ def splitmix64(seed: int, indices: np.ndarray) -> np.ndarray:
         return _mix64(state + (g + np.uint64(1)) * _GOLDEN)
 
 
-class RandomSampler(BaseSampler):
+class RandomSampler(_ShardSampler):
     """Independent uniform draws with replacement: reproducible and restorable.
 
     Global index ``g`` reads record ``start + h % shard_size``, where ``h`` is the
@@ -102,52 +81,29 @@ class RandomSampler(BaseSampler):
         num_samples: Optional[int] = None,
         seed: int = 0,
     ):
-        _check_num_records(num_records)
-        self._num_records = int(num_records)
-        self._shard_options = shard_options
+        super().__init__(num_records, shard_options)
         self._num_samples = check_int("num_samples", num_samples, 1, none_ok=True)
         self._seed = check_int("seed", seed, 0, 2**32, type_error=TypeError)
-        self._start, end = sharding.even_split(self._num_records, shard_options)
-        self._shard_size = end - self._start
-
-    @property
-    def seed(self) -> int:
-        return self._seed
-
-    @property
-    def num_records(self) -> int:
-        return self._num_records
 
     @property
     def num_samples(self) -> Optional[int]:
         return self._num_samples
 
-    @property
-    def shard_options(self) -> sharding.ShardOptions:
-        return self._shard_options
-
     def __len__(self) -> int:
         return sys.maxsize if self._num_samples is None else self._num_samples
 
     def __repr__(self) -> str:
-        return (
-            f"RandomSampler(num_records={self._num_records}, "
-            f"shard_options={self._shard_options!r}, "
-            f"num_samples={self._num_samples}, "
-            f"seed={self._seed})"
-        )
+        return self._describe("RandomSampler", "num_records", "shard_options", "num_samples", "seed")
 
     def locate(self, indices: np.ndarray) -> SampledIndices:
         """Record keys and rng keys of many global indices at once (vectorised)."""
         indices = np.asarray(indices, dtype=np.int64)
-        if self._shard_size <= 0:
-            raise empty_shard_error(self._shard_options, self._num_records)
-        draws = splitmix64(self._seed, indices.ravel()) % np.uint64(self._shard_size)
+        draws = splitmix64(self._seed, indices.ravel()) % np.uint64(self._check_not_empty())
         keys = draws.astype(np.int64).reshape(indices.shape) + self._start
         return SampledIndices(keys, _seeds(self._seed, indices))
 
 
-class PaddedEpochSampler(BaseSampler):
+class PaddedEpochSampler(_ShardSampler):
     """``IndexSampler``'s epochs, each padded to whole batches that never mix epochs.
 
     Each epoch of this shard is ``shard_size`` real records in ``IndexSampler``'s
@@ -190,17 +146,12 @@ class PaddedEpochSampler(BaseSampler):
         num_epochs: Optional[int] = 1,
         seed: Optional[int] = None,
     ):
-        # IndexSampler validates the shared arguments with grain's messages.
-        inner = IndexSampler(num_records, shard_options, shuffle, num_epochs, seed)
+        super().__init__(num_records, shard_options)
+        self._seed = _check_epochs_and_seed(num_epochs, shuffle, seed)
         self._batch_size = check_int("batch_size", batch_size, 1)
         self._worker_count = check_int("worker_count", worker_count)
-        self._num_records = int(num_records)
-        self._shard_options = shard_options
         self._shuffle = shuffle
         self._num_epochs = num_epochs
-        self._seed = inner.seed
-        self._start, end = sharding.even_split(self._num_records, shard_options)
-        self._shard_size = end - self._start
         s = shard_options.shard_count
         largest = self._num_records // s
         if self._num_records % s and not shard_options.drop_remainder:
@@ -209,20 +160,12 @@ class PaddedEpochSampler(BaseSampler):
         self._epoch_length = max(1, -(-largest // multiple)) * multiple
 
     @property
-    def seed(self) -> Optional[int]:
-        return self._seed
-
-    @property
     def batch_size(self) -> int:
         return self._batch_size
 
     @property
     def worker_count(self) -> int:
         return self._worker_count
-
-    @property
-    def shard_options(self) -> sharding.ShardOptions:
-        return self._shard_options
 
     @property
     def batch_padding(self) -> BatchPadding:
@@ -245,18 +188,8 @@ class PaddedEpochSampler(BaseSampler):
         return self._num_epochs * self._epoch_length * self._shard_options.shard_count
 
     def __repr__(self) -> str:
-        return (
-            f"PaddedEpochSampler(num_records={self._num_records}, "
-            f"batch_size={self._batch_size}, "
-            f"worker_count={self._worker_count}, "
-            f"shard_options={self._shard_options!r}, "
-            f"shuffle={self._shuffle}, "
-            f"num_epochs={self._num_epochs}, "
-            f"seed={self._seed})"
-        )
-
-    def _index_bound(self) -> Optional[int]:
-        return None if self._num_epochs is None else len(self)
+        return self._describe("PaddedEpochSampler", "num_records", "batch_size", "worker_count",
+                              "shard_options", "shuffle", "num_epochs", "seed")
 
     def locate(self, indices: np.ndarray) -> SampledIndices:
         """Record keys, rng keys and padding flags of many global indices (vectorised).
@@ -265,12 +198,7 @@ class PaddedEpochSampler(BaseSampler):
         valid input) and is flagged in ``padding``.
         """
         indices = np.asarray(indices, dtype=np.int64)
-        n = self._shard_size
-        if n <= 0:
-            raise empty_shard_error(self._shard_options, self._num_records)
+        n = self._check_not_empty()
         epochs, pos = np.divmod(indices // self._shard_options.shard_count, self._epoch_length)
         padding = pos >= n
-        pos = pos % n
-        if self._shuffle:
-            pos = _permute(pos, epochs, n, self._seed)
-        return SampledIndices(pos + self._start, _seeds(self._seed, indices), padding)
+        return SampledIndices(self._keys(pos % n, epochs), _seeds(self._seed, indices), padding)
