@@ -6,18 +6,6 @@ whole source: the same records in the same order and the same checkpoint JSON.
 Each method returns a new builder (re-running a notebook cell never appends twice).
 ``map``, ``random_map``, ``filter`` and ``map_with_index`` take a transform object
 or a plain function (lambdas included: worker processes receive them by value).
-
-``prefetch(n)`` reads ``n`` batches ahead in every configuration: a background
-thread without workers, ``ceil(n / workers)`` finished batches per worker with them.
-With workers, batches are by default made inside each worker from its own records
-(grain's DataLoader: the same batches as grain, assembled in parallel, no copy in
-the calling process), so their contents depend on the worker count;
-``batch(..., global_order=True)`` batches after the workers instead, in the
-records' global order: the batches of 0 workers, for any worker count.
-
-``shard(mesh, data_axis="data")`` yields global ``jax.Array`` batches sharded over
-a mesh's data axis: each JAX process reads only its rows of every global batch
-(``core/batch_slice.py``), the same records with any worker count.
 """
 
 from __future__ import annotations
@@ -30,6 +18,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from grainlike.core import sharding
 from grainlike.core.errors import check_int
+from grainlike.core.protocols import ClosesOnExit
 from grainlike.core.read_ahead import Prefetcher, restore, stop_holder, take
 from grainlike.core.samplers import IndexSampler, as_sampler
 from grainlike.core.transforms import (
@@ -63,26 +52,23 @@ class _Function:
 
 
 class _FunctionMap(_Function, MapTransform):
-    """A MapTransform calling ``fn(element)``."""
     _method, map = "map", _Function._call
 
 
 class _FunctionRandomMap(_Function, RandomMapTransform):
-    """A RandomMapTransform calling ``fn(element, rng)``."""
     _method, random_map = "random_map", _Function._call
 
 
 class _FunctionFilter(_Function, FilterTransform):
-    """A FilterTransform calling ``fn(element) -> bool``."""
     _method, filter = "filter", _Function._call
 
 
 class _FunctionMapWithIndex(_Function, MapWithIndexTransform):
-    """A MapWithIndexTransform calling ``fn(index, element)``."""
     _method, map_with_index = "map_with_index", _Function._call
 
 
-def _as_transform(value: Any, kind: type, wrapper: type, method: str) -> Any:
+def _as_transform(value: Any, kind: type, wrapper: type) -> Any:
+    method = wrapper._method
     if isinstance(value, kind):
         return value
     if isinstance(value, type) and issubclass(value, kind):
@@ -95,6 +81,11 @@ def _as_transform(value: Any, kind: type, wrapper: type, method: str) -> Any:
     if not callable(value):
         raise TypeError(f".{method}() takes a {kind.__name__} or a function, got {value!r}")
     return wrapper(value)
+
+
+def _check_one_last_batch(operations: list, message: str) -> None:
+    if not operations or not isinstance(operations[-1], Batch) or sum(isinstance(op, Batch) for op in operations) != 1:
+        raise ValueError(f"{message}; got operations {operations!r:.300}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,8 +121,6 @@ class LoaderBuilder:
 
     def _op(self, op: Any) -> "LoaderBuilder":
         return self._with(operations=self.operations + (op,))
-
-    # -- order -------------------------------------------------------------------
 
     def shuffle(self, seed: int) -> "LoaderBuilder":
         """Shuffles globally with a new permutation every epoch (grain's)."""
@@ -204,25 +193,21 @@ class LoaderBuilder:
         """
         return self._with(sampler_=sampler)
 
-    # -- operations ----------------------------------------------------------------
-
     def map(self, fn: Union[MapTransform, Callable[[Any], Any]]) -> "LoaderBuilder":
         """Appends a MapTransform, or a function of one element."""
-        return self._op(_as_transform(fn, MapTransform, _FunctionMap, "map"))
+        return self._op(_as_transform(fn, MapTransform, _FunctionMap))
 
     def random_map(self, fn: Union[RandomMapTransform, Callable[[Any, Any], Any]]) -> "LoaderBuilder":
         """Appends a RandomMapTransform, or a function ``fn(element, rng)``."""
-        return self._op(_as_transform(fn, RandomMapTransform, _FunctionRandomMap, "random_map"))
+        return self._op(_as_transform(fn, RandomMapTransform, _FunctionRandomMap))
 
     def filter(self, fn: Union[FilterTransform, Callable[[Any], bool]]) -> "LoaderBuilder":
         """Appends a FilterTransform, or a predicate; keeps elements where it is True."""
-        return self._op(_as_transform(fn, FilterTransform, _FunctionFilter, "filter"))
+        return self._op(_as_transform(fn, FilterTransform, _FunctionFilter))
 
     def map_with_index(self, fn: Union[MapWithIndexTransform, Callable[[int, Any], Any]]) -> "LoaderBuilder":
         """Appends a MapWithIndexTransform, or a function ``fn(index, element)``."""
-        return self._op(
-            _as_transform(fn, MapWithIndexTransform, _FunctionMapWithIndex, "map_with_index")
-        )
+        return self._op(_as_transform(fn, MapWithIndexTransform, _FunctionMapWithIndex))
 
     def batch(self, batch_size: int, drop_remainder: bool = False, *,
               pad: bool = False, batch_fn: Optional[Callable] = None,
@@ -241,8 +226,6 @@ class LoaderBuilder:
         return self._op(Batch(batch_size, drop_remainder, batch_fn, pad))._with(
             global_order=self.global_order or global_order
         )
-
-    # -- execution -----------------------------------------------------------------
 
     def workers(self, worker_count: int) -> "LoaderBuilder":
         """Worker processes; 0 (the default) runs in the calling process."""
@@ -287,12 +270,7 @@ class LoaderBuilder:
             return self._build_on_mesh(sampler, operations)
         batch = None
         if self.global_order and self.worker_count > 0:
-            if not operations or not isinstance(operations[-1], Batch) or \
-                    sum(isinstance(op, Batch) for op in operations) != 1:
-                raise ValueError(
-                    "batch(..., global_order=True) needs one Batch, as the last operation; "
-                    f"got operations {operations!r:.300}"
-                )
+            _check_one_last_batch(operations, "batch(..., global_order=True) needs one Batch, as the last operation")
             if as_sampler(sampler).batch_padding is not None:  # as the DataLoader sees it
                 raise ValueError(
                     f"batch(..., global_order=True) cannot mask the padding of {sampler!r}; "
@@ -307,12 +285,8 @@ class LoaderBuilder:
 
     def _build_on_mesh(self, sampler: Any, operations: list) -> "BuiltLoader":
         """The loader of ``.shard(mesh)``: this process's rows of each global batch, assembled."""
-        if not operations or not isinstance(operations[-1], Batch) or \
-                sum(isinstance(op, Batch) for op in operations) != 1:
-            raise ValueError(
-                ".shard(mesh) needs one .batch(global_batch_size), as the last operation "
-                f"(global batches are split between the JAX processes); got operations {operations!r:.300}"
-            )
+        _check_one_last_batch(operations, ".shard(mesh) needs one .batch(global_batch_size), as the last operation "
+                              "(global batches are split between the JAX processes)")
         filters = [op for op in operations if isinstance(op, FilterTransform)]
         if filters:
             raise ValueError(
@@ -409,7 +383,7 @@ class BuiltLoader(DataLoader):
         return records // size if self._global_batch.drop_remainder else -(-records // size)
 
 
-class _WrappedIterator(Iterator[Any]):
+class _WrappedIterator(ClosesOnExit, Iterator[Any]):
     """Forwards state, close and the context protocol to the wrapped loader iterator."""
 
     _inner: Any
@@ -425,12 +399,6 @@ class _WrappedIterator(Iterator[Any]):
 
     def close(self) -> None:
         self._inner.close()
-
-    def __enter__(self) -> "_WrappedIterator":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __str__(self) -> str:
         return f"{type(self).__name__}({self._inner})"
