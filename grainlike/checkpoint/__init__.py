@@ -1,14 +1,10 @@
 """``grain.checkpoint``: saving and restoring iterators with Orbax.
 
-``CheckpointHandler`` with the args ``CheckpointSave`` / ``CheckpointRestore``
-(also named ``PyGrainCheckpointHandler``, ``PyGrainCheckpointSave`` and
-``PyGrainCheckpointRestore``, as in ``grain.python``) checkpoint DataLoader and
-Dataset iterators in grain's file format. They are implemented in
-``grainlike.checkpoint.orbax_handler`` and load Orbax on first use, never at
-import; the state files they write and read, and Orbax v1's
-``save_state_async`` / ``load_state_async``, in ``grainlike.core.state_files``
-(below the loader and the Dataset stages, whose iterators' ``save``/``load``
-use them).
+``CheckpointHandler`` with the args ``CheckpointSave`` / ``CheckpointRestore`` (also
+named ``PyGrainCheckpoint*``, as in ``grain.python``; in ``orbax_handler``, loading
+Orbax on first use) write and read the state files of ``grainlike.core.state_files``
+(``process_{i}-of-{n}.json``, byte for byte grain's), which also holds Orbax v1's
+``save_state_async`` / ``load_state_async``, used by iterators' ``save``/``load``.
 """
 
 from grainlike.checkpoint.orbax_handler import ORBAX_CLASS_NAMES as _ORBAX_CLASS_NAMES

@@ -1,17 +1,7 @@
-"""Orbax checkpointing of grainlike iterators, in grain 0.2.18's format.
+"""Orbax v0's handler for grainlike iterators, in grain 0.2.18's format (see ``grainlike.checkpoint``).
 
-The public names live in ``grainlike.checkpoint`` (grain's ``grain.checkpoint``);
-this module implements Orbax v0's: ``CheckpointManager`` uses
-``CheckpointHandler`` with the args ``CheckpointSave`` / ``CheckpointRestore``
-(also named ``PyGrainCheckpoint*``, as in ``grain.python``). They write and read
-the state files of ``grainlike.core.state_files`` (``process_{i}-of-{n}.json``,
-byte for byte grain's), which also holds Orbax v1's ``save_state_async`` and
-``load_state_async`` (re-exported here): an iterator's ``async save(directory)``
-and ``async load(directory)`` delegate to them.
-
-Orbax (and jax, for the process index) are imported when one of these is first
-used, never by ``import grainlike``: the orbax classes are built on first
-attribute access.
+Orbax (and jax, for the process index) load when a class here is first used: the
+classes are built on first attribute access, never by ``import grainlike``.
 
 Example:
   import orbax.checkpoint as ocp
