@@ -18,11 +18,6 @@ from grainlike.dataset.map_dataset import MapDataset
 from grainlike.dataset.map import PassThroughStateIterator, note_iterator
 
 
-def _check_batch_size(batch_size: Any) -> None:
-    if batch_size <= 0:
-        raise ValueError(f"batch_size must be positive, got {batch_size!r}.")
-
-
 S = TypeVar("S")
 T = TypeVar("T")
 
@@ -152,7 +147,27 @@ class _Batcher:
 
 
 class _BatchingStage:
-    """What both batch stages offer about how their batches are stacked (``self._batcher``)."""
+    """What both batch stages share: their arguments and how their batches are stacked."""
+
+    def __init__(
+        self,
+        parent: Any,
+        batch_size: int,
+        drop_remainder: bool = False,
+        batch_fn: Optional[Callable[[Sequence[Any]], Any]] = None,
+    ):
+        super().__init__(parent)
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size!r}.")
+        self._batch_size = batch_size
+        self._drop_remainder = drop_remainder
+        self._batcher = _Batcher(batch_fn)
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}(batch_size={self._batch_size}, drop_remainder={self._drop_remainder})"
+
+    def user_transforms(self) -> tuple:
+        return () if self._batcher.batch_fn is None else (self._batcher.batch_fn,)
 
     def set_allocator(self, alloc: Optional[tree.Allocator]) -> None:
         """Stacks leaves into arrays from ``alloc(shape, dtype)`` (None: numpy)."""
@@ -188,8 +203,7 @@ class BatchMapDataset(_BatchingStage, MapDataset):
         drop_remainder: bool = False,
         batch_fn: Optional[Callable[[Sequence[Any]], Any]] = None,
     ):
-        super().__init__(parent)
-        _check_batch_size(batch_size)
+        super().__init__(parent, batch_size, drop_remainder, batch_fn)
         node = discarding_stage(parent)
         if node is not None:
             from grainlike.dataset.filter import FilterMapDataset
@@ -205,20 +219,11 @@ class BatchMapDataset(_BatchingStage, MapDataset):
                 "elements. Convert `MapDataset` to `IterDataset` with "
                 f"`to_iter_dataset()` before calling `batch`. The stage: {node}."
             )
-        self._batch_size = batch_size
-        self._drop_remainder = drop_remainder
-        self._batcher = _Batcher(batch_fn)
         n = len(parent)
         self._length = n // batch_size if drop_remainder else math.ceil(n / batch_size)
 
     def __len__(self) -> int:
         return self._length
-
-    def __str__(self) -> str:
-        return f"BatchMapDataset(batch_size={self._batch_size}, drop_remainder={self._drop_remainder})"
-
-    def user_transforms(self) -> tuple:
-        return () if self._batcher.batch_fn is None else (self._batcher.batch_fn,)
 
     def _parent_range(self, index: int) -> range:
         epoch, in_epoch = divmod(index, self._length)
@@ -285,24 +290,5 @@ class BatchIterDataset(_BatchingStage, IterDataset):
       ValueError: ``batch_size <= 0``.
     """
 
-    def __init__(
-        self,
-        parent: IterDataset,
-        batch_size: int,
-        drop_remainder: bool = False,
-        batch_fn: Optional[Callable[[Sequence[Any]], Any]] = None,
-    ):
-        super().__init__(parent)
-        _check_batch_size(batch_size)
-        self._batch_size = batch_size
-        self._drop_remainder = drop_remainder
-        self._batcher = _Batcher(batch_fn)
-
     def __iter__(self) -> DatasetIterator:
         return _BatchDatasetIterator(self._parent.__iter__(), self._batch_size, self._drop_remainder, self._batcher)
-
-    def __str__(self) -> str:
-        return f"BatchIterDataset(batch_size={self._batch_size}, drop_remainder={self._drop_remainder})"
-
-    def user_transforms(self) -> tuple:
-        return () if self._batcher.batch_fn is None else (self._batcher.batch_fn,)

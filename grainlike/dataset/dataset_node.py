@@ -8,7 +8,7 @@ transforms it applies for error messages, and chains custom stages (``pipe``).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar, Union
 
 import numpy as np
 
@@ -34,11 +34,33 @@ def walk(node: Any) -> Iterator[Any]:
 class _Dataset:
     """A node of the pipeline tree; derives default seeds from ``seed()`` calls."""
 
-    def __init__(self, parents: Sequence["_Dataset"]):
+    def __init__(self, parents: Union["_Dataset", Sequence["_Dataset"]] = ()):
         super().__init__()
         # Set by ``seed()``: seeds the default seeds of downstream random stages.
         self._seed_rng_seed: Optional[int] = None
-        self._parents = parents
+        self._parents = (parents,) if isinstance(parents, _Dataset) else tuple(parents)
+
+    @property
+    def parents(self) -> Sequence[Any]:
+        return self._parents
+
+    @property
+    def _parent(self) -> Any:
+        assert len(self._parents) == 1, self._parents
+        return self._parents[0]
+
+    def apply(self, transformations: Any) -> Any:
+        """Applies one transform or a sequence of them, dispatching on their type.
+
+        Example:
+          >>> from grainlike.core.transforms import Batch
+          >>> from grainlike.dataset.map_dataset import MapDataset
+          >>> MapDataset.range(5).apply([Batch(2)])[2].tolist()
+          [4]
+        """
+        from grainlike.dataset.map_dataset import apply_transformations
+
+        return apply_transformations(self, transformations)
 
     @functools.cached_property
     def _default_seed(self) -> Optional[int]:

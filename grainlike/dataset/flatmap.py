@@ -10,11 +10,10 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Sequence
 
-from grainlike.core.transforms import get_pretty_transform_name, transform_name
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.map_dataset import MapDataset
-from grainlike.dataset.map import note_element, note_iterator
+from grainlike.dataset.map import UserTransformStage, note_element, note_iterator
 from grainlike.dataset.state import non_negative_int, require_keys
 
 
@@ -23,17 +22,14 @@ def _splits(flat_map: Callable, element: Any) -> Sequence:
     return splits if isinstance(splits, Sequence) else list(splits)
 
 
-class FlatMapMapDataset(MapDataset):
+class FlatMapMapDataset(UserTransformStage, MapDataset):
     """Up to ``transform.max_fan_out`` elements per parent element, None for the rest.
 
     Raises:
       ValueError: an element splits into more than ``max_fan_out`` elements.
     """
 
-    def __init__(self, parent: MapDataset, transform: Any):
-        super().__init__(parent)
-        self._transform = transform
-        self._name = transform_name(transform)
+    _accepts = None
 
     def __len__(self) -> int:
         fan_out = self._transform.max_fan_out
@@ -41,15 +37,6 @@ class FlatMapMapDataset(MapDataset):
         if len(self._parent) >= sys.maxsize / fan_out:
             return sys.maxsize
         return fan_out * len(self._parent)
-
-    def __str__(self) -> str:
-        return f"FlatMapMapDataset(transform={get_pretty_transform_name(self._transform)})"
-
-    def describe(self) -> str:
-        return f"FlatMapMapDataset(transform={self._name})"
-
-    def user_transforms(self) -> tuple:
-        return (self._transform,)
 
     def __getitem__(self, index):
         if isinstance(index, slice):
@@ -117,22 +104,10 @@ class _FlatMapDatasetIterator(DatasetIterator):
         return f"FlatMapDatasetIterator(transform={self._name})"
 
 
-class FlatMapIterDataset(IterDataset):
+class FlatMapIterDataset(UserTransformStage, IterDataset):
     """Each element of ``parent`` replaced by the elements ``transform.flat_map`` returns."""
 
-    def __init__(self, parent: IterDataset, transform: Any):
-        super().__init__(parent)
-        self._transform = transform
-        self._name = transform_name(transform)
+    _accepts = None
 
     def __iter__(self) -> DatasetIterator:
         return _FlatMapDatasetIterator(self._parent.__iter__(), self._transform.flat_map, self._name)
-
-    def __str__(self) -> str:
-        return f"FlatMapIterDataset(transform={get_pretty_transform_name(self._transform)})"
-
-    def describe(self) -> str:
-        return f"FlatMapIterDataset(transform={self._name})"
-
-    def user_transforms(self) -> tuple:
-        return (self._transform,)

@@ -11,7 +11,7 @@ import abc
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar, Union
 
 from grainlike.dataset.dataset_node import _Dataset
-from grainlike.dataset.map_dataset import MapDataset, apply_transformations
+from grainlike.dataset.map_dataset import MapDataset  # noqa: F401  (the doctests use it)
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -41,28 +41,6 @@ class IterDatasetMeta(abc.ABCMeta):
 
 class IterDataset(_Dataset, Iterable[T], metaclass=IterDatasetMeta):
     """A dataset that can only be iterated; transformations return new datasets."""
-
-    def __init__(
-        self, parents: Union[MapDataset, "IterDataset", Sequence[Union[MapDataset, "IterDataset"]]] = ()
-    ):
-        if isinstance(parents, (MapDataset, IterDataset)):
-            parents = (parents,)
-        else:
-            parents = tuple(parents)
-        super().__init__(parents)
-
-    @property
-    def parents(self) -> Sequence[Union[MapDataset, "IterDataset"]]:
-        return self._parents
-
-    @property
-    def _parent(self) -> Union[MapDataset, "IterDataset"]:
-        assert len(self._parents) == 1, self._parents
-        return self._parents[0]
-
-    def apply(self, transformations: Any) -> "IterDataset":
-        """Applies one transform or a sequence of them, dispatching on their type."""
-        return apply_transformations(self, transformations)
 
     def batch(
         self,

@@ -13,7 +13,6 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from grainlike.core.errors import add_note
-from grainlike.core.record import philox_generator, philox_state
 from grainlike.core.transforms import (
     MapTransform,
     MapWithIndexTransform,
@@ -24,8 +23,8 @@ from grainlike.core.transforms import (
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.map_dataset import MapDataset
+from grainlike.dataset.rng_pool import RngPool
 from grainlike.dataset.state import non_negative_int, require_keys
-
 
 
 def user_function(transform: Any, cls: type, method: str, stage: str) -> Callable:
@@ -70,73 +69,22 @@ def seed_key(seed: Any, stage: str) -> np.ndarray:
         raise
 
 
-def reset_rng(rng: np.random.Generator, key: np.ndarray, index: int) -> np.random.Generator:
-    """Puts ``rng`` where grain's rng for element ``index`` starts: counter (0, 0, 0, index)."""
-    rng.bit_generator.state = philox_state(key, np.array((0, 0, 0, index), np.uint64))
-    return rng
-
-
-def new_rng(key: np.ndarray) -> np.random.Generator:
-    return philox_generator(int(key[0]) | (int(key[1]) << 64))
-
-
-class _RngPool:
-    """Generators reused across elements; resetting one costs far less than a new one.
-
-    ``list.pop`` / ``list.append`` are atomic, so read threads share the pool
-    without a lock.
-    """
-
-    def __init__(self, key: np.ndarray):
-        self.key = key
-        self._free: list = []
-
-    def __reduce__(self):
-        return (_RngPool, (self.key,))
-
-    def acquire(self, index: int) -> np.random.Generator:
-        try:
-            rng = self._free.pop()
-        except IndexError:
-            rng = new_rng(self.key)
-        return reset_rng(rng, self.key, index)
-
-    def release(self, rng: np.random.Generator) -> None:
-        self._free.append(rng)
-
-
-def _require_seed(seed: Any, default: Any, name: str) -> Any:
-    seed = default if seed is None else seed
-    if seed is None:
-        raise ValueError(
-            "`random_map` requires a seed. Please either provide it with "
-            "`ds.seed(seed)` before any random transformations or pass it "
-            f"directly with `ds.random_map(transform, seed=seed)`. (transform: {name})"
-        )
-    return seed
-
-
-class ElementwiseMapDataset(MapDataset):
-    """A MapDataset stage applying a user transform to each present element.
+class UserTransformStage:
+    """A dataset stage applying one user transform (a mixin of Map and Iter datasets).
 
     Subclasses name the transform class and method they accept (``_accepts``,
-    ``_method``) and define ``_apply(index, element)``; ``None`` passes through.
+    ``_method``); ``None`` accepts any transform and resolves no ``_fn``.
     """
 
-    _accepts: type = MapTransform
+    _accepts: Optional[type] = MapTransform
     _method = "map"
 
-    def __init__(self, parent: MapDataset, transform: Any):
+    def __init__(self, parent: Any, transform: Any):
         super().__init__(parent)
         self._transform = transform
-        self._fn = user_function(transform, self._accepts, self._method, self._method)
         self._name = transform_name(transform)
-
-    def _apply(self, index: int, element: Any) -> Any:
-        raise NotImplementedError
-
-    def __len__(self) -> int:
-        return len(self._parent)
+        if self._accepts is not None:
+            self._fn = user_function(transform, self._accepts, self._method, self._method)
 
     def __str__(self) -> str:
         return f"{type(self).__name__}(transform={get_pretty_transform_name(self._transform)})"
@@ -146,6 +94,33 @@ class ElementwiseMapDataset(MapDataset):
 
     def user_transforms(self) -> tuple:
         return (self._transform,)
+
+
+class _RandomStage(UserTransformStage):
+    """A random map: ``fn(element, rng)``, seeded by ``seed`` or by ``ds.seed()``."""
+
+    _accepts = RandomMapTransform
+    _method = "random_map"
+
+    def __init__(self, parent: Any, transform: Any, seed: Optional[int] = None):
+        super().__init__(parent, transform)
+        self._seed = self._default_seed if seed is None else seed
+        if self._seed is None:
+            raise ValueError(
+                "`random_map` requires a seed. Please either provide it with "
+                "`ds.seed(seed)` before any random transformations or pass it "
+                f"directly with `ds.random_map(transform, seed=seed)`. (transform: {self._name})"
+            )
+
+
+class ElementwiseMapDataset(UserTransformStage, MapDataset):
+    """A MapDataset stage applying ``_apply(index, element)`` to each present element."""
+
+    def _apply(self, index: int, element: Any) -> Any:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self._parent)
 
     def __getitem__(self, index):
         if isinstance(index, slice):
@@ -196,22 +171,19 @@ class MapMapDataset(ElementwiseMapDataset):
         return self._fn(element)
 
 
-class RandomMapMapDataset(ElementwiseMapDataset):
+class RandomMapMapDataset(_RandomStage, ElementwiseMapDataset):
     """``fn(element, rng)``; the rng of index ``i`` is keyed on the seed, counted by ``i``."""
 
-    _accepts = RandomMapTransform
-    _method = "random_map"
-
     def __init__(self, parent: MapDataset, transform: Any, seed: Optional[int] = None):
-        super().__init__(parent, transform)
-        self._seed = _require_seed(seed, self._default_seed, self._name)
-        self._pool = _RngPool(seed_key(self._seed, "random_map"))
+        super().__init__(parent, transform, seed)
+        seed_key(self._seed, "random_map")  # A bad seed fails here, not at the first element.
+        self._pool = RngPool(self._seed)
 
     def _apply(self, index: int, element: Any) -> Any:
         pool = self._pool
-        rng = pool.acquire(index)
+        rng = pool.acquire_rng(index)
         result = self._fn(element, rng)
-        pool.release(rng)
+        pool.release_rng(rng)
         return result
 
 
@@ -320,35 +292,19 @@ class _RandomMapDatasetIterator(_CountingIterator):
 
     def __init__(self, parent: DatasetIterator, fn: Callable, seed: Any, name: str):
         super().__init__(parent, fn, name)
-        self._key = seed_key(seed, "random_map")
-        self._rng = new_rng(self._key)
+        seed_key(seed, "random_map")
+        self._pool = RngPool(seed)
 
     def _apply(self, count: int, element: Any) -> Any:
         mp = self._ctx.mp_context
-        reset_rng(self._rng, self._key, mp.process_index + count * mp.process_count)
-        return self._fn(element, self._rng)
+        rng = self._pool.acquire_rng(mp.process_index + count * mp.process_count)
+        result = self._fn(element, rng)
+        self._pool.release_rng(rng)
+        return result
 
 
-class TransformIterDataset(IterDataset):
-    """An IterDataset stage applying a user transform (see ``ElementwiseMapDataset``)."""
-
-    _accepts: type = MapTransform
-    _method = "map"
-
-    def __init__(self, parent: IterDataset, transform: Any):
-        super().__init__(parent)
-        self._transform = transform
-        self._fn = user_function(transform, self._accepts, self._method, self._method)
-        self._name = transform_name(transform)
-
-    def __str__(self) -> str:
-        return f"{type(self).__name__}(transform={get_pretty_transform_name(self._transform)})"
-
-    def describe(self) -> str:
-        return f"{type(self).__name__}(transform={self._name})"
-
-    def user_transforms(self) -> tuple:
-        return (self._transform,)
+class TransformIterDataset(UserTransformStage, IterDataset):
+    """An IterDataset stage applying a user transform."""
 
 
 class MapIterDataset(TransformIterDataset):
@@ -358,15 +314,8 @@ class MapIterDataset(TransformIterDataset):
         return _MapDatasetIterator(self._parent.__iter__(), self._fn, self._name)
 
 
-class RandomMapIterDataset(TransformIterDataset):
+class RandomMapIterDataset(_RandomStage, TransformIterDataset):
     """``fn(element, rng)`` for each element of an IterDataset."""
-
-    _accepts = RandomMapTransform
-    _method = "random_map"
-
-    def __init__(self, parent: IterDataset, transform: Any, seed: Optional[int] = None):
-        super().__init__(parent, transform)
-        self._seed = _require_seed(seed, self._default_seed, self._name)
 
     def __iter__(self) -> DatasetIterator:
         return _RandomMapDatasetIterator(self._parent.__iter__(), self._fn, self._seed, self._name)

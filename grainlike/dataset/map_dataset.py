@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import builtins
-from typing import Any, Callable, Generic, Iterator, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Generic, Iterator, Optional, Sequence, TypeVar
 
 from grainlike.dataset.dataset_node import _Dataset
 
@@ -117,22 +117,6 @@ class MapDataset(_Dataset, Generic[T], metaclass=MapDatasetMeta):
     through without calling the user's function, and iteration skips it.
     """
 
-    def __init__(self, parents: Union["MapDataset", Sequence["MapDataset"]] = ()):
-        if isinstance(parents, MapDataset):
-            parents = (parents,)
-        else:
-            parents = tuple(parents)
-        super().__init__(parents)
-
-    @property
-    def parents(self) -> Sequence["MapDataset"]:
-        return self._parents
-
-    @property
-    def _parent(self) -> "MapDataset":
-        assert len(self._parents) == 1, self._parents
-        return self._parents[0]
-
     @abc.abstractmethod
     def __len__(self) -> int:
         """Returns the length of one epoch."""
@@ -159,16 +143,6 @@ class MapDataset(_Dataset, Generic[T], metaclass=MapDatasetMeta):
         (the maps) override it.
         """
         return iter(self._getitems(indices))
-
-    def apply(self, transformations: Any) -> "MapDataset":
-        """Applies one transform or a sequence of them, dispatching on their type.
-
-        Example:
-          >>> from grainlike.core.transforms import Batch
-          >>> MapDataset.range(5).apply([Batch(2)])[2].tolist()
-          [4]
-        """
-        return apply_transformations(self, transformations)
 
     def batch(
         self,

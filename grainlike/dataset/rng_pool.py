@@ -8,12 +8,11 @@ pool. Resetting a pooled generator costs far less than building one (~10 us).
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 
-_EMPTY_BUFFER = np.zeros(4, np.uint64)
+from grainlike.core.record import philox_state
 
 
 class RngPool:
@@ -30,8 +29,9 @@ class RngPool:
 
     def __init__(self, seed: Any):
         self._seed = seed
+        self._key: Any = None  # Philox(seed)'s key, known once a generator is built.
+        # list.pop / list.append are atomic: threads share the pool without a lock.
         self._free: list = []
-        self._lock = threading.Lock()
 
     def __reduce__(self):
         # The pooled generators are a cache: a copy starts empty.
@@ -39,23 +39,17 @@ class RngPool:
 
     def acquire_rng(self, index: int, *, op_seed: int = 0) -> np.random.Generator:
         """A generator positioned at the start of stream ``(op_seed, index)``."""
-        with self._lock:
-            rng = self._free.pop() if self._free else None
-        if rng is None:
+        try:
+            rng = self._free.pop()
+        except IndexError:
             rng = np.random.Generator(np.random.Philox(self._seed))
-        state = rng.bit_generator.state
-        state["state"]["counter"] = np.array([0, 0, op_seed, index], dtype=np.uint64)
-        state["buffer"] = _EMPTY_BUFFER.copy()
-        state["buffer_pos"] = 4
-        state["has_uint32"] = 0
-        state["uinteger"] = 0
-        rng.bit_generator.state = state
+            self._key = rng.bit_generator.state["state"]["key"]
+        rng.bit_generator.state = philox_state(self._key, np.array((0, 0, op_seed, index), np.uint64))
         return rng
 
     def release_rng(self, rng: np.random.Generator) -> None:
         """Returns ``rng`` to the pool; it must not be used afterwards."""
-        with self._lock:
-            self._free.append(rng)
+        self._free.append(rng)
 
     def __repr__(self) -> str:
         return f"RngPool(seed={self._seed!r})"
