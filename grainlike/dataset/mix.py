@@ -15,11 +15,11 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from grainlike.core.errors import InvalidStateError, StateTypeError, _CountMismatch, add_note
+from grainlike.core.errors import StateTypeError, _CountMismatch, add_note
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.map_dataset import DatasetSelectionMap, MapDataset
-from grainlike.dataset.state import non_negative_int, require_keys
+from grainlike.dataset.state import non_negative_int, parent_states, require_keys, set_all_or_none
 
 
 def int_proportions(weights: Optional[Sequence[float]], count: int) -> list:
@@ -287,21 +287,8 @@ class _MixedDatasetIterator(DatasetIterator):
             # Components absent from the state start from the beginning (as grain).
             todo = [(p, parents_state[k]) for k, p in zip(self._keys, self._parents) if parents_state.get(k) is not None]
         else:
-            if not isinstance(parents_state, Sequence):
-                raise StateTypeError(f"{self}: state['parents'] must be a list of states, got {parents_state!r}")
-            if len(parents_state) != len(self._parents):
-                raise InvalidStateError(
-                    f"{self}: state['parents'] must hold {len(self._parents)} states, got {parents_state!r}"
-                )
-            todo = list(zip(self._parents, parents_state))
-        before = [p.get_state() for p, _ in todo]
-        try:
-            for p, s in todo:
-                p.set_state(s)
-        except Exception:
-            for (p, _), s in zip(todo, before):  # Leave every component as it was.
-                p.set_state(s)
-            raise
+            todo = list(zip(self._parents, parent_states(state, self, len(self._parents))))
+        set_all_or_none(todo)
         self._index = index
         self._stop = bool(stop)
 

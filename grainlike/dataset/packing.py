@@ -40,7 +40,8 @@ def _is_length(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _leaf_length(value: Any) -> int:
+def sequence_length(value: Any) -> int:
+    """The length of a packed feature's value: its first axis, 1 for a scalar."""
     if type(value) is np.ndarray:
         return value.shape[0] if value.ndim else 1
     return 1 if np.ndim(value) == 0 else len(value)
@@ -63,13 +64,10 @@ def get_non_sequence_meta_features(length_struct: Any, meta_features: Sequence[s
 
 
 class _Layout:
-    """What is packed where: derived once from the constructor arguments.
+    """What is packed where: each leaf's capacity, alignment and padding, from the arguments.
 
-    A feature is a top-level key of ``length_struct``. Its value is either one
-    length (a "flat" feature, one leaf) or, for a sequence meta feature, a nested
-    structure of lengths (one leaf per length). ``leaves`` lists every packed
-    leaf as ``(key, index within the key)`` with its capacity, alignment and
-    padding.
+    A feature (a top-level key of ``length_struct``) is one length (a "flat"
+    feature, one leaf) or, for a meta feature, a nested structure of lengths.
     """
 
     def __init__(
@@ -204,7 +202,7 @@ class _Bins:
     def try_add(self, element: Any, leaves: list) -> bool:
         """Adds the element to a bin; False if no bin has room."""
         layout = self.layout
-        lengths = [_leaf_length(v) for v in leaves]
+        lengths = [sequence_length(v) for v in leaves]
         for n, cap in zip(lengths, layout.caps):
             if n > cap:
                 details = [
@@ -499,30 +497,21 @@ class PackIterDataset(IterDataset):
                 "If specified, `max_sequences_per_bin` must be a positive integer, but got "
                 f"{max_sequences_per_bin}."
             )
-        self._length_struct = length_struct
-        self._num_packing_bins = num_packing_bins
-        self._seed = seed
-        self._shuffle_bins = shuffle_bins
-        self._shuffle_bins_group_by_feature = shuffle_bins_group_by_feature
-        self._meta_features = meta_features
-        self._pack_alignment_struct = pack_alignment_struct
-        self._padding_struct = padding_struct
-        self._max_sequences_per_bin = max_sequences_per_bin
+        self._options = dict(
+            length_struct=length_struct,
+            num_packing_bins=num_packing_bins,
+            seed=seed,
+            shuffle_bins=shuffle_bins,
+            shuffle_bins_group_by_feature=shuffle_bins_group_by_feature,
+            meta_features=meta_features,
+            pack_alignment_struct=pack_alignment_struct,
+            padding_struct=padding_struct,
+            max_sequences_per_bin=max_sequences_per_bin,
+        )
 
     def __iter__(self) -> PackingDatasetIterator:
         return PackingDatasetIterator(
-            self._parent.__iter__(),
-            strategy=self._strategy,
-            num_packing_bins=self._num_packing_bins,
-            length_struct=self._length_struct,
-            seed=self._seed,
-            shuffle_bins=self._shuffle_bins,
-            shuffle_bins_group_by_feature=self._shuffle_bins_group_by_feature,
-            meta_features=self._meta_features,
-            pack_alignment_struct=self._pack_alignment_struct,
-            padding_struct=self._padding_struct,
-            max_sequences_per_bin=self._max_sequences_per_bin,
-            name=type(self).__name__,
+            self._parent.__iter__(), strategy=self._strategy, name=type(self).__name__, **self._options
         )
 
     def __str__(self) -> str:

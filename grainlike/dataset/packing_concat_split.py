@@ -28,6 +28,7 @@ import numpy as np
 from grainlike.core.errors import StateIndexError, StateTypeError, is_int
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
+from grainlike.dataset.packing import sequence_length
 from grainlike.dataset.state import non_negative_int
 
 __all__ = ["BOSHandling", "ConcatThenSplitIterDataset"]
@@ -54,12 +55,6 @@ class BOSHandling(enum.Enum):
     DO_NOTHING = enum.auto()
     # Replace the first token of each packed sequence (and of each split rest) by BOS.
     REPLACE_FIRST_TOKEN_WITH_BOS = enum.auto()
-
-
-def _length(value: Any) -> int:
-    if type(value) is np.ndarray:
-        return value.shape[0] if value.ndim else 1
-    return 1 if np.ndim(value) == 0 else len(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +87,7 @@ class _Piece:
         left, right = {}, {}
         for key, point in points.items():
             sl = self.slices[key]
-            start, stop = sl if sl != _WHOLE else (0, _length(self.features[key]))
+            start, stop = sl if sl != _WHOLE else (0, sequence_length(self.features[key]))
             left[key] = (start, point)
             right[key] = (point, stop)
         return _Piece(self.parent_state, self.features, left), _Piece(self.parent_state, self.features, right)
@@ -182,7 +177,7 @@ class _ConcatThenSplitDatasetIterator(DatasetIterator):
     def _full_length(self, piece: _Piece) -> bool:
         full = False
         for key, target in self._lengths.items():
-            n = _length(piece.feature(key))
+            n = sequence_length(piece.feature(key))
             if n > target:
                 return False
             if n == target:
@@ -195,7 +190,7 @@ class _ConcatThenSplitDatasetIterator(DatasetIterator):
         points: dict = {}
         split = False
         for key, target in self._lengths.items():
-            n = _length(piece.feature(key))
+            n = sequence_length(piece.feature(key))
             available = target - tokens[key]
             if key in self._meta:
                 if n > available:
@@ -240,7 +235,7 @@ class _ConcatThenSplitDatasetIterator(DatasetIterator):
             for segment_id, piece in enumerate(pieces, 1):
                 sequence = piece.feature(key)
                 start = end
-                end = start + _length(sequence)
+                end = start + sequence_length(sequence)
                 if end > target:
                     raise AssertionError(
                         f"Feature {key!r}: cannot pack a sequence into [{start}:{end}] of "

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from grainlike.core.errors import StateIndexError, StateKeyError, StateTypeError, is_int
+from grainlike.core.errors import InvalidStateError, StateIndexError, StateKeyError, StateTypeError, is_int
 
 
 def require_keys(state: Any, stage: Any, keys: Sequence[str]) -> dict:
@@ -103,3 +103,29 @@ def interleave_state(state: Any, stage: Any, keys: Sequence[str], slots: Any = N
             f"{stage}: state['future_states'] must be a dict, got {state['future_states']!r}"
         )
     return state
+
+
+def parent_states(state: dict, stage: Any, count: int) -> list:
+    """``state["parents"]`` after checking it is a list of ``count`` states.
+
+    Raises:
+      StateTypeError: not a list. InvalidStateError: not ``count`` states.
+    """
+    states = state["parents"]
+    if not isinstance(states, Sequence):
+        raise StateTypeError(f"{stage}: state['parents'] must be a list of states, got {states!r}")
+    if len(states) != count:
+        raise InvalidStateError(f"{stage}: state['parents'] must hold {count} states, got {states!r}")
+    return list(states)
+
+
+def set_all_or_none(pairs: Sequence[tuple]) -> None:
+    """``iterator.set_state(state)`` for each pair; if one refuses, puts every iterator back as it was."""
+    before = [it.get_state() for it, _ in pairs]
+    try:
+        for it, s in pairs:
+            it.set_state(s)
+    except Exception:
+        for (it, _), s in zip(pairs, before):
+            it.set_state(s)
+        raise

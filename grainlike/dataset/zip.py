@@ -7,8 +7,7 @@ from typing import Sequence
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.map_dataset import MapDataset
-from grainlike.dataset.state import require_keys
-from grainlike.core.errors import InvalidStateError, StateTypeError
+from grainlike.dataset.state import parent_states, require_keys, set_all_or_none
 
 
 class ZipMapDataset(MapDataset):
@@ -77,19 +76,7 @@ class _ZipDatasetIterator(DatasetIterator):
 
     def set_state(self, state: dict) -> None:
         require_keys(state, self, ("parents",))
-        states = state["parents"]
-        if not isinstance(states, Sequence):
-            raise StateTypeError(f"{self}: state['parents'] must be a list of states, got {states!r}")
-        if len(states) != len(self._parents):
-            raise InvalidStateError(f"{self}: state['parents'] must hold {len(self._parents)} states, got {states!r}")
-        before = [it.get_state() for it in self._parents]
-        try:
-            for it, s in zip(self._parents, states):
-                it.set_state(s)
-        except Exception:
-            for it, s in zip(self._parents, before):  # Leave every parent as it was.
-                it.set_state(s)
-            raise
+        set_all_or_none(list(zip(self._parents, parent_states(state, self, len(self._parents)))))
 
     def __str__(self) -> str:
         return f"ZipDatasetIterator([{len(self._parents)} parents])"
