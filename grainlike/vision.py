@@ -43,23 +43,13 @@ __all__ = [
 
 Size = Union[int, Sequence[int]]
 
-# OpenCV attribute per interpolation name. Names (not cv2 constants) are what the
-# transforms store, so building and pickling one never needs cv2.
-_INTERPOLATIONS = {
-    "nearest": "INTER_NEAREST",
-    "nearest_exact": "INTER_NEAREST_EXACT",
-    "linear": "INTER_LINEAR",
-    "bilinear": "INTER_LINEAR",
-    "linear_exact": "INTER_LINEAR_EXACT",
-    "cubic": "INTER_CUBIC",
-    "bicubic": "INTER_CUBIC",
-    "area": "INTER_AREA",
-    "lanczos": "INTER_LANCZOS4",
-    "lanczos4": "INTER_LANCZOS4",
-}
-# The values of those constants, stable across OpenCV 4 and 5, so code that passes
-# ``cv2.INTER_AREA`` keeps working.
+# Interpolation names and the values of OpenCV's INTER_* constants, stable across
+# OpenCV 4 and 5 (code that passes ``cv2.INTER_AREA`` keeps working). Transforms
+# store names, so building and pickling one never needs cv2.
 _INTERPOLATION_CODES = {0: "nearest", 1: "linear", 2: "cubic", 3: "area", 4: "lanczos4", 5: "linear_exact", 6: "nearest_exact"}
+# Name -> the INTER_* constant's name in lower case.
+_INTERPOLATIONS = {n: n for n in _INTERPOLATION_CODES.values()}
+_INTERPOLATIONS.update(bilinear="linear", bicubic="cubic", lanczos="lanczos4")
 
 
 def _parse_size(size: Any, name: str = "size") -> tuple[int, int]:
@@ -90,11 +80,7 @@ def _check_image(image: Any, op: str) -> np.ndarray:
 
 
 class _ImageTransform:
-    """Shared by every transform here: the ``key`` lookup and a readable repr.
-
-    Subclasses set ``_fields`` to their constructor arguments, which are also
-    their whole configuration (and what ``repr`` shows).
-    """
+    """The ``key`` lookup, and a repr of ``_fields`` (the constructor arguments: the whole configuration)."""
 
     _fields: tuple[str, ...] = ()
     key: Optional[Hashable]
@@ -254,7 +240,7 @@ class Resize(_ImageMap):
 
         try:
             # cv2 wants positive strides (e.g. not the output of np.flip).
-            out = cv2.resize(np.ascontiguousarray(image), (tw, th), interpolation=getattr(cv2, _INTERPOLATIONS[self.interpolation]))
+            out = cv2.resize(np.ascontiguousarray(image), (tw, th), interpolation=getattr(cv2, "INTER_" + _INTERPOLATIONS[self.interpolation].upper()))
         except cv2.error as e:
             raise ValueError(
                 f"Resize could not resize an image of shape {image.shape} and dtype {image.dtype} to "
