@@ -1,26 +1,12 @@
 """The iterator state files of a checkpoint: ``process_{i}-of-{n}.json``, in grain's format.
 
-Each JAX process writes its iterator's state (a few hundred bytes of indices,
-never data) to ``process_{i}-of-{n}.json`` in the item's directory, the same file
-with the same bytes grain's handler writes, so a checkpoint written by grain
-restores in grainlike and the reverse:
-
-- a DataLoader iterator's ``get_state()`` bytes, as they are;
-- a Dataset iterator's ``get_state()`` dict as ``json.dumps(state, indent=4)``.
-
-The form is decided by what ``get_state()`` returns, not by the iterator's class,
-so any iterator with ``get_state``/``set_state`` checkpoints: a ``DeviceIterator``
-over either kind, or one of your own. Restoring hands ``set_state`` the same form.
-A checkpoint of another number of processes is restored by an iterator that is a
-``ProcessStatesMerger`` (a DataLoader iterator), or wraps one.
-
-Orbax v1 (``StatefulCheckpointable``) calls an iterator's ``async save(directory)``
-and ``async load(directory)``; those delegate to ``save_state_async`` and
-``load_state_async`` here. Orbax v0's handler (``grainlike.checkpoint.orbax_handler``)
-writes and reads the same files. The public names are in ``grainlike.checkpoint``.
-
-The standard library only; jax is imported for the process index when a file is
-written or read (without jax there is one process).
+Each JAX process writes its iterator's state (indices, never data) with the bytes
+grain's handler writes, so checkpoints restore across the two libraries: a
+DataLoader iterator's ``get_state()`` bytes as they are, a Dataset iterator's dict
+as ``json.dumps(state, indent=4)``. The form follows what ``get_state()`` returns,
+so any iterator with ``get_state``/``set_state`` checkpoints. Orbax v1 calls
+``save_state_async``/``load_state_async`` (through ``OrbaxCheckpointable``); Orbax
+v0's handler (``grainlike.checkpoint.orbax_handler``) writes the same files.
 """
 
 from __future__ import annotations
@@ -66,11 +52,7 @@ def process_state_path(directory: Any) -> Any:
 
 
 def _state_text(iterator: Any) -> str:
-    """The iterator's state as the text written to the checkpoint file.
-
-    Bytes (a DataLoader iterator's state) are written as they are; a dict (a
-    Dataset iterator's) as ``json.dumps(state, indent=4)``, grain's bytes for both.
-    """
+    """The iterator's state as the text written to the checkpoint file."""
     if missing_state_methods(iterator, ("get_state",)):
         raise TypeError(
             "a grainlike checkpoint holds an iterator with get_state()/set_state() "
@@ -90,16 +72,14 @@ def _state_text(iterator: Any) -> str:
     )
 
 
-def _state_from_text(iterator: Any, text: str) -> Any:
-    """The file's text in the form ``iterator.set_state`` takes.
+def _current_state(iterator: Any) -> Any:
+    """The iterator's state now, whose form (dict, str or bytes) its ``set_state`` takes."""
+    return iterator.get_state() if isinstance(iterator, Checkpointable) else None
 
-    That is the form the iterator's own ``get_state()`` returns: a dict (a Dataset
-    iterator, grain's or grainlike's, and any wrapper of one such as a
-    ``DeviceIterator``) gets the parsed JSON, bytes (a DataLoader iterator and its
-    wrappers) the file's bytes, a str the text. Deciding on the state, not on the
-    iterator's class, lets any iterator with ``get_state``/``set_state`` restore.
-    """
-    current = iterator.get_state() if isinstance(iterator, Checkpointable) else None
+
+def _state_from_text(iterator: Any, text: str) -> Any:
+    """The file's text in the form ``iterator.set_state`` takes."""
+    current = _current_state(iterator)
     if isinstance(current, dict):
         return json.loads(text)
     if isinstance(current, str):
@@ -142,12 +122,6 @@ def _apply_state(iterator: Any, text: str, filename: Any) -> None:
         raise
 
 
-def _read_state(filename: Any) -> str:
-    if not filename.exists():
-        raise _missing_state_error(filename)
-    return filename.read_text()
-
-
 _PROCESS_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
 
 # Orbax writes a step into ``<step><this suffix><timestamp>`` and renames it when done.
@@ -155,21 +129,12 @@ _ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"
 
 
 def _save_id_path(state_path: Any) -> Any:
-    """The file beside ``process_{i}-of-{n}.json`` that says which save wrote it.
-
-    A separate file, not a key in the state: grain reads the state file as it is,
-    and both libraries write it byte for byte alike.
-    """
+    """The file beside ``process_{i}-of-{n}.json`` that says which save wrote it (grain reads the state as it is)."""
     return state_path.with_name(state_path.name[: -len(".json")] + ".save.json")
 
 
 def _save_id_text(directory: Any, text: str) -> str:
-    """What ``_save_id_path`` holds for the state ``text`` written into ``directory``.
-
-    The save is named by the step directory (the item directory's parent, without
-    Orbax's temporary suffix): every process computes it alone, without talking to
-    the others. The state's hash ties the record to the state file beside it.
-    """
+    """``_save_id_path``'s text: the step directory's name, which each process finds alone, and the state's hash."""
     step = directory.parent.name.split(_ORBAX_TMP_SUFFIX)[0]
     index, count = _process_index_and_count()
     return json.dumps({
@@ -188,16 +153,9 @@ def _write_process_files(directory: Any, text: str) -> None:
 
 
 def _check_one_save(texts: dict, paths: dict) -> None:
-    """Refuses state files of one process count that were not written by one save.
+    """Raises ``InvalidStateError`` unless the files ``paths`` (texts ``texts``) come from one save.
 
-    ``texts[i]`` is the text of ``paths[i]`` (``process_{i}-of-{n}.json``). Files
-    without a save record (written by grain) are accepted as they are, unless others
-    have one.
-
-    Raises:
-      InvalidStateError: a state file differs from the one its save record
-        describes (copied in from another save), or the files' records name
-        different saves; the message names the files.
+    Files without a save record (grain's) are accepted unless others have one.
     """
     saves: dict[str, list[str]] = {}
     unrecorded = []
@@ -233,13 +191,11 @@ def _check_one_save(texts: dict, paths: dict) -> None:
 def _read_state_for_process(iterator: Any, directory: Any) -> tuple[str, Any]:
     """This process's state text and the file(s) it came from.
 
-    A checkpoint of another number of processes (``process_*-of-N.json``, N not
-    this job's) is restored elastically: a DataLoader iterator gets the state
-    continuing all N shards' states (``loader/elastic_restore.py``); a Dataset iterator,
-    the state every process wrote, if all wrote the same (``ElasticIterator``).
+    A checkpoint of N other processes is restored elastically: a DataLoader iterator
+    merges the N states; a Dataset iterator takes the state if all N wrote the same.
     """
     filename = process_state_path(directory)
-    _, count = _process_index_and_count()
+    index, count = _process_index_and_count()
     found: dict[int, dict[int, Any]] = {}
     if directory.exists():
         for path in directory.iterdir():
@@ -252,7 +208,6 @@ def _read_state_for_process(iterator: Any, directory: Any) -> tuple[str, Any]:
         # reads per process, not one per process (thousands on a large job). A file
         # of another save is refused by its process and the one before it, and
         # process 0's by every process.
-        index = _process_index_and_count()[0]
         paths = {i: p for i, p in found[count].items() if i in (0, index, (index + 1) % count)}
         _check_one_save({i: text if i == index else p.read_text() for i, p in paths.items()}, paths)
         return text, filename
@@ -272,8 +227,7 @@ def _read_state_for_process(iterator: Any, directory: Any) -> tuple[str, Any]:
 
 def _elastic_state_text(iterator: Any, texts: dict, old_count: int) -> str:
     """The state text for this process, continuing the states of ``old_count`` processes."""
-    current = iterator.get_state() if isinstance(iterator, Checkpointable) else None
-    if isinstance(current, dict):
+    if isinstance(_current_state(iterator), dict):
         states = {i: json.loads(t) for i, t in texts.items()}
         if len(states) != old_count or any(s != states[0] for s in states.values()):
             raise InvalidStateError(
@@ -300,12 +254,7 @@ def _merger_of(iterator: Any) -> ProcessStatesMerger:
 
 
 def _write_file(filename: Any, text: str) -> None:
-    """Writes ``text`` to ``filename`` whole or not at all.
-
-    The text goes to a temporary file beside it, renamed over ``filename`` once
-    complete: a full disk or a crash mid-write raises (or dies) and leaves the file
-    that was there before unchanged, instead of truncated.
-    """
+    """Writes ``text`` to ``filename`` whole or not at all (a temporary file renamed over it)."""
     tmp = filename.parent / f".{filename.name}.tmp-{os.getpid()}"
     try:
         tmp.write_text(text)

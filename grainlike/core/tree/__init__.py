@@ -15,10 +15,8 @@ numpy arrays, numpy and Python scalars, ``bytes`` and ``str`` are leaves. JAX's
 treats an unregistered dataclass or dict subclass as a leaf, where this module
 walks into it (so a batch of dataclasses is a dataclass of stacked arrays).
 
-numpy and the standard library only.
-The package has three modules: ``walker`` (the node kinds, mapping, flattening and
-rebuilding), ``specs`` (sizes and printable specs of a tree) and ``stacking``
-(batches made of equally structured elements). Every name is imported from here.
+Every name is imported from here: ``walker`` maps, flattens and rebuilds, ``specs``
+sizes and describes, ``stacking`` makes batches. numpy and the standard library only.
 """
 
 from grainlike.core.errors import StructureError

@@ -107,12 +107,10 @@ def _check_leaves(path: tuple, leaves: Sequence[Any]) -> None:
 
 
 def _map(fn: Callable, trees: Sequence[Any], path: tuple, is_leaf: Optional[Callable]) -> Any:
-    """Rebuilds ``trees[0]`` with ``fn(path, leaves)`` at each leaf position.
+    """Rebuilds ``trees[0]`` with ``fn(path, leaves)`` at each leaf, ``leaves`` holding every tree's value there.
 
-    ``leaves`` holds the value of every tree at that position; all trees must share
-    ``trees[0]``'s nodes (else ``StructureError``). Whether the others have leaves
-    there too is for ``fn`` to check (``_check_leaves``): ``stack`` checks only
-    when stacking gives an object array, to keep the check off the hot path.
+    All trees must share ``trees[0]``'s nodes (else ``StructureError``); whether the others have
+    leaves there too is for ``fn`` to check (``_check_leaves``), so ``stack`` keeps it off the hot path.
     """
     first = trees[0]
     if is_leaf is not None and is_leaf(first):
@@ -160,6 +158,22 @@ def _map(fn: Callable, trees: Sequence[Any], path: tuple, is_leaf: Optional[Call
     return t(items)
 
 
+def _map_leaves(name: str, fn: Callable, trees: tuple, is_leaf: Optional[Callable],
+                path: Optional[Callable[[tuple], Any]] = None) -> Any:
+    """The map_structure functions: ``fn(*leaves)``, or ``fn(path(key_path), *leaves)``."""
+    if not trees:
+        raise TypeError(f"{name} needs at least one tree")
+    if path is None:
+        def leaf(key_path: tuple, leaves: Sequence[Any]) -> Any:
+            _check_leaves(key_path, leaves)
+            return fn(*leaves)
+    else:
+        def leaf(key_path: tuple, leaves: Sequence[Any]) -> Any:
+            _check_leaves(key_path, leaves)
+            return fn(path(key_path), *leaves)
+    return _map(leaf, trees, (), is_leaf)
+
+
 def map_structure(fn: Callable[..., Any], *trees: Any, is_leaf: Optional[Callable[[Any], bool]] = None) -> Any:
     """Applies ``fn`` to the leaves of ``trees`` at each position, keeping the structure.
 
@@ -179,14 +193,7 @@ def map_structure(fn: Callable[..., Any], *trees: Any, is_leaf: Optional[Callabl
       >>> map_structure(lambda a, b: a + b, {"x": 1, "y": (2, 3)}, {"x": 10, "y": (20, 30)})
       {'x': 11, 'y': (22, 33)}
     """
-    if not trees:
-        raise TypeError("map_structure needs at least one tree")
-
-    def leaf(path: tuple, leaves: Sequence[Any]) -> Any:
-        _check_leaves(path, leaves)
-        return fn(*leaves)
-
-    return _map(leaf, trees, (), is_leaf)
+    return _map_leaves("map_structure", fn, trees, is_leaf)
 
 
 def map_structure_with_path(fn: Callable[..., Any], *trees: Any) -> Any:
@@ -195,14 +202,7 @@ def map_structure_with_path(fn: Callable[..., Any], *trees: Any) -> Any:
     The path is a string such as ``['image'][0]`` or ``.label`` (a dataclass
     field); ``''`` for a tree that is one leaf.
     """
-    if not trees:
-        raise TypeError("map_structure_with_path needs at least one tree")
-
-    def leaf(path: tuple, leaves: Sequence[Any]) -> Any:
-        _check_leaves(path, leaves)
-        return fn(_path_str(path), *leaves)
-
-    return _map(leaf, trees, (), None)
+    return _map_leaves("map_structure_with_path", fn, trees, None, _path_str)
 
 
 def map_structure_with_key_path(fn: Callable[..., Any], *trees: Any,
@@ -212,21 +212,13 @@ def map_structure_with_key_path(fn: Callable[..., Any], *trees: Any,
     The key path is a tuple of the keys that lead to the leaf: dict keys,
     sequence indices (namedtuples too, as in grain without jax; with jax, grain
     names the field) and dataclass field names, e.g. ``('image', 0)``; ``()``
-    for a tree that is one leaf. (``map_structure_with_path`` gives the same
-    path as a printable string.) ``is_leaf`` is ``map_structure``'s.
+    for a tree that is one leaf. ``is_leaf`` is ``map_structure``'s.
 
     Example:
       >>> map_structure_with_key_path(lambda p, x: p, {"a": [5, 6]})
       {'a': [('a', 0), ('a', 1)]}
     """
-    if not trees:
-        raise TypeError("map_structure_with_key_path needs at least one tree")
-
-    def leaf(path: tuple, leaves: Sequence[Any]) -> Any:
-        _check_leaves(path, leaves)
-        return fn(path, *leaves)
-
-    return _map(leaf, trees, (), is_leaf)
+    return _map_leaves("map_structure_with_key_path", fn, trees, is_leaf, tuple)
 
 
 def assert_same_structure(a: Any, b: Any) -> None:
@@ -236,13 +228,8 @@ def assert_same_structure(a: Any, b: Any) -> None:
     and the same lengths; a leaf in one where the other has a node is a
     difference.
     """
-
-    def leaf(path: tuple, leaves: Sequence[Any]) -> None:
-        _check_leaves(path, leaves)
-
-    _map(leaf, [a, b], (), None)
-    # A leaf of ``a`` against a node of ``b`` is caught above; the other way round
-    # (a node of ``a`` against a leaf of ``b``) is caught by ``_map`` itself.
+    # ``_map`` catches a node of ``a`` against a leaf of ``b``; ``_check_leaves`` the reverse.
+    _map(_check_leaves, [a, b], (), None)
 
 
 _KEY, _STR = 1, 2
