@@ -1,21 +1,13 @@
 """End-to-end demo: a JAX classifier trained on handwritten digits fed by grainlike.
 
-Run it with ``./tools/demo`` (or ``python -m grainlike.demo``). It
-
-1. writes scikit-learn's 1,797 8x8 handwritten digits (they ship inside the
-   scikit-learn package, nothing is downloaded) to ArrayRecord files, once;
-2. reads them with an ``IndexSampler`` (shuffled, several epochs), a decode
-   ``MapTransform``, a random-shift ``RandomMapTransform`` and ``Batch``, in two
-   worker processes, and moves each batch to the JAX device ahead of use
-   (``grainlike.jax.device_iterator.DeviceIterator``);
-3. trains a two-layer MLP with Adam (written out in plain JAX), saving the model
-   and the data pipeline's position with Orbax every few steps;
-4. stops part-way, as if the job had been killed, and resumes from the last
-   checkpoint in a new process, which checks that the batches it replays are the
-   ones the first process saw, finishes training and reports test accuracy.
-
-Everything a record goes through depends only on the seed and its index, so the
-resumed run replays exactly the batches the interrupted one had started on.
+Run it with ``./tools/demo`` (or ``python -m grainlike.demo``). It writes
+scikit-learn's 1,797 8x8 digits (shipped with scikit-learn) to ArrayRecord files
+once; reads them shuffled for several epochs with a decode, a random shift and
+``Batch`` in two worker processes, moved to the device ahead of use by a
+``DeviceIterator``; trains an MLP with Adam in plain JAX, saving the model and the
+pipeline's position with Orbax; stops part-way, as if killed, and resumes from the
+last checkpoint in a new process, which checks that the batches it replays are
+the ones the first process saw, and reports test accuracy.
 
 Only numpy is imported at module level: the worker processes that run the
 transforms below must not pay for importing JAX.
@@ -43,9 +35,6 @@ _SPLIT_SEED = 1234
 # Bump when the record layout changes, so an old cache is rebuilt.
 _DATA_VERSION = 1
 _FINGERPRINTS = "batch_fingerprints.json"
-
-
-# -- data --------------------------------------------------------------------------
 
 
 def _encode(image: np.ndarray, label: int) -> bytes:
@@ -176,9 +165,6 @@ def fingerprint(batch: dict) -> str:
     return h.hexdigest()[:12]
 
 
-# -- model -------------------------------------------------------------------------
-
-
 def init_state(seed: int, hidden: int) -> dict:
     """MLP parameters (64 -> hidden -> 10) and Adam's moments, as one pytree."""
     import jax
@@ -241,9 +227,6 @@ def accuracy(params: dict, loader: grain.DataLoader) -> float:
         correct += int(jnp.sum(predict(params, batch["image"]) == batch["label"]))
         total += len(batch["label"])
     return correct / total
-
-
-# -- the run -----------------------------------------------------------------------
 
 
 def run(args: argparse.Namespace) -> dict:
