@@ -1,4 +1,4 @@
-"""grain's private module paths (``grain._src...``), for code written against them.
+"""grain's private module paths, for code written against them: ``grainlike._src.X`` is ``grain._src.X``.
 
 Each module only re-exports grainlike objects with the same meaning; a name
 grainlike lacks is left out. Map the paths with ``sys.modules`` or import

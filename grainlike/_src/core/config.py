@@ -1,5 +1,3 @@
-"""``grain._src.core.config``: grain's private path, re-exported from grainlike."""
-
 from grainlike.core.config import config
 
 __all__ = ['config']

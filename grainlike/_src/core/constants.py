@@ -1,5 +1,3 @@
-"""``grain._src.core.constants``: grain's private path, re-exported from grainlike."""
-
 from grainlike.constants import DATASET_INDEX, EPOCH, INDEX, RECORD, RECORD_KEY, SEED
 
 __all__ = ['DATASET_INDEX', 'EPOCH', 'INDEX', 'RECORD', 'RECORD_KEY', 'SEED']

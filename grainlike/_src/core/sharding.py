@@ -1,5 +1,3 @@
-"""``grain._src.core.sharding``: grain's private path, re-exported from grainlike."""
-
 from grainlike.sharding import NoSharding, ShardByJaxProcess, ShardOptions
 from grainlike.core.sharding import even_split
 

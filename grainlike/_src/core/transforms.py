@@ -1,5 +1,3 @@
-"""``grain._src.core.transforms``: grain's private path, re-exported from grainlike."""
-
 from grainlike.transforms import Batch, Filter, Map, MapWithIndex, RandomMap
 from grainlike.core.transforms import FlatMap, TfRandomMap, get_pretty_transform_name
 

@@ -1,5 +1,3 @@
-"""``grain._src.core.tree``: grain's private path, re-exported from grainlike."""
-
 from grainlike.core.tree import flatten, map_structure, spec_like, unflatten_as
 
 __all__ = ['flatten', 'map_structure', 'spec_like', 'unflatten_as']

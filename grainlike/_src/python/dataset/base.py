@@ -1,5 +1,3 @@
-"""``grain._src.python.dataset.base``: grain's private path, re-exported from grainlike."""
-
 from grainlike.experimental import DatasetOptions, ExecutionTrackingMode
 from grainlike.sources import RandomAccessDataSource
 from grainlike.dataset.base import DatasetSelectionMap, IteratorContext, MultiprocessingContext

@@ -1,5 +1,3 @@
-"""``grain._src.python.dataset.dataset``: grain's private path, re-exported from grainlike."""
-
 from grainlike import MapDataset, IterDataset, DatasetIterator
 from grainlike.experimental import apply_transformations, WithOptionsIterDataset
 from grainlike.dataset.element_spec import get_element_spec

@@ -1,1 +1,0 @@
-"""``grain._src.python.dataset.sources``."""

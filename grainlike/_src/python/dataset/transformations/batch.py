@@ -1,5 +1,3 @@
-"""``grain._src.python.dataset.transformations.batch``: grain's private path, re-exported from grainlike."""
-
 from grainlike.core import tree_lib
 from grainlike.dataset.batch import BatchFn, BatchIterDataset, BatchMapDataset, batch_and_pad, make_batch
 

@@ -1,5 +1,3 @@
-"""``grain._src.python.dataset.transformations.prefetch``: grain's private path, re-exported from grainlike."""
-
 from grainlike.experimental import ThreadPrefetchIterDataset
 from grainlike.dataset.prefetch import PrefetchDatasetIterator, PrefetchIterDataset
 from grainlike.dataset.thread_prefetch import ThreadPrefetchDatasetIterator

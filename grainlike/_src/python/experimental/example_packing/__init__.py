@@ -1,1 +1,0 @@
-"""``grain._src.python.experimental.example_packing``."""
