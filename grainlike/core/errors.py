@@ -1,11 +1,8 @@
-"""Every exception and warning class grainlike defines, and exception notes.
+"""Every exception and warning class grainlike defines, exception notes, and ``check_int``.
 
-One module for all of them, so a reader finds each error's meaning and its grain
-counterpart in one place: each docstring says when it is raised and which grain
-class it equals or subclasses (or "none in grain" where grain has no such error).
-The modules that raise them re-export them under their old names (e.g.
-``grainlike.sources.remote.RemoteReadError``). Also the one check of an int
-argument (``check_int``). Numpy and the standard library only.
+Each docstring says when the error is raised and which grain class it equals or
+subclasses ("none in grain" where grain has none). The modules that raise them
+re-export them under their old names (e.g. ``grainlike.sources.remote.RemoteReadError``).
 """
 
 from __future__ import annotations
@@ -72,20 +69,13 @@ _MAX_REBUILT_FRAMES = 200
 
 
 class _Rebuilt(Exception):
-    """Raised by a rebuilt frame's one line of code, to capture that frame.
-
-    Caught at once by ``traceback_from_frames``; it never reaches the user. grain:
-    none in grain.
-    """
+    """Raised by a rebuilt frame's one line of code to capture that frame; never reaches the user."""
 
 
 def _stand_in(filename: str, lineno: int, name: str) -> types.FunctionType:
-    """A function named ``name`` that raises ``_Rebuilt`` at ``filename:lineno``.
-
-    Its ``raise`` starts at the real line's indentation and spans two lines, so
-    that neither the traceback module nor the interpreter's own display
-    underlines any part of the real line (whose columns the stand-in lacks).
-    """
+    """A function named ``name`` that raises ``_Rebuilt`` at ``filename:lineno``."""
+    # The raise starts at the real line's indentation and spans two lines, so no
+    # traceback display underlines part of the real line (whose columns it lacks).
     line = linecache.getline(filename, lineno)
     indent = len(line) - len(line.lstrip()) if line.strip() and lineno > 1 else 0
     if indent:
@@ -103,11 +93,9 @@ def _stand_in(filename: str, lineno: int, name: str) -> types.FunctionType:
 def traceback_from_frames(frames: list) -> Optional[types.TracebackType]:
     """A traceback whose entries are ``frames`` (``(filename, lineno, function name)``, outermost first).
 
-    For an exception that happened in another process: debuggers, ``traceback``
-    and pytest then show the frames where it was raised, with their source
-    lines (read from ``filename`` as for any frame). Each entry is a frame of a
-    stand-in code object with that file, line and name; its locals are empty.
-    None where ``frames`` is empty or cannot be rebuilt.
+    For an exception raised in another process: debuggers, ``traceback`` and pytest
+    show those frames with their source lines (their locals are empty). None where
+    ``frames`` is empty or cannot be rebuilt.
     """
     tb = None
     for filename, lineno, name in reversed(list(frames)[-_MAX_REBUILT_FRAMES:]):
@@ -149,16 +137,10 @@ class StateTypeError(InvalidStateError, TypeError):
 class ClosedIteratorError(ValueError, RuntimeError):
     """An iterator was used after ``close()``; the message names the iterator.
 
-    Raised by every closable iterator: Dataset iterators (and ``mp_prefetch``'s),
-    ``DataLoaderIterator``, ``DeviceIterator``, ``InJitIterator`` and their
-    read-ahead threads. grain: a ``ValueError`` ("Trying to advance a closed
-    iterator"), which grain's Dataset iterators raise. Also a ``RuntimeError``:
-    grain's ``DataLoaderIterator`` cannot be closed, and grainlike's closed
-    ``DataLoaderIterator``, ``DeviceIterator`` and ``InJitIterator`` raised a bare
-    ``RuntimeError`` before this class covered them; one class with both bases keeps
-    every ``except ValueError`` (grain's) and ``except RuntimeError`` (grainlike's
-    earlier behaviour) working, where two classes would make a handler guess which
-    iterator it holds.
+    Raised by every closable iterator and read-ahead thread. grain: a ``ValueError``
+    ("Trying to advance a closed iterator"), which this class subclasses; also a
+    ``RuntimeError``, which grainlike's closed ``DataLoaderIterator``,
+    ``DeviceIterator`` and ``InJitIterator`` raised before, so both handlers work.
     """
 
 
@@ -222,12 +204,7 @@ class StructureError(ValueError):
 
 
 class _LeafMismatch(Exception):
-    """Leaves at one path of trees being stacked do not stack (shapes or dtypes differ).
-
-    Raised and caught inside ``grainlike.core.tree``'s stacking, which turns it into a
-    ``ValueError`` naming the path and the records; it never reaches the user.
-    grain: none in grain.
-    """
+    """Leaves at one path do not stack; ``tree.stack`` turns it into a ValueError naming path and records."""
 
     def __init__(self, path: tuple, detail: str):
         self.path = path
@@ -394,8 +371,4 @@ class CorruptRecordError(ValueError):
 
 
 class _CountMismatch(ValueError, AssertionError):
-    """Weights and datasets given to a mix differ in number.
-
-    grain: an ``AssertionError``, which this class subclasses; also a
-    ``ValueError``, as the cause is a bad argument.
-    """
+    """Weights and datasets given to a mix differ in number (grain: an ``AssertionError``)."""

@@ -1,22 +1,13 @@
 """The keyed index permutation grain 0.2.18 shuffles with (``index_shuffle``).
 
 A Feistel network on the bits of the index, keyed by ``std::seed_seq(seed)`` round
-keys, with cycle-walking so the result stays in ``[0, max_index]``. Evaluated for
-one index or a whole numpy array at once, in O(1) memory per index. The tests
-check it against outputs of grain itself (``tests/data/index_shuffle_vectors.json``).
-
-Three evaluation strategies, all giving the same numbers:
-
-* Small ranges (block size 16 bits, i.e. ``max_index <= 2**16``): once enough
-  work has been spent on one ``(max_index, seed, rounds)``, its whole permutation
-  is tabulated. The block is at least 16 bits wide, so for a tiny ``max_index``
-  cycle-walking takes thousands of encryptions per index; a table lookup avoids
-  that.
-* Python ints: a scalar Feistel network whose round function comes from a
-  precomputed table when the half-word is at most 16 bits.
-* numpy arrays: the Feistel network on whole arrays of halves (``uint32`` while
-  a half fits in 16 bits, else ``uint64``), cycle-walking only the elements still
-  out of range.
+keys, with cycle-walking so the result stays in ``[0, max_index]``; the tests check
+it against grain's outputs (``tests/data/index_shuffle_vectors.json``). Three ways
+to evaluate it, all giving the same numbers: a table of the whole permutation for
+a 16-bit block (``max_index <= 2**16``, where cycle-walking a tiny range would take
+thousands of encryptions per index) once enough work was spent on it; a scalar
+network for Python ints; whole numpy arrays of halves, re-walking only the
+elements still out of range.
 """
 
 from __future__ import annotations
@@ -122,16 +113,9 @@ def _half_round(
 
 
 def _encrypt_array(v: np.ndarray, keys: tuple[int, ...], w: int) -> np.ndarray:
-    """One Feistel encryption of each element of the 1-D uint64 array ``v``.
+    """One Feistel encryption (half width ``w``, raw 32-bit round ``keys``) of the 1-D uint64 array ``v``.
 
-    Args:
-      v: values to encrypt; only their low ``2 * w`` bits take part (the
-        ``max_index == 2**B`` quirk relies on that).
-      keys: the raw 32-bit round keys.
-      w: the half-word width.
-
-    Returns:
-      A new uint64 array.
+    Only the low ``2 * w`` bits of ``v`` take part (the ``max_index == 2**B`` quirk relies on that).
     """
     # Halves live in a dtype twice their width, so a rotation is one shift of the
     # half doubled (``x | x << W``); bits above W are garbage that the single mask
@@ -174,42 +158,35 @@ _VECTOR_WALK_MIN = 1 << 12
 
 
 def _permutation_table(max_index: int, seed: int, rounds: int) -> np.ndarray:
-    """``index_shuffle(i)`` for every ``i`` in ``[0, max_index]`` when the block is 16 bits.
-
-    Returns:
-      A read-only uint16 array of length ``max_index + 1``.
-    """
+    """``index_shuffle(i)`` for every ``i`` in ``[0, max_index]`` (16-bit block), as a read-only uint16 array."""
     domain = 1 << _TABLE_BITS
     keys = _round_keys(seed, rounds)
     succ_array = _encrypt_array(np.arange(domain, dtype=np.uint64), keys, _TABLE_BITS // 2)
+    size = min(max_index + 1, domain)
     if max_index + 1 >= _VECTOR_WALK_MIN:
         # A vectorised walk loops about domain / max_index times (a few dozen here),
         # each step on the shrinking set of starts still out of range: ~2x faster
         # than the plain walk below for ranges this large.
-        v = succ_array[: min(max_index + 1, domain)].copy()
+        v = succ_array[:size].copy()
         todo = np.flatnonzero(v > max_index)
         while todo.size:
             v[todo] = succ_array[v[todo]]
             todo = todo[v[todo] > max_index]
-        if max_index == domain:
-            v = np.append(v, v[0])  # the quirk explained below
-        table = v.astype(np.uint16)
-        table.flags.writeable = False
-        return table
-    succ = succ_array.tolist()
-    # A plain walk: the steps taken over all starts add up to at most the domain
-    # size (each cycle is walked once between in-range points), whereas a
-    # vectorised walk would loop ~domain / max_index times for a small max_index.
-    values = []
-    for x in range(min(max_index + 1, domain)):
-        v = succ[x]
-        while v > max_index:
-            v = succ[v]
-        values.append(v)
+    else:
+        # A plain walk: the steps taken over all starts add up to at most the domain
+        # size (each cycle is walked once between in-range points).
+        succ = succ_array.tolist()
+        values = []
+        for x in range(size):
+            y = succ[x]
+            while y > max_index:
+                y = succ[y]
+            values.append(y)
+        v = np.array(values, np.uint64)
     if max_index == domain:
         # Quirk: the block drops bit 16, so max_index itself encrypts like 0.
-        values.append(values[0])
-    table = np.array(values, np.uint16)
+        v = np.append(v, v[0])
+    table = v.astype(np.uint16)
     table.flags.writeable = False
     return table
 

@@ -1,29 +1,18 @@
 """Anonymous shared memory: segments without a name, mapped without keeping a descriptor.
 
-A segment is a ``memfd_create`` file: it has no name in ``/dev/shm`` (no other
-job can see or delete it), it counts against the memory of the processes that
-use it rather than against the size of ``/dev/shm``, and it ends with its last
-descriptor and mapping in any process, so nothing is left behind even when every
-process is killed at once. Mappings are made with ``mmap(2)`` through ctypes,
-not ``mmap.mmap`` (which keeps a descriptor per mapping), so holding any number
-of arrays on a segment costs no descriptors.
+A segment is a ``memfd_create`` file: no name in ``/dev/shm`` (no other job can see
+or delete it), not limited by ``/dev/shm``'s size, and gone with its last
+descriptor and mapping, even when every process is killed at once. Mappings are
+made with ``mmap(2)`` through ctypes, not ``mmap.mmap`` (a descriptor per mapping),
+so holding any number of arrays costs no descriptors. Without ``memfd_create``
+(macOS, the BSDs) a segment is a POSIX shared-memory object created exclusively
+(0600) under a private name and unlinked at once; it cannot be sealed, so a
+read-only segment is handed out as a read-only descriptor.
 
-Where ``memfd_create`` is missing (macOS, the BSDs), a segment is a POSIX
-shared-memory object opened under a private name (``grainlike-<pid>-<random>``,
-created exclusively with mode 0600, so no other job's segment is ever opened)
-and unlinked at once: from then on it is anonymous too, reached only through
-descriptors, and ends with its last descriptor and mapping. What differs: the
-kernel cannot seal it, so a read-only segment is handed out as a descriptor
-opened read-only (which cannot write it or be mapped writable), and on Linux
-such an object counts against ``/dev/shm``'s size.
-
-Worker shipment: objects pickled inside ``shipping()`` (a worker pool pickling
-the pipeline it sends to its workers) may hand their segment's descriptor to
-``ship(token, fd)`` and pickle only the token. The pool passes the collected
-descriptors to each worker with the pipeline; the worker makes them available
-with ``receive()`` before unpickling it, and ``shipped(token)`` finds them
-there. Outside ``shipping()``, ``ship`` returns False and the object pickles
-itself another way.
+Worker shipment: objects pickled inside ``shipping()`` hand their descriptor to
+``ship(token, fd)`` and pickle only the token; the pool sends the descriptors with
+the pipeline, the worker calls ``receive()`` before unpickling, and ``shipped(token)``
+finds them. Outside ``shipping()``, ``ship`` returns False.
 """
 
 from __future__ import annotations
@@ -166,15 +155,10 @@ def new_segment(size: int, name: str = "grainlike-batch") -> tuple[int, Region]:
 
 
 def sealed_segment(size: int, fill: Callable[[np.ndarray], None], name: str) -> tuple[int, Region]:
-    """A segment written once by ``fill`` and then made unchangeable.
+    """A segment written once by ``fill`` (a writable uint8 array it must not keep), then made unchangeable.
 
-    ``fill`` gets a writable uint8 array over the ``size`` bytes and must not
-    keep it. The segment is then sealed where the kernel allows it (no process
-    holding its descriptor can write, grow or shrink it) and mapped read-only.
-
-    Without ``memfd_create`` there are no seals: the descriptor returned is
-    one opened read-only (the writable one is closed once ``fill`` is done),
-    so no process it reaches can write the segment or map it writable.
+    The segment is sealed where the kernel allows it and mapped read-only; without
+    ``memfd_create`` the descriptor returned is one opened read-only.
 
     Returns:
       ``(its descriptor, a read-only mapping)``; the caller closes the descriptor.

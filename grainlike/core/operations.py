@@ -1,22 +1,10 @@
-"""grain's legacy operations: functions over the whole stream of records.
+"""grain's legacy operations: callables from an iterator of ``Record`` to an iterator of ``Record``.
 
-Before the transform classes (``Map``, ``Filter``, ``Batch``...), grain's
-DataLoader took *operations*: callables from an iterator of ``Record`` to an
-iterator of ``Record``. grain 0.2.18 still accepts them, logs that they are
-deprecated, and so does grainlike, with the same outputs:
-
-- ``MapOperation(fn)``, ``RandomMapOperation(fn)`` and ``FilterOperation(fn)``
-  apply ``fn`` to each record's data (``fn(data, rng)`` for the random one, with
-  the record's own generator); an error in ``fn`` is raised as a ValueError
-  whose ``__cause__`` is the original error, as in grain.
-- ``BatchOperation`` is run by the DataLoader as ``Batch`` with the same
-  ``batch_size``, ``drop_remainder`` and ``batch_fn``.
-- Any other callable ``op(records) -> records`` (grain's ``Operation``
-  protocol) is applied to the stream of records of each worker.
-
-A legacy operation keeps no state of its own: a checkpoint holds the positions
-in the sampler's stream, so an operation that holds records back across outputs
-(one that batches, say) restarts without them, as in grain.
+grain 0.2.18 still accepts them in a DataLoader and logs that they are deprecated;
+so does grainlike, with the same outputs. ``BatchOperation`` runs as ``Batch``; any
+other callable (grain's ``Operation`` protocol) gets each worker's stream of
+records. An operation keeps no state: a checkpoint holds positions in the
+sampler's stream, so one that holds records back restarts without them, as in grain.
 """
 
 from __future__ import annotations
@@ -64,13 +52,24 @@ class Operation(Protocol):
         """Returns the stream of output records."""
 
 
-def _wrapped_error(kind: str, fn: Any, record: Record, error: Exception) -> ValueError:
-    # grain raises ValueError from the function's error; this one also names them.
-    return ValueError(
-        f"grainlike encountered an error when calling {kind} function "
-        f"{transform_name(fn)} on the record at global index {record.metadata.index}: "
-        f"{type(error).__name__}: {error}"
-    )
+def _apply(name: str, kind: str, fn: Callable, records: Iterator[Record], keep_only: bool = False,
+           with_rng: bool = False) -> Iterator[Record]:
+    """Records with ``fn(data)`` (``fn(data, rng)``), or those ``fn`` keeps; errors wrapped as grain does."""
+    _deprecated(name, f"grainlike.{name.replace('Operation', 'Transform')}")
+    for record in records:
+        try:
+            result = fn(record.data, record.metadata.rng) if with_rng else fn(record.data)
+        except Exception as e:
+            # grain raises ValueError from the function's error; this one also names them.
+            raise ValueError(
+                f"grainlike encountered an error when calling {kind} function "
+                f"{transform_name(fn)} on the record at global index {record.metadata.index}: "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        if not keep_only:
+            yield Record(record.metadata.remove_record_key(), result)
+        elif result:
+            yield Record(record.metadata.remove_record_key(), record.data)
 
 
 @dataclasses.dataclass
@@ -87,14 +86,7 @@ class MapOperation(Generic[_IN, _OUT]):
     map_function: Callable[[_IN], _OUT]
 
     def __call__(self, input_iterator: Iterator[Record]) -> Iterator[Record]:
-        _deprecated("MapOperation", "grainlike.MapTransform")
-        fn = self.map_function
-        for record in input_iterator:
-            try:
-                result = fn(record.data)
-            except Exception as e:
-                raise _wrapped_error("map", fn, record, e) from e
-            yield Record(record.metadata.remove_record_key(), result)
+        return _apply("MapOperation", "map", self.map_function, input_iterator)
 
 
 @dataclasses.dataclass
@@ -108,14 +100,7 @@ class RandomMapOperation(Generic[_IN, _OUT]):
     random_map_function: Callable[[_IN, np.random.Generator], _OUT]
 
     def __call__(self, input_iterator: Iterator[Record]) -> Iterator[Record]:
-        _deprecated("RandomMapOperation", "grainlike.RandomMapTransform")
-        fn = self.random_map_function
-        for record in input_iterator:
-            try:
-                result = fn(record.data, record.metadata.rng)
-            except Exception as e:
-                raise _wrapped_error("random map", fn, record, e) from e
-            yield Record(record.metadata.remove_record_key(), result)
+        return _apply("RandomMapOperation", "random map", self.random_map_function, input_iterator, with_rng=True)
 
 
 @dataclasses.dataclass
@@ -125,15 +110,7 @@ class FilterOperation(Generic[_IN]):
     condition_function: Callable[[_IN], bool]
 
     def __call__(self, input_iterator: Iterator[Record]) -> Iterator[Record]:
-        _deprecated("FilterOperation", "grainlike.FilterTransform")
-        fn = self.condition_function
-        for record in input_iterator:
-            try:
-                keep = fn(record.data)
-            except Exception as e:
-                raise _wrapped_error("condition", fn, record, e) from e
-            if keep:
-                yield Record(record.metadata.remove_record_key(), record.data)
+        return _apply("FilterOperation", "condition", self.condition_function, input_iterator, keep_only=True)
 
 
 @dataclasses.dataclass

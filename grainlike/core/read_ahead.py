@@ -1,18 +1,10 @@
-"""A background thread that reads ahead of an iterator and remembers its state after each item.
+"""The one read-ahead thread of grainlike, which remembers the wrapped iterator's state after each item.
 
-The one read-ahead thread of grainlike: ``DeviceIterator``, ``InJitIterator``,
-``ThreadPrefetchIterDataset`` (and so ``device_put``), the builder's
-``prefetch(n)`` and ``reference_data``'s next fill keep items ready while the
-caller works; each item comes with the wrapped iterator's state right after it,
-so the caller's ``get_state()`` is where the caller is, not where the thread
-is. Standard library only.
-
-The owner keeps the running ``Prefetcher`` in a one-element list (its
-"holder") and stops it through ``stop_holder``; a ``weakref.finalize`` of the
-owner on the holder (``stop_holder(holder, wait=False)``) stops the thread when
-the owner is collected, without a reference from the thread back to the owner
-and without waiting for the item the thread is reading: the thread ends once
-that read returns, and then lets go of the wrapped iterator.
+Each item comes with that state, so the owner's ``get_state()`` is where the owner
+is, not where the thread is. The owner keeps the ``Prefetcher`` in a one-element
+list (its "holder"); a ``weakref.finalize`` of the owner calls
+``stop_holder(holder, wait=False)``, so the thread holds no reference to its owner
+and stops once its current read returns. Standard library only.
 """
 
 from __future__ import annotations
@@ -29,9 +21,6 @@ BATCH, END, ERROR = "batch", "end", "error"
 
 class Prefetcher:
     """The background thread and its buffer; holds no reference to its owner.
-
-    It pulls from the wrapped iterator, records the wrapped iterator's state after
-    each item, and converts. ``stop()`` wakes and joins the thread.
 
     Args:
       source: the iterator read ahead of.
@@ -125,9 +114,8 @@ def take(holder: list) -> tuple[Any, Any]:
     Raises:
       StopIteration: the wrapped iterator has ended.
       Exception: whatever the wrapped iterator or the conversion raised.
-      In both cases the thread has ended and is removed from ``holder``, so a
-      later read starts a new one, which asks the wrapped iterator again (as a
-      plain iterator would be asked).
+      Either way the thread is removed from ``holder``: a later read starts a new
+      one, which asks the wrapped iterator again.
     """
     kind, value, state = holder[0].get()
     if kind is BATCH:
