@@ -1,20 +1,8 @@
-"""The Dataset API's three classes and the stage protocol they share.
+"""The import path of grain's ``base`` names and of the Dataset API's three classes.
 
-* ``MapDataset``: random access. ``len(ds)`` is one epoch; ``ds[i]`` is the element
-  at ``i`` (any ``i >= 0``: indices past the end wrap into later epochs), ``None``
-  for an element a filter removed; ``ds._getitems(indices)`` reads many at once,
-  which is the path iteration takes.
-* ``IterDataset``: iterable only; ``iter(ds)`` builds a ``DatasetIterator``.
-* ``DatasetIterator``: the iterator stage. Its state is a small JSON-able dict of
-  indices that each stage nests or forwards, so a restore is exact and cheap.
-
-Every transformation is a stage in its own module (``map.py``, ``shuffle.py``, ...);
-the methods here only build them. Names, arguments, outputs, random draws and state
-dicts are those of grain 0.2.18's Dataset API.
-
-This module is the import path of grain's ``base`` names and of the three classes;
-they are defined in ``map_dataset.py``, ``iter_dataset.py``, ``iterator.py`` and
-``dataset_node.py``.
+``MapDataset`` (random access), ``IterDataset`` (iterable only) and
+``DatasetIterator`` (the iterator stage) are defined in ``map_dataset.py``,
+``iter_dataset.py`` and ``iterator.py``.
 """
 
 from grainlike.dataset.iter_dataset import IterDataset, IterDatasetMeta

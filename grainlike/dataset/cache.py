@@ -1,13 +1,9 @@
 """``CacheIterDataset``: an IterDataset's elements kept in memory as they are read.
 
-The first pass reads the parent and keeps each element; once the parent has
-ended, the iterator serves every later position from memory, so a restore to an
-earlier position (what ``repeat`` does at each epoch) replays the cached elements
-without reading the parent again. The state is grain's: ``{"parent": the parent's
-state, "position": elements returned, "cache_filled": whether the parent has
-ended}``. Restoring a position that is not cached in this iterator re-reads the
-parent from its start: up to that position, or, for a state whose cache was
-filled, to its end.
+Once the parent has ended, every position is served from memory, so a restore to
+an earlier one (what ``repeat`` does at each epoch) replays the cache. The state
+is grain's: ``{"parent", "position", "cache_filled"}``; restoring a position not
+cached in this iterator re-reads the parent from its start.
 """
 
 from __future__ import annotations
@@ -113,9 +109,6 @@ class CacheIterDataset(IterDataset):
       >>> list(it), it.set_state(start), list(it), calls
       ([0, 1, 2], None, [0, 1, 2], [0, 1, 2])
     """
-
-    def __init__(self, parent: IterDataset):
-        super().__init__(parent)
 
     def __iter__(self) -> DatasetIterator:
         return _InMemoryCacheDatasetIterator(self._parent.__iter__())

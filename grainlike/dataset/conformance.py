@@ -21,11 +21,7 @@ __all__ = ["assert_equal_output_after_checkpoint"]
 
 
 def _spec(state: Any) -> Any:
-    """The shape of a state: ``tree.spec_like``, of the decoded JSON for a JSON state.
-
-    A DataLoader's state is JSON bytes; its spec as bytes would say nothing, so the
-    object it encodes is described instead.
-    """
+    """The shape of a state (of the object a DataLoader's JSON bytes encode)."""
     if isinstance(state, (bytes, str)):
         try:
             decoded = json.loads(state)
@@ -37,11 +33,7 @@ def _spec(state: Any) -> Any:
 
 
 def _comparable(value: Any) -> Any:
-    """``value`` with array-likes that are not numpy arrays (``jax.Array``) as numpy.
-
-    ``np.testing.assert_equal`` compares numpy arrays element-wise but would ask
-    other arrays for a single truth value.
-    """
+    """``value`` with other array-likes (``jax.Array``) as numpy, which ``assert_equal`` compares."""
 
     def leaf(x: Any) -> Any:
         if not isinstance(x, np.ndarray) and hasattr(x, "__array__") and hasattr(x, "shape"):

@@ -1,9 +1,4 @@
-"""``_Dataset``: what ``MapDataset`` and ``IterDataset`` share as nodes of a pipeline tree.
-
-A node knows its parents, derives the default seed of random stages from the
-nearest ``seed()`` calls (grain's derivation), names itself and the user
-transforms it applies for error messages, and chains custom stages (``pipe``).
-"""
+"""``_Dataset``: what ``MapDataset`` and ``IterDataset`` share as nodes of a pipeline tree."""
 
 from __future__ import annotations
 
@@ -66,9 +61,8 @@ class _Dataset:
     def _default_seed(self) -> Optional[int]:
         """The seed a random stage uses when none is given (grain's derivation).
 
-        Breadth-first from this node, the nearest ``seed()`` on each path
-        contributes ``(seed, depth)``; the pairs seed a ``SeedSequence`` whose
-        first 32-bit word is the result.
+        The nearest ``seed()`` on each path up contributes ``(seed, depth)`` to a
+        ``SeedSequence`` whose first 32-bit word is the result.
         """
         aggregated: list = []
         to_visit = [(self, 0)]
@@ -85,31 +79,20 @@ class _Dataset:
 
     @property
     def _element_spec(self) -> Any:
-        """The spec of this stage's elements, derived from its parents' without reading any.
+        """The spec of this stage's elements, derived without reading any (grain's hook).
 
-        grain's hook, read by ``get_element_spec``: a dataset class of your own
-        overrides it to say its spec. A map derives it with its transform's
-        ``output_spec``; a stage that cannot know it raises ``NotImplementedError``.
+        A dataset class of your own overrides it to say its spec.
         """
         from grainlike.dataset.element_spec import inferred_element_spec
 
         return inferred_element_spec(self)
 
     def describe(self) -> str:
-        """This stage as error messages name it (grainlike only).
-
-        ``str()`` is grain's text; a stage applying a user transform describes
-        it with the file and line the transform was defined at, e.g.
-        ``MapMapDataset(transform=Plus (/path/train.py:12))``.
-        """
+        """This stage as error messages name it, a user transform with its file and line (grainlike only)."""
         return str(self)
 
     def user_transforms(self) -> tuple:
-        """The user's transforms and functions this stage applies, in order (grainlike only).
-
-        Errors about the pipeline name them with ``transform_name`` (class or
-        function and where it was defined); a stage applying none returns ().
-        """
+        """The user's transforms and functions this stage applies, in order (grainlike only)."""
         return ()
 
     def pipe(self, func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

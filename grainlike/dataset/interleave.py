@@ -5,13 +5,8 @@ the slot at ``next_index_in_cycle`` for an element and moves to the next slot. A
 slot whose iterator ends keeps that iterator's last state (``exhausted``) until its
 next turn, when it takes the next dataset not yet started; once no dataset is left,
 empty slots are passed over, and the iteration ends when every slot is empty. The
-order depends only on the datasets, never on timing: the threads below only build
-iterators and compute elements ahead of their turn.
-
-As in grain 0.2.18, iterators of the next datasets are built ahead in
-``num_make_iter_threads`` threads (``make_iter_buffer_size`` of them ready), and each
-IterDataset's iterator computes ``iter_buffer_size`` elements ahead in a thread of
-its own (a MapDataset is read with ``to_iter_dataset()``).
+order depends only on the datasets, never on timing: threads only build iterators
+and compute elements ahead of their turn.
 
 The state is grain's::
 
@@ -29,7 +24,7 @@ import functools
 import weakref
 from typing import Any, Optional, Sequence, Union
 
-from grainlike.core.errors import StateIndexError, StateTypeError, check_int, is_int
+from grainlike.core.errors import StateIndexError, StateTypeError, check_int
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator, get_next_index, set_next_index
 from grainlike.dataset.map_dataset import MapDataset
@@ -174,8 +169,8 @@ class InterleaveDatasetIterator(DatasetIterator):
             "future_states": self._future_states,
         }
 
-    def _check_state(self, state: Any) -> None:
-        interleave_state(state, self, _STATE_KEYS)
+    def set_state(self, state: dict) -> None:
+        interleave_state(state, self, _STATE_KEYS, slots=self._cycle_length)
         n = len(self._datasets)
         non_negative_int(state, "next_index_in_datasets", self, upper=n)
         cycle = non_negative_int(state, "next_index_in_cycle", self)
@@ -183,18 +178,9 @@ class InterleaveDatasetIterator(DatasetIterator):
             raise StateIndexError(
                 f"{self}: state['next_index_in_cycle'] = {cycle} is not a slot of a cycle of {self._cycle_length}"
             )
-        for key in ("iterators_in_use_indices", "iterators_in_use_states", "exhausted"):
-            value = state[key]
-            if not isinstance(value, (list, tuple)) or len(value) != self._cycle_length:
-                raise StateTypeError(
-                    f"{self}: state[{key!r}] must be a list of {self._cycle_length} entries, got {value!r}"
-                )
         for index in state["iterators_in_use_indices"]:
-            if not is_int(index) or not 0 <= index < max(n, 1):
+            if not 0 <= index < max(n, 1):
                 raise StateTypeError(f"{self}: state['iterators_in_use_indices'] holds {index!r}, not a dataset index")
-
-    def set_state(self, state: dict) -> None:
-        self._check_state(state)
         exhausted = state["exhausted"]
         for slot, (index, it_state) in enumerate(
             zip(state["iterators_in_use_indices"], state["iterators_in_use_states"])

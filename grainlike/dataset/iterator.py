@@ -1,11 +1,7 @@
 """``DatasetIterator``: the iterator stage, and the context its pipeline shares.
 
-A ``DatasetIterator`` has ``__next__``, ``get_state()`` (a small JSON-able dict of
-indices that each stage nests or forwards, so a restore is exact and cheap),
-``set_state()`` and ``close()``. All iterators of one pipeline share one
-``IteratorContext`` (which worker process runs them, grain's DatasetOptions).
-An iterator nobody holds is closed by ``close_dropped``, during which
-``closing_dropped()`` is true, so that its workers are not waited for.
+Its state is a small JSON-able dict of indices that each stage nests or forwards,
+so a restore is exact and cheap.
 """
 
 from __future__ import annotations
@@ -32,11 +28,9 @@ _DROPPING = _Dropping()
 
 
 def close_dropped(iterator: Any) -> None:
-    """Closes ``iterator``, which nobody holds any more: what its ``__del__`` does.
+    """Closes ``iterator``, which nobody holds any more (its ``__del__``); never raises.
 
-    While it runs, ``closing_dropped()`` is true in this thread, for every stage
-    the close reaches. Never raises (it runs from ``__del__``, also while the
-    interpreter exits).
+    While it runs, ``closing_dropped()`` is true in this thread.
     """
     dropping = _DROPPING  # None once this module is torn down at exit.
     try:
@@ -52,11 +46,7 @@ def close_dropped(iterator: Any) -> None:
 
 
 def closing_dropped() -> bool:
-    """Whether this thread is closing an iterator nobody holds (``close_dropped``).
-
-    Nothing will read what such an iterator's workers are computing, so they
-    are not waited for beyond a short grace.
-    """
+    """Whether this thread is closing an iterator nobody holds: its workers are not waited for."""
     return _DROPPING.depth > 0
 
 
@@ -74,10 +64,7 @@ class MultiprocessingContext:
 
 @dataclasses.dataclass
 class IteratorContext:
-    """Context shared by all iterator stages of one pipeline.
-
-    Set before the first ``next()``; the stages read it while running.
-    """
+    """Context shared by all iterator stages of one pipeline, set before the first ``next()``."""
 
     mp_context: MultiprocessingContext = MultiprocessingContext()
     # grain's DatasetOptions, merged from every WithOptionsIterDataset.

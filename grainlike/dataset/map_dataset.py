@@ -1,13 +1,8 @@
 """``MapDataset``: the random-access dataset, and the methods that build its stages.
 
-``len(ds)`` is one epoch; ``ds[i]`` is the element at ``i`` (any ``i >= 0``:
-indices past the end wrap into later epochs), ``None`` for an element a filter
-removed; ``ds._getitems(indices)`` reads many at once, which is the path iteration
-takes. Every transformation is a stage in its own module (``map.py``,
-``shuffle.py``, ...); the methods here only build them. ``apply_transformations``
-dispatches grain's transform objects to those methods, for ``MapDataset`` and
-``IterDataset`` alike; a ``DatasetSelectionMap`` says which dataset of a mix
-each index reads.
+``len(ds)`` is one epoch; ``ds[i]`` is the element at ``i`` (indices past the end
+wrap into later epochs), ``None`` for an element a filter removed. Every
+transformation is a stage in its own module; the methods here only build them.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """``multithread_prefetch``: a pipeline computed by several threads, one slice each.
 
-Thread ``i`` of ``n`` iterates over its own copy of the dataset, sliced as
-``mp_prefetch`` slices a worker's copy (elements ``i, i + n, ...``, or with
-``sequential_slice`` a contiguous range of each source; see
-``grainlike.dataset.worker_slice``) and told it runs as process ``i`` of ``n`` (random stages on iterators draw as worker ``i``
-would); the copies are interleaved in turn with ``InterleaveIterDataset``, whose
-per-iterator thread computes up to ``buffer_size`` elements ahead. The order is
-the same as ``mp_prefetch`` with ``n`` workers and never depends on timing; the
-state is the interleave's (grain's).
+Thread ``i`` of ``n`` iterates over its own copy of the dataset, sliced and
+seeded as ``mp_prefetch``'s worker ``i`` would be; an ``InterleaveIterDataset``
+takes the copies in turn, so the order and state are ``mp_prefetch``'s.
 """
 
 from __future__ import annotations

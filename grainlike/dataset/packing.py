@@ -1,9 +1,6 @@
-"""Packing variable-length sequences into fixed-length bins (first fit, best fit).
+"""Packing variable-length sequences into fixed-length bins (grain's first fit, best fit).
 
-grain 0.2.18's ``grain.experimental.FirstFitPackIterDataset`` and
-``BestFitPackIterDataset``: elements are dicts of sequences (first axis the
-sequence axis; scalars count as length 1). ``num_packing_bins`` bins of the
-lengths in ``length_struct`` are filled in the order elements arrive; the first
+``num_packing_bins`` bins are filled in the order elements arrive; the first
 element that fits no bin closes the batch of bins, which are emitted one by one
 (shuffled with ``shuffle_bins``), and starts the next one.
 

@@ -1,17 +1,10 @@
 """Concat-then-split packing (grain's ``ConcatThenSplitIterDataset``).
 
-Elements (flat dicts of sequences) are concatenated into a buffer until some
-feature reaches its target length; the element that overflows is split and its
-rest starts the next packed element. A single feature is thus packed without
-padding. With ``split_full_length_features=False`` an element that already has
-a feature at full length is emitted as it is, ahead of the buffer being filled.
-
-Each packed element holds, per feature ``k``, ``k`` and (unless ``k`` is a meta
-feature, which is never split) ``k_segment_ids`` and ``k_positions`` (int32).
-
-The state is grain's: the parent's state before the element that was split
-last, the slices of it still to be packed, and how many packed elements were
-emitted since; a restore re-reads that element and re-packs up to there.
+Elements are concatenated until some feature reaches its target length; the
+element that overflows is split and its rest starts the next packed element.
+The state is grain's: the parent's state before the element split last, the
+slices of it still to be packed, and how many packed elements were emitted
+since; a restore re-reads that element and re-packs up to there.
 """
 
 from __future__ import annotations
@@ -59,10 +52,7 @@ class BOSHandling(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class _Piece:
-    """An element of the parent, or the part of it that ``slices`` selects.
-
-    ``parent_state`` is the parent's state before the element was read.
-    """
+    """An element of the parent (read after ``parent_state``), or the part ``slices`` selects."""
 
     parent_state: Any
     features: Mapping[str, Any]

@@ -1,13 +1,9 @@
 """``ParquetIterDataset``: the rows of Parquet files, in order (grain's experimental one).
 
-One file is read row group by row group: each row group is read whole and
-converted to numpy columns, and each element is ``{column: value}`` of one row.
-The state is ``{"row_group": g, "index_within_row_group": i}``, as in grain, so
-checkpoints restore in either library. Several files are interleaved, at most
-16 at a time (grain's ``InterleaveIterDataset`` with ``cycle_length=16``).
-
-Paths may be local, ``file://``, ``s3://`` or ``gs://`` URLs (see
-``grainlike.sources.formats.remote_files``); ``pyarrow`` is imported when a file is opened.
+Each row group is read whole into numpy columns; an element is ``{column: value}``
+of one row. The state is grain's ``{"row_group", "index_within_row_group"}``.
+Paths may be local or ``file://``, ``s3://``, ``gs://`` URLs; ``pyarrow`` is
+imported when a file is opened.
 """
 
 from __future__ import annotations
@@ -46,7 +42,6 @@ class _ParquetDatasetIterator(DatasetIterator):
         self._row_group = 0
         self._index = 0
         self._columns: dict = {}
-        self._names: list = []
         self._row_group_len = 0
         self._read_row_group()
 
@@ -54,7 +49,6 @@ class _ParquetDatasetIterator(DatasetIterator):
         table = self._file.read_row_group(self._row_group)
         self._row_group_len = len(table)
         self._columns = columns_to_numpy(table)
-        self._names = list(self._columns)
 
     def __next__(self) -> dict:
         self._assert_not_closed()

@@ -1,21 +1,10 @@
 """``pick_performance_config``: worker and read-ahead settings from a RAM budget.
 
 grain 0.2.18's rule, from the elements' sizes and the RAM budget only (nothing is
-timed, so the same pipeline and arguments give the same settings on every run):
-
-* **workers**: the mean size of the first ``samples_to_check`` elements of
-  ``ds``; ``num_workers = int(ram_budget_mb / size_mb)``, at most ``max_workers``
-  (``None``: the CPU count). When ``ds`` has fewer elements than that, or they
-  have no size, ``max_workers``.
-* **read-ahead**: the mean size of elements read under each
-  ``to_iter_dataset()`` in ``ds`` (``ceil(samples_to_check / n)`` from each of
-  the ``n`` of them); ``prefetch_buffer_size = int(ram_budget_mb / (size_mb *
-  n))``, at most ``max_buffer_size`` (``None``: 1000). Without such reads, or with
-  too few elements, ``max_buffer_size``. ``num_threads`` stays ``ReadOptions``'s
-  default (16).
-
-Sizes are grain's: an array's ``nbytes``, summed through dicts, lists and tuples,
-``sys.getsizeof`` of any other leaf; a megabyte is ``2**20`` bytes.
+timed): ``num_workers = int(ram_budget_mb / element MB)`` and
+``prefetch_buffer_size = int(ram_budget_mb / (read MB * reads))``, capped by
+``max_workers`` and ``max_buffer_size``, which also apply when no size is found.
+Sizes are grain's: arrays' ``nbytes`` and ``sys.getsizeof`` of other leaves.
 """
 
 from __future__ import annotations
@@ -56,7 +45,6 @@ class PerformanceConfig:
 
 
 def _element_size_bytes(element: Any) -> int:
-    """The bytes of an element: arrays' data, ``sys.getsizeof`` of other leaves (grain's)."""
     if isinstance(element, dict):
         return sum(_element_size_bytes(v) for v in element.values())
     if isinstance(element, (list, tuple)):
@@ -67,11 +55,7 @@ def _element_size_bytes(element: Any) -> int:
 
 
 def _first_elements(ds: Any, count: int) -> list:
-    """The first ``count`` elements of a fresh iterator of ``ds`` (fewer if it ends).
-
-    A MapDataset is read in this thread, without read-ahead, so that no more
-    than ``count`` elements are computed; ``None`` (filtered) elements are skipped.
-    """
+    """The first ``count`` elements of a fresh iterator of ``ds``, computing no more in threads."""
     from grainlike.dataset.map_dataset import MapDataset
 
     if isinstance(ds, MapDataset):
@@ -84,10 +68,7 @@ def _first_elements(ds: Any, count: int) -> list:
 
 
 def _mean_size_mb(datasets: list, samples_to_check: int) -> float:
-    """Mean size in MB of ``ceil(samples_to_check / len(datasets))`` elements of each.
-
-    0 when there are no datasets or fewer elements than ``samples_to_check``.
-    """
+    """Mean size in MB of ``ceil(samples_to_check / len(datasets))`` elements of each; 0 if too few."""
     if not datasets:
         return 0.0
     per_dataset = math.ceil(samples_to_check / len(datasets))

@@ -2,20 +2,12 @@
 
 grain reads a MapDataset, and runs its maps, in 16 threads by default. grainlike
 does so when some work under ``to_iter_dataset()`` waits, and otherwise reads in
-the calling thread, where work known to be local and CPU-bound is fastest. The
-decision is made from the stages' and sources' types and the ``waits`` they
-declare (``grainlike.sources.DeclaresWaiting``), never from a timing:
-
-* a source: ``grainlike.sources.waiting.source_waits`` (in memory and local
-  files do not wait; remote files and sources of the user's own types do);
-* a map, random map, map with index, filter, flat map or ``batch_fn``: the
-  user's code waits unless its transform (or function) declares
-  ``waits = False``. Threads also pay for CPU-bound maps that release the GIL
-  (OpenCV's decode and resize: 2.0x on two cores, see docs/performance.md);
-* grainlike's own stages (shuffle, slice, repeat, mix, zip, batch, seed):
-  nothing of their own waits;
-* a MapDataset of a type grainlike does not know: waits unless it declares
-  ``waits = False`` (its own work; its parents are looked at as well).
+the calling thread, where local CPU-bound work is fastest. The decision follows
+the stages' and sources' types and the ``waits`` they declare
+(``grainlike.sources.DeclaresWaiting``), never a timing: a source waits as
+``source_waits`` says; user code (maps, filters, flat maps, ``batch_fn``) and
+MapDatasets of unknown types wait unless they declare ``waits = False``;
+grainlike's own stages do not.
 
 Example:
     >>> from grainlike.dataset.base import MapDataset
@@ -35,17 +27,12 @@ from grainlike.sources.waiting import declared_waits, source_waits
 
 
 def _code_waits(fn: Any) -> bool:
-    """Whether the user's transform or function ``fn`` waits: yes unless it declares not."""
     declared = declared_waits(fn)
     return True if declared is None else declared
 
 
 def stage_types() -> tuple[tuple, tuple]:
-    """grainlike's MapDataset types: (those running user code, those running none of their own).
-
-    A MapDataset type in neither declares ``waits`` (the loader's sampler stage)
-    or is treated as unknown.
-    """
+    """grainlike's MapDataset types: (those running user code, those running none of their own)."""
     from grainlike.dataset.batch import BatchMapDataset
     from grainlike.dataset.flatmap import FlatMapMapDataset
     from grainlike.dataset.map import ElementwiseMapDataset

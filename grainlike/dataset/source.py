@@ -36,15 +36,8 @@ class SourceMapDataset(MapDataset):
     def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
         """Keeps worker ``sl.start`` of ``sl.step``'s contiguous range of the source, in place.
 
-        Only for a worker's copy of the pipeline (``mp_prefetch`` or
-        ``multithread_prefetch`` with ``sequential_slice=True``). The range is
-        grain's even split of the whole source; a second call replaces the first.
-
-        Raises:
-          NonSequentialSliceError: ``sequential_slice`` is False (an
-            ``AssertionError`` too, as grain raises).
-          ValueError: ``sl`` is not ``slice(worker_index, None, worker_count)``,
-            or the source's length is unknown.
+        As ``RangeMapDataset.set_slice``; also raises ``ValueError`` when the
+        source's length is unknown.
         """
         _require_sequential(self, sl, sequential_slice)
         try:
@@ -58,15 +51,16 @@ class SourceMapDataset(MapDataset):
             )
         self._range = sequential_range(length, sl, self)
 
-    def _key(self, index: int) -> int:
+    def _keys(self, indices: Sequence[int]) -> list:
         if self._range is not None:
             start, end = self._range
-            return start + index % (end - start)
+            return [start + i % (end - start) for i in indices]
         # Sources of unknown length (None) are read by the index as it is.
         try:
-            return index % len(self._source)
+            n = len(self._source)
         except TypeError:
-            return index
+            return list(indices)
+        return [i % n for i in indices]
 
     def __str__(self) -> str:
         return f"SourceMapDataset(source={type(self._source).__name__})"
@@ -74,7 +68,7 @@ class SourceMapDataset(MapDataset):
     def __getitem__(self, index):
         if isinstance(index, slice):
             return self.slice(index)
-        key = self._key(index)
+        key = self._keys((index,))[0]
         try:
             return self._source[key]
         except Exception as e:
@@ -84,15 +78,7 @@ class SourceMapDataset(MapDataset):
     def _getitems(self, indices: Sequence[int]) -> list:
         if self._batched_read is None:
             return [self.__getitem__(i) for i in indices]
-        if self._range is not None:
-            start, end = self._range
-            keys = [start + i % (end - start) for i in indices]
-        else:
-            try:
-                n = len(self._source)
-                keys = [i % n for i in indices]
-            except TypeError:
-                keys = list(indices)
+        keys = self._keys(indices)
         try:
             return list(self._batched_read(keys))
         except Exception as e:

@@ -1,21 +1,13 @@
 """``TfDataIterDataset``: a ``tf.data.Dataset`` read as a stream of numpy elements.
 
-The iterator yields what ``dataset.as_numpy_iterator()`` yields (numpy arrays,
-``bytes`` for strings, ragged leaves as TF gives them). Its state is
-``{"elements_consumed": n}``. tf.data has no random access, so a restore builds a
-new iterator over ``dataset.skip(n)``: TensorFlow still computes the ``n`` skipped
-elements (without converting them to numpy), and the restore is exact only when
-the pipeline yields the same elements on every iteration: no unseeded random ops,
-and ``shuffle(..., seed=s, reshuffle_each_iteration=False)`` (TF's default
-``reshuffle_each_iteration=True`` draws a new order for every new iterator, even
-with a seed). For finite data that fits in memory, ``grainlike.sources.TfDataSource``
-reads it once and gives random access, exact shuffles and cheap restores.
-
-With workers (``mp_prefetch``) each worker builds the dataset in its own process:
-pass a function that builds it (``TfDataIterDataset(make_pipeline)``), since a
-``tf.data.Dataset`` object cannot be pickled; worker ``w`` of ``W`` reads
-``dataset.shard(W, w)`` (with ``sequential_slice=True``, its contiguous part),
-and each worker imports TensorFlow.
+The iterator yields what ``dataset.as_numpy_iterator()`` yields. Its state is
+``{"elements_consumed": n}``; tf.data has no random access, so a restore reads
+``dataset.skip(n)`` (TensorFlow still computes the skipped elements), exact only
+when the pipeline yields the same elements on every iteration (no unseeded random
+ops; ``shuffle(..., seed=s, reshuffle_each_iteration=False)``). For finite data
+that fits in memory, ``grainlike.sources.TfDataSource`` gives random access.
+With workers, worker ``w`` of ``W`` builds the dataset itself and reads
+``dataset.shard(W, w)`` (with ``sequential_slice=True``, its contiguous part).
 """
 
 from __future__ import annotations

@@ -112,14 +112,11 @@ class ThreadPrefetchDatasetIterator(DatasetIterator):
 
     def set_state(self, state: dict) -> None:
         with self._consumer_lock:
-            self._set_state(state)
-
-    def _set_state(self, state: dict) -> None:
-        # A state the parent refuses puts it back where this iterator was (the
-        # thread had read past it).
-        restore(self._holder, self._parent.set_state, state, self.get_state())
-        self._state = self._parent.get_state()
-        self._next_index = None
+            # A state the parent refuses puts it back where this iterator was (the
+            # thread had read past it).
+            restore(self._holder, self._parent.set_state, state, self.get_state())
+            self._state = self._parent.get_state()
+            self._next_index = None
 
     def _require_native_parent(self, what: str) -> None:
         if not self._native_parent:
