@@ -1,24 +1,15 @@
 """Shapes and dtypes of a loader's batches, for initialising a model before training.
 
-``element_spec(loader)`` describes the loader's batches as a pytree of
-``jax.ShapeDtypeStruct``; ``zeros_batch(loader)`` is an all-zero batch of the same
-structure, shapes and dtypes. Both read one element in the calling process (the
-first element of worker 0, after the operations before the loader's ``Batch``; no
-worker process starts, whatever the loader's ``worker_count``) and build the batch
-from it with the loader's own ``Batch`` (its ``batch_fn`` and ``pad``), so the
-result is the *configured* batch, not whatever the loader happens to yield first:
-
-- ``batch_size=None`` (default): the ``Batch``'s ``batch_size``; a loader without
-  ``Batch`` gives one observation (no leading batch axis);
-- ``batch_size=n``: a leading axis of ``n`` (JaxSGMC's ``initializer_batch(mb_size)``).
-
-The dtypes are those the batches have on the device: JAX's canonical dtypes
-(``jax.dtypes.canonicalize_dtype``), so without ``jax_enable_x64`` a float64 leaf is
-described as float32 and an int64 leaf as int32, as ``jax.device_put``, a jitted
-function's arguments and ``reference_data``'s batches have them; a model initialised
-from ``zeros_batch`` is traced with the dtypes it is later called with. jax is
-imported inside these functions (``import grainlike`` does not); where jax is not
-installed, ``zeros_batch`` keeps the host (numpy) dtypes.
+``element_spec(loader)`` and ``zeros_batch(loader)`` read one element in the
+calling process (worker 0's first, after the operations before the loader's
+``Batch``; no worker process starts) and build the batch from it with the
+loader's own ``Batch`` (its ``batch_fn`` and ``pad``): the *configured* batch, not
+whatever the loader happens to yield first. ``batch_size=None`` (default) is the
+``Batch``'s size (a loader without ``Batch`` gives one observation); ``n`` sets a
+leading axis of ``n`` (JaxSGMC's ``initializer_batch(mb_size)``). The dtypes are
+JAX's canonical ones, as the batches have them on the device (without
+``jax_enable_x64`` float64 is float32, int64 is int32); where jax is not installed,
+``zeros_batch`` keeps the host dtypes.
 """
 
 from __future__ import annotations
@@ -38,13 +29,8 @@ from grainlike.dataset.options import ReadOptions
 __all__ = ["element_spec", "first_output", "zeros_batch"]
 
 
-
 def _device_dtype() -> Callable[[np.dtype], np.dtype]:
-    """The function giving a numeric host dtype's dtype on the device.
-
-    JAX's canonical dtype (it follows ``jax_enable_x64`` when called), or the
-    dtype itself where jax is not installed (nothing will put it on a device).
-    """
+    """JAX's canonical dtype function, or ``np.dtype`` where jax is not installed."""
     # find_spec answers from sys.modules when jax is imported (or blocked by None).
     if importlib.util.find_spec("jax") is None:
         return np.dtype
@@ -137,10 +123,8 @@ def element_spec(loader: Any, batch_size: Optional[int] = None, *, sharding: Any
 
     Returns:
       The batch's pytree (dicts, tuples, lists, namedtuples) with each numeric leaf
-      replaced by ``jax.ShapeDtypeStruct(shape, dtype)`` and each non-numeric
-      leaf (strings, objects: they never reach a device) by ``None``. ``dtype`` is
-      the leaf's dtype on the device (JAX's canonical dtype: float64 and int64
-      leaves are float32 and int32 without ``jax_enable_x64``).
+      replaced by ``jax.ShapeDtypeStruct(shape, dtype on the device)`` and each
+      non-numeric leaf (strings, objects: they never reach a device) by ``None``.
 
     Example:
       spec = element_spec(loader)          # {"image": ShapeDtypeStruct((32, 28, 28), float32), ...}
@@ -161,13 +145,10 @@ def element_spec(loader: Any, batch_size: Optional[int] = None, *, sharding: Any
 def zeros_batch(loader: Any, batch_size: Optional[int] = None) -> Any:
     """An all-zero batch of the loader's structure, shapes and device dtypes (numpy).
 
-    Numeric leaves have the dtypes the batches have on the device, as in
-    ``element_spec`` (JAX's canonical dtypes: float64 and int64 leaves are float32
-    and int32 without ``jax_enable_x64``; the host dtypes where jax is not
-    installed), so ``model.init(key, zeros_batch(loader))`` traces the model with
-    the dtypes of the batches it will be called with. Non-numeric leaves are
-    zero-valued too (empty strings). A padded loader's ``mask`` is all False. See
-    ``element_spec`` for ``batch_size``.
+    ``model.init(key, zeros_batch(loader))`` traces the model with the dtypes of
+    the batches it will be called with. Non-numeric leaves are zero-valued too
+    (empty strings). A padded loader's ``mask`` is all False. See ``element_spec``
+    for ``batch_size``.
     """
     device_dtype = _device_dtype()
 

@@ -1,28 +1,17 @@
-"""Batches onto JAX devices: device_put, prefetch to device, global arrays.
-
-``DeviceIterator`` wraps any iterator of batches (usually ``iter(DataLoader)``): a
-background thread pulls the next batches, puts them on the device (or assembles a
-global ``jax.Array`` across JAX processes) and keeps ``prefetch`` of them ready.
-Its ``get_state()`` is the wrapped iterator's state right after the last batch
-*handed to you*, not after the batches waiting in the prefetch buffer, so a
-restore neither skips nor repeats a batch.
+"""Batches onto JAX devices: ``DeviceIterator`` (read ahead by one thread), global arrays, mesh shards.
 
 Buffer safety. On CPU, ``jax.device_put`` of a 64-byte-aligned numpy array does not
 copy: the jax array aliases the numpy memory. Batches from worker processes are
 views of shared memory, which the loader may hand to the next batch; an array a
 user iterator yields may be a buffer it refills. So before a leaf goes to JAX it is
 copied (one memcpy, ~0.3 ms per 8 MiB) unless it owns its memory
-(``arr.flags.owndata``): a fresh ``np.stack`` from an in-process ``Batch`` is
-handed over as is, a view of shared memory, of a memory map or of another array is
-copied. ``copy=True`` copies every leaf (for an iterator that refills an array it
-owns), ``copy=False`` none (when you know no buffer is ever reused).
-
-jax is imported when a DeviceIterator is created or ``make_global_batch`` runs,
-never by ``import grainlike``.
+(``arr.flags.owndata``). ``copy=True`` copies every leaf, ``copy=False`` none.
+jax is imported when a DeviceIterator is created or ``make_global_batch`` runs.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from typing import Any, Iterator, Optional
@@ -193,7 +182,57 @@ def make_global_batch(local_batch: Any, sharding: Any, *, copy: Optional[bool] =
     return _to_device(local_batch, sharding, copy, global_batch=True)
 
 
-class DeviceIterator(OrbaxCheckpointable, ClosesOnExit, Iterator[Any]):
+class _ReadAheadFeed(ClosesOnExit):
+    """The wrapped iterator, its state after the last item handed out, and one read-ahead thread.
+
+    The finalizer owns the running prefetcher (``holder[0]``), so the thread stops
+    when the feed is collected or at exit, without a reference cycle. The wrapped
+    iterator is not closed then (someone else may hold it): the thread lets go of it.
+    """
+
+    def __init__(self, iterator: Iterator[Any], prefetch: int, owner: str, wait_on_collect: bool):
+        self._iterator = iter(iterator)
+        self._get_state = self._iterator.get_state if isinstance(self._iterator, Checkpointable) else None
+        self._prefetch = prefetch
+        self._owner = owner
+        self._lock = threading.RLock()
+        self._state: Any = None  # the wrapped iterator's state after the last item handed out
+        self._closed = False
+        self._holder: list = [None]
+        self._finalizer = weakref.finalize(self, stop_holder, self._holder, wait=wait_on_collect)
+
+    def _remember_position(self) -> None:
+        """Before reading ahead of the user for the first time, note where they are."""
+        if self._get_state is not None and self._state is None:
+            self._state = self._get_state()
+
+    def _prefetcher(self, source: Any, convert: Any) -> Prefetcher:
+        """The running read-ahead thread over ``source``; started if none runs."""
+        if self._closed:
+            raise ClosedIteratorError(f"{self._owner} is closed")
+        if self._holder[0] is None:
+            self._remember_position()
+            self._holder[0] = Prefetcher(source, self._get_state, convert, self._prefetch, owner=self._owner)
+        return self._holder[0]
+
+    def set_state(self, state: Any) -> None:
+        """Restores the wrapped iterator; what was read ahead is dropped.
+
+        Raises whatever the wrapped ``set_state`` raises (``InvalidStateError``
+        for a state of another pipeline), leaving the position unchanged.
+        """
+        with self._lock:
+            set_state = checkpointable(self._iterator, self._owner).set_state
+            previous = self.get_state()
+            self._state = None
+            self._forget_read_ahead()
+            restore(self._holder, set_state, state, previous)
+
+    def _forget_read_ahead(self) -> None:
+        """Drops what was read ahead outside the thread (none here)."""
+
+
+class DeviceIterator(OrbaxCheckpointable, _ReadAheadFeed, Iterator[Any]):
     """Puts each batch on JAX devices, keeping ``prefetch`` batches ready ahead.
 
     Args:
@@ -225,40 +264,12 @@ class DeviceIterator(OrbaxCheckpointable, ClosesOnExit, Iterator[Any]):
             raise ValueError(f"copy must be None, True or False, got {copy!r}")
         import jax
 
-        self._iterator = iter(iterator)
-        self._get_state = self._iterator.get_state if isinstance(self._iterator, Checkpointable) else None
+        super().__init__(iterator, prefetch, "DeviceIterator", wait_on_collect=False)
         self._sharding = _batch_sharding(sharding)
         global_batch = isinstance(self._sharding, jax.sharding.Sharding) and not (
             self._sharding.is_fully_addressable
         )
-        sharding_ = self._sharding
-
-        def convert(batch: Any) -> Any:
-            return _to_device(batch, sharding_, copy, global_batch)
-
-        self._convert = convert
-        self._prefetch = prefetch
-        self._lock = threading.RLock()
-        self._state: Any = None  # wrapped state after the last batch handed out
-        self._closed = False
-        # The finalizer owns the running prefetcher, so the thread stops when this
-        # object is collected or at interpreter exit, without a reference cycle
-        # and without waiting for the batch in progress. The wrapped iterator is
-        # not closed then (someone else may hold it): the thread lets go of it.
-        self._holder: list = [None]
-        self._finalizer = weakref.finalize(self, stop_holder, self._holder, wait=False)
-
-    def _prefetcher(self) -> Prefetcher:
-        if self._closed:
-            raise ClosedIteratorError("DeviceIterator is closed")
-        prefetcher = self._holder[0]
-        if prefetcher is None:
-            if self._get_state is not None and self._state is None:
-                # The thread runs ahead from here on; remember where the user is.
-                self._state = self._get_state()
-            prefetcher = Prefetcher(self._iterator, self._get_state, self._convert, self._prefetch)
-            self._holder[0] = prefetcher
-        return prefetcher
+        self._convert = functools.partial(_to_device, sharding=self._sharding, copy=copy, global_batch=global_batch)
 
     def __next__(self) -> Any:
         with self._lock:
@@ -266,7 +277,7 @@ class DeviceIterator(OrbaxCheckpointable, ClosesOnExit, Iterator[Any]):
                 if self._closed:
                     raise ClosedIteratorError("DeviceIterator is closed")
                 return self._convert(next(self._iterator))
-            self._prefetcher()
+            self._prefetcher(self._iterator, self._convert)
             value, self._state = take(self._holder)
             return value
 
@@ -274,7 +285,7 @@ class DeviceIterator(OrbaxCheckpointable, ClosesOnExit, Iterator[Any]):
         """Starts filling the buffer now (e.g. while the model restores)."""
         with self._lock:
             if self._prefetch:
-                self._prefetcher()
+                self._prefetcher(self._iterator, self._convert)
             elif isinstance(self._iterator, Prefetching):
                 self._iterator.start_prefetch()
 
@@ -303,18 +314,6 @@ class DeviceIterator(OrbaxCheckpointable, ClosesOnExit, Iterator[Any]):
             if self._state is not None:
                 state = self._state
         return state
-
-    def set_state(self, state: Any) -> None:
-        """Restores the wrapped iterator; prefetched batches are dropped.
-
-        Raises whatever the wrapped ``set_state`` raises (``InvalidStateError``
-        for a state of another pipeline), leaving the position unchanged.
-        """
-        with self._lock:
-            set_state = checkpointable(self._iterator, "DeviceIterator").set_state
-            previous = self.get_state()
-            self._state = None
-            restore(self._holder, set_state, state, previous)
 
     def close(self) -> None:
         """Stops the prefetch thread and closes the wrapped iterator. Idempotent.

@@ -1,14 +1,7 @@
 """``grain.experimental.device_put``: a Dataset whose elements are put on JAX devices.
 
-Two thread stages, as in grain: one computes up to ``cpu_buffer_size`` elements
-ahead on the host, the next puts up to ``device_buffer_size`` of them on the
-devices ahead of use. The state is the dataset's own (thread stages add nothing),
-so a checkpoint restores in grain and in grainlike alike.
-
-A numpy leaf that does not own its memory (a view of shared memory or of a buffer
-that may be refilled) is copied before JAX sees it: on CPU ``jax.device_put`` can
-alias the numpy memory instead of copying it. jax is imported when
-``device_put`` is called.
+Two thread stages, as in grain (so the state is the dataset's own); a numpy leaf
+that does not own its memory is copied first, as in ``DeviceIterator``.
 """
 
 from __future__ import annotations

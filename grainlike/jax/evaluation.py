@@ -1,21 +1,9 @@
-"""A full pass over a data source for evaluation: every record exactly once.
+"""``evaluate``: a full pass over a data source, every record exactly once, reduced over the real records.
 
-``evaluate(fn, source, operations, batch_size=...)`` reads each record of the source
-once, in order (``PaddedEpochSampler``, one epoch), applies ``operations`` to it (in worker processes if asked),
-batches with ``Batch(batch_size, pad=True)`` so that every batch has the same shape
-(one compilation), runs the jitted ``fn`` on each batch and reduces ``fn``'s
-per-record results over the real records only (the mask drops the padding).
-
-Called while JAX traces (inside ``jax.jit``, ``lax.scan``, ``lax.while_loop``),
-``evaluate`` becomes part of the traced program: the batches come in through
-ordered host callbacks (``grainlike.full_reference_data``), the program holds no
-data, and every reduction (``"concat"`` and callables included) is computed in
-JAX, so its result is traced too. A read that fails there (a failing source or
-transform) does not raise inside the computation: the rest of the pass is zeros,
-masked out, and the exception is raised as itself on leaving ``with
-grainlike.host_errors():`` around the jitted call.
-
-jax is imported inside ``evaluate``; workers import this module without jax.
+Batches are padded (``Batch(batch_size, pad=True)``) so that every batch has the
+same shape (one compilation) and the mask drops the padding. Called while JAX
+traces, the pass is part of the traced program, fed by ``full_reference_data``'s
+host callbacks. jax is imported inside ``evaluate``; workers import this module without jax.
 """
 
 from __future__ import annotations
@@ -41,18 +29,6 @@ class _WithIndex(MapWithIndexTransform):
 
     def map_with_index(self, index: int, element: Any) -> Any:
         return {"index": np.int64(index), "element": element}
-
-
-def _check_args(operations: Sequence[Any], batch_size: Any, reduce: Any) -> None:
-    for i, op in enumerate(operations):
-        if is_batch(op):
-            raise ValueError(
-                f"operations[{i}] is a Batch; evaluate batches by itself (with padding "
-                "and a mask), pass batch_size= instead"
-            )
-    batch_size = check_int("batch_size", batch_size, 1)
-    if not callable(reduce) and reduce not in _REDUCTIONS:
-        raise ValueError(f"reduce must be one of {_REDUCTIONS} or a callable, got {reduce!r}")
 
 
 def evaluate(
@@ -115,7 +91,15 @@ def evaluate(
     from grainlike.jax.device_iterator import DeviceIterator
 
     operations = list(operations)
-    _check_args(operations, batch_size, reduce)
+    for i, op in enumerate(operations):
+        if is_batch(op):
+            raise ValueError(
+                f"operations[{i}] is a Batch; evaluate batches by itself (with padding "
+                "and a mask), pass batch_size= instead"
+            )
+    check_int("batch_size", batch_size, 1)
+    if not callable(reduce) and reduce not in _REDUCTIONS:
+        raise ValueError(f"reduce must be one of {_REDUCTIONS} or a callable, got {reduce!r}")
     # Pads this shard's records up to whole batches of every worker, with the
     # largest shard setting the count: each JAX process runs as many steps.
     sampler = PaddedEpochSampler(
@@ -201,8 +185,10 @@ def _evaluate_traced(loader: DataLoader, per_record: Callable[[Any], Any],
             acc = sums if acc is None else jax.tree.map(jnp.add, acc, sums)
             return None, acc
 
-        # The first batch's sums set the accumulator's structure.
-        zero = jax.eval_shape(lambda: masked_sums(*_zeros_of(full)))
+        # The sums of a zero batch set the accumulator's structure.
+        cache_spec, mask_spec = full._specs_of()
+        one = lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype)  # noqa: E731
+        zero = jax.eval_shape(masked_sums, jax.tree.map(one, cache_spec)["element"], one(mask_spec))
         acc0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero)
         _, (_, (sums, count)) = full.map(add, state, acc0, masking=True)
         if reduce == "sum":
@@ -219,13 +205,3 @@ def _evaluate_traced(loader: DataLoader, per_record: Callable[[Any], Any],
     order = jnp.argsort(jnp.where(mask, index, jnp.iinfo(index.dtype).max))[:num_records]
     concat = jax.tree.map(lambda x: flat(x)[order], out)
     return concat if reduce == "concat" else reduce(concat)
-
-
-def _zeros_of(full: Any) -> tuple:
-    """A zero element batch and mask of ``full``'s batches (for eval_shape)."""
-    import jax
-    import jax.numpy as jnp
-
-    cache_spec, mask_spec = full._specs_of()
-    batch = jax.tree.map(lambda s: jnp.zeros(s.shape[1:], s.dtype), cache_spec)
-    return batch["element"], jnp.zeros(mask_spec.shape[1:], mask_spec.dtype)

@@ -1,13 +1,8 @@
 """``full_reference_data``: a function mapped over every record exactly once inside jitted code (JaxSGMC's).
 
-``full_reference_data(...)`` gives a ``FullReferenceData`` whose ``map`` runs a
-``lax.scan`` over the batches of one pass, padded and masked at the end; the data
-comes in through ordered host callbacks (``grainlike.jax.host_callbacks``),
+The data comes in through ordered host callbacks (``grainlike.jax.host_callbacks``),
 ``cache_size`` batches at a time, so the compiled program holds no data.
-``full_data_mapper`` is JaxSGMC's form without a data state. A callback that
-fails makes ``FullDataState.ok`` False; the host raises the exception afterwards
-(``host_errors``). Importing this module costs numpy only; jax is imported when
-a pass runs.
+Importing this module costs numpy only.
 """
 
 from __future__ import annotations
@@ -15,22 +10,19 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
-import numpy as np
-
-from grainlike.core import tree
 from grainlike.core.errors import check_int
 from grainlike.core.samplers import IndexSampler
 from grainlike.core.sharding import NoSharding
-from grainlike.core.transforms import Batch, FilterTransform
+from grainlike.core.transforms import Batch
 from grainlike.jax.host_callbacks import CallbackErrors, host_callback
 from grainlike.jax.jit_batches import (
     MiniBatchInformation,
     _as_source,
-    _cast,
+    _batched_loader,
+    _check_feed_arguments,
     _device_specs,
     _find_batch,
-    _numeric,
-    _split_mask,
+    _read_cache,
 )
 from grainlike.loader.data_loader import DataLoader
 
@@ -44,8 +36,7 @@ class FullDataState(NamedTuple):
       passes: passes made so far (int32 scalar).
       ok: bool scalar, False once a pass could not read all its batches (a
         failing transform or source, ...): that pass saw zero batches with an
-        all-False mask from the failure on, and the exception is raised on the
-        host (``host_errors``, or the next ``init`` / ``map``).
+        all-False mask from the failure on.
     """
 
     passes: Any
@@ -60,11 +51,9 @@ class FullReferenceData:
     and masked); the batches come from the host through one ordered callback per
     ``cache_size`` batches, so the program holds no data.
 
-    A callback that fails inside a jitted computation does not raise there: the
-    rest of the pass gets zero batches with an all-False mask, the returned
-    state's ``ok`` is False, and the exception is raised on the host by
-    ``host_errors`` around the call, or by the next ``init`` / ``map``. Called
-    eagerly, ``map`` raises it itself.
+    A callback that fails turns the returned state's ``ok`` False; its exception
+    is raised by ``host_errors`` around the call or by the next ``init`` /
+    ``map`` (called eagerly, by ``map`` itself).
     """
 
     def __init__(self, loader: DataLoader, cache_size: int, observation_count: int):
@@ -92,26 +81,15 @@ class FullReferenceData:
             self._iterator = iter(self._loader)
             for _ in range(fill * self._cache_size):  # only after an interrupted pass
                 next(self._iterator)
-        batches, masks = [], []
-        for _ in range(self._cache_size):
-            try:
-                batch = next(self._iterator)
-            except StopIteration:
-                break
-            data, mask = _split_mask(batch, True)
-            batches.append(data)
-            masks.append(np.asarray(mask, bool))
-        if not batches:
+        out = _read_cache(self._iterator, self._cache_size, True, None, "full reference data")
+        if out is None:
             raise EOFError(f"full reference data: the pass ended before fill {fill}")
-        for _ in range(self._cache_size - len(batches)):
-            batches.append(tree.zeros_like(batches[0]))
-            masks.append(np.zeros_like(masks[0]))
         self._next_fill = fill + 1
         if self._next_fill * self._cache_size >= self._num_batches:
             # The pass is complete: its workers (if any) stop now, not at exit.
             self._iterator.close()
             self._iterator = None
-        return _numeric(tree.stack(batches), "full reference data"), np.stack(masks)
+        return out[:2]
 
     def _specs_of(self) -> Any:
         with self._lock:
@@ -124,8 +102,7 @@ class FullReferenceData:
 
     def _host_fill(self, fill: Any) -> tuple:
         with self._lock:
-            cache, mask = self._read(int(fill))
-            return _cast(cache, self._specs[0]), mask
+            return self._read(int(fill))  # the callback casts to the specs
 
     def init(self) -> FullDataState:
         """The initial state of ``map`` (JaxSGMC's ``init_fn()``)."""
@@ -152,7 +129,7 @@ class FullReferenceData:
           information: pass ``MiniBatchInformation`` with each batch.
 
         Returns ``(state, (results, carry))``; ``state.ok`` is False when the
-        pass could not read all its batches (see the class).
+        pass could not read all its batches.
         """
         import jax
         import jax.numpy as jnp
@@ -226,29 +203,14 @@ def full_reference_data(data: Any, cache_size: int = 100, batch_size: Optional[i
       state, (batch_sums, _) = full.map(lambda b, m, c: (jnp.sum(m * b["base"] ** 2), c),
                                         full.init(), None, masking=True)
     """
+    checked = _check_feed_arguments("full_reference_data", data, batch_size, operations, worker_count)
     if isinstance(data, DataLoader):
-        if batch_size is not None or operations or worker_count:
-            raise ValueError(
-                "full_reference_data(loader): batch_size, operations and worker_count come "
-                "from the DataLoader; leave them out"
-            )
-        batch = _find_batch(data.operations, "full_reference_data")
-        if not batch.pad or not isinstance(data.operations[-1], Batch):
+        if not checked.pad or not isinstance(data.operations[-1], Batch):
             raise ValueError("full_reference_data(loader): the last operation must be Batch(..., pad=True)")
         return FullReferenceData(data, cache_size, len(data.sampler))
-    if batch_size is None:
-        raise ValueError("full_reference_data(source, ...): pass batch_size=")
-    batch_size = check_int("batch_size", batch_size, 1)
-    if any(isinstance(op, (Batch, FilterTransform)) for op in operations):
-        raise ValueError("full_reference_data: operations must be per-record maps (no Batch, no filter)")
     source = _as_source(data)
-    loader = DataLoader(
-        data_source=source,
-        sampler=IndexSampler(len(source), NoSharding(), shuffle=False, num_epochs=1),
-        operations=list(operations) + [Batch(batch_size, pad=True)],
-        worker_count=worker_count,
-        shard_options=NoSharding(),
-    )
+    sampler = IndexSampler(len(source), NoSharding(), shuffle=False, num_epochs=1)
+    loader = _batched_loader(source, sampler, operations, checked, True, worker_count)
     return FullReferenceData(loader, cache_size, len(source))
 
 

@@ -1,16 +1,17 @@
 """Host callbacks that never raise inside jitted code, and ``host_errors`` that raises after.
 
-No exception ever leaves one of grainlike's host callbacks (on GPUs one would
-poison every later computation of the process): a callback that fails (the end
-of the data, a failing source or transform, a released chain) keeps its
-exception in its feed's ``CallbackErrors`` and returns zeros with ``ok=False``.
-The host raises the original exception afterwards: on leaving ``with
-host_errors():`` (or a function under ``@host_errors()``), by the feed's next
-host call, or at once when the call was not traced. Host callbacks need JAX's
-``cpu`` platform (``JAX_PLATFORMS=cuda,cpu``, not ``cuda`` alone); its absence is
-raised when the program is traced. Every grainlike feed of jitted code
-(``InJitIterator``, ``reference_data``, ``full_reference_data``, ``io.save``)
-goes through ``host_callback`` here. Importing this module costs numpy only.
+Every grainlike feed of jitted code (``InJitIterator``, ``reference_data``,
+``full_reference_data``, ``io.save``) goes through ``host_callback`` here. No
+exception leaves a callback (on GPUs one raised in an ordered callback poisons the
+runtime token of ordered effects, and every later computation of the process fails
+with it): a callback that fails (the end of the data, a failing source or
+transform, a released chain) keeps its exception in its feed's ``CallbackErrors``
+and returns zeros of the expected shapes with ``ok=False``; from then on the feed's
+callbacks return at once without reading, so no data is skipped or repeated. The
+host raises the original exception afterwards: on leaving ``with host_errors():``,
+by the feed's next host call, or at once when the call was not traced. Host
+callbacks need JAX's ``cpu`` platform (``JAX_PLATFORMS=cuda,cpu``, not ``cuda``
+alone). Importing this module costs numpy only.
 """
 
 from __future__ import annotations
@@ -27,25 +28,14 @@ import numpy as np
 
 __all__ = ["CallbackErrors", "host_callback", "host_errors"]
 
-
-# Nothing grainlike runs inside a JAX host callback raises out of it: on GPUs an
-# exception raised in an ordered callback poisons the runtime token of ordered
-# effects, and every later synchronisation of the process fails with it. A
-# callback reports failure as data instead (``ok=False`` and zero-filled outputs
-# of the shapes and dtypes the program expects), keeps the exception, and the host
-# raises it after the jitted call: the owner's next host call, ``host_errors``'s
-# exit, or at once when the call was not traced (its ``ok`` is a concrete value).
-
 _logger = logging.getLogger("grainlike")
 
 
 class _Registry:
-    """Which feeds' callbacks reported a pending exception, by when they last did (bounded).
+    """Which feeds' callbacks reported a pending exception, by when they last did (bounded, weak).
 
-    A callback reports its feed's pending exception when it catches it, and again
-    each time it is called while the exception is still pending, so that a
-    ``host_errors`` context around a later computation of that feed raises it.
-    Feeds are held by weak references: a feed nobody holds is not kept alive.
+    A callback reports again each time it runs while its exception is pending, so
+    that a ``host_errors`` context around a later computation of that feed raises it.
     """
 
     def __init__(self) -> None:
@@ -79,15 +69,7 @@ _REGISTRY = _Registry()
 
 
 class CallbackErrors:
-    """The exception a feed's host callbacks caught, held until the host raises it.
-
-    Each feed (an ``InJitIterator``, a ``ReferenceData``, a ``FullReferenceData``,
-    the functions of one ``io.save``) has one. Its callbacks run through
-    ``guard``: whatever they raise is kept here and the callback returns
-    ``ok=False`` with zero-filled outputs. While an exception is pending, the
-    guarded callbacks return at once without calling the feed, so no data is
-    consumed and the feed stays at the last batch it delivered. ``raise_pending``
-    raises it on the host, once; ``host_errors`` does too.
+    """The exception a feed's host callbacks caught, held until the host raises it (once).
 
     Args:
       owner: the feed's name, for the log line and for errors.
@@ -98,11 +80,6 @@ class CallbackErrors:
         self._lock = threading.Lock()
         self._pending: Optional[BaseException] = None
 
-    @property
-    def failed(self) -> bool:
-        """Whether an exception is pending."""
-        return self._pending is not None
-
     def record(self, error: BaseException) -> None:
         """Keeps ``error`` (the first one, while one is pending). Never raises."""
         with self._lock:
@@ -111,11 +88,15 @@ class CallbackErrors:
             self._pending = error
         _REGISTRY.add(self)
         try:
+            try:
+                text = str(error)
+            except BaseException:
+                text = f"<unprintable {type(error).__name__}>"
             _logger.warning(
                 "%s: a host callback failed with %s: %s; the jitted computation goes on with "
                 "zero-filled data and ok=False, and the exception is raised on the host by "
                 "`with grainlike.host_errors():` around the call or by the next call on %s",
-                self._owner, type(error).__name__, _describe(error), self._owner,
+                self._owner, type(error).__name__, text, self._owner,
             )
         except BaseException:  # pragma: no cover - a broken handler must not raise here
             pass
@@ -137,29 +118,20 @@ class CallbackErrors:
         if error is not None:
             raise error
 
-    def raise_failed(self) -> None:
-        """Called when a computation's ``ok`` came back False: raises what made it so."""
-        self.raise_pending()
-        raise RuntimeError(
-            f"{self._owner}: the data of this computation is incomplete (ok is False): a host "
-            "callback failed, and its exception was raised before (by host_errors or an earlier "
-            "call on the feed)"
-        )
-
     def check(self, ok: Any) -> None:
         """Raises the pending exception now if ``ok`` is a concrete False (an untraced call)."""
         import jax
 
         if not isinstance(ok, jax.core.Tracer) and not bool(ok):
-            self.raise_failed()
+            self.raise_pending()
+            raise RuntimeError(
+                f"{self._owner}: the data of this computation is incomplete (ok is False): a host "
+                "callback failed, and its exception was raised before (by host_errors or an earlier "
+                "call on the feed)"
+            )
 
     def guard(self, fn: Callable[..., Any], specs: Any) -> Callable[..., tuple]:
-        """``fn`` as a host callback that never raises: it returns ``(ok, outputs)``.
-
-        ``outputs`` are ``fn``'s, checked against ``specs`` (a JAX pytree of
-        ``ShapeDtypeStruct``) and cast to their dtypes, or zeros of ``specs``
-        when ``fn`` raised (or an exception was already pending).
-        """
+        """``fn`` as a host callback returning ``(ok, outputs conformed to specs)``, or zeros of ``specs``."""
 
         def callback(*args: Any) -> tuple:
             if self._pending is None:
@@ -169,16 +141,11 @@ class CallbackErrors:
                     self.record(e)
             else:
                 _REGISTRY.add(self)  # for a host_errors context around this computation
-            return np.bool_(False), _zeros(specs)
+            import jax
+
+            return np.bool_(False), jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), specs)
 
         return callback
-
-
-def _describe(error: BaseException) -> str:
-    try:
-        return str(error)
-    except BaseException:
-        return f"<unprintable {type(error).__name__}>"
 
 
 def _conform(out: Any, specs: Any, owner: str) -> Any:
@@ -205,12 +172,6 @@ def _conform(out: Any, specs: Any, owner: str) -> Any:
     return treedef.unflatten(conformed)
 
 
-def _zeros(specs: Any) -> Any:
-    import jax
-
-    return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), specs)
-
-
 def host_callback(errors: CallbackErrors, fn: Callable[..., Any], specs: Any, *args: Any) -> tuple:
     """``(ok, outputs)`` of ``fn(*args)`` run on the host by an ordered ``io_callback``.
 
@@ -233,13 +194,10 @@ _CPU_BACKEND: list = []  # [True] once the cpu backend was found
 
 
 def _require_cpu_backend() -> None:
-    """JAX runs a host callback's arguments through a ``cpu`` device: one must exist.
+    """Raises now, at trace time, if JAX has no ``cpu`` device.
 
-    ``jax.experimental.io_callback`` (``io_callback_impl`` in jax/_src/callback.py)
-    looks up ``jax.local_devices(backend="cpu")`` each time a callback runs; under
-    ``JAX_PLATFORMS=cuda`` there is none, and that lookup raises inside the
-    callback, where it poisons the process. So it is checked here, when the
-    program is traced.
+    ``io_callback`` looks one up each time a callback runs (``io_callback_impl`` in
+    jax/_src/callback.py); under ``JAX_PLATFORMS=cuda`` that raises inside the callback.
     """
     if _CPU_BACKEND:
         return
@@ -260,16 +218,14 @@ def _require_cpu_backend() -> None:
 class host_errors(contextlib.ContextDecorator):
     """Raises, on exit, the exception a grainlike host callback caught during the context.
 
-    A grainlike callback inside a jitted computation never raises (on GPUs that
-    would poison every later computation of the process): it returns zeros and
-    ``ok=False`` and keeps the exception. On leaving this context (or a function
-    decorated with ``@host_errors()``), JAX's pending host callbacks are waited
-    for (``jax.effects_barrier()``) and the first exception a grainlike callback
+    A grainlike callback inside a jitted computation never raises (see the module
+    docstring). On leaving this context (or a function decorated with
+    ``@host_errors()``), JAX's pending host callbacks are waited for
+    (``jax.effects_barrier()``) and the first exception a grainlike callback
     reported during the context (``EOFError`` at the end of the data, say) is
-    raised as itself, with its message, traceback and cause: one it caught, or
-    one caught earlier that no one raised yet, which its feed's callbacks report
-    again each time they run. Exceptions of other callbacks, and any exception
-    already leaving the context, pass unchanged.
+    raised as itself, with its traceback and cause: one it caught, or one caught
+    earlier that no one raised yet. Exceptions of other callbacks, and any
+    exception already leaving the context, pass unchanged.
 
     Example:
       with grain.host_errors():

@@ -1,56 +1,28 @@
-"""Batches drawn from inside ``jax.jit`` / ``lax.scan``, through an ordered io_callback.
+"""Batches drawn from inside ``jax.jit`` / ``lax.scan``, through an ordered host callback.
 
-A training loop written as one jitted ``lax.scan`` over many steps can draw its own
-batches: ``InJitIterator.draw()`` is an ordered ``jax.experimental.io_callback``
-that returns the next ``batches_per_call`` batches stacked on a new leading axis, so
-the host is visited once per ``batches_per_call`` steps, not once per step. A
-background thread keeps ``prefetch`` such stacks ready. ``scan`` wraps the usual
-two-level loop (one draw per outer step, an inner scan over its batches).
-``next()`` returns one batch per call (one host visit per batch). ``draw()`` needs
-an explicit ``batches_per_call``: code that keeps one batch of a stack
-(``draw()[0]``) would skip the others. For a device-side cache that hands out one
-batch at a time, see ``grainlike.reference_data``.
-
-Nothing raises inside the callback (on GPUs an exception there would poison every
-later computation of the process). At the end of the data, or when reading fails
-(a failing transform, a batch of another shape), the callback keeps the exception
-and returns zeros with ``ok=False``; from then on the feed's callbacks return at
-once without reading, so no batch is skipped or repeated. The exception
-(``EOFError`` at the end) is raised on the host: on leaving ``with
-grainlike.host_errors():`` around the jitted call, or by the feed's next host
-call (``get_state``, ``set_state``, a new ``draw``/``next``/``scan``); an eager
-``draw()``/``next()`` raises it at once. Inside the program, ``draw(with_ok=True)``,
-``next(with_ok=True)`` and ``scan(..., with_ok=True)`` also return ``ok``, and
-``scan`` skips its step for batches that were not delivered (the carry stays
-the one after the last real batch).
-
-The position is checkpointable: ``get_state()`` is the wrapped iterator's state
-right after the last batch *delivered to jitted code*; stacks waiting in the
-host-side buffer are not counted, so a restore neither skips nor repeats a batch.
-Because JAX dispatches asynchronously, call ``get_state()`` after the jitted
-computation has finished (``jax.block_until_ready`` on its result).
-
-The stacks come back as one host-to-device transfer per draw onto the device the
-computation runs on; for batches sharded over several devices or JAX processes,
-feed the step from a ``DeviceIterator`` instead.
-
-jax is imported when ``draw`` or ``scan`` is traced; importing this module costs
-numpy only.
+``InJitIterator.draw()`` returns the next ``batches_per_call`` batches stacked on a
+new leading axis, so a jitted ``lax.scan`` over many steps visits the host once per
+``batches_per_call`` steps; ``next()`` returns one batch per call. Failures never
+raise inside the callback (see ``grainlike.jax.host_callbacks``). The stacks come
+back as one host-to-device transfer per draw onto the device the computation runs
+on; for batches sharded over several devices or JAX processes, use a
+``DeviceIterator``. For a device-side cache handing out one batch at a time, see
+``grainlike.reference_data``. Importing this module costs numpy only.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
 from grainlike.core import tree
 from grainlike.core.errors import ClosedIteratorError, check_int, is_int
-from grainlike.core.protocols import Checkpointable, ClosesOnExit, close_if_closeable
-from grainlike.core.read_ahead import Prefetcher, checkpointable, restore, stop_holder, take
+from grainlike.core.protocols import close_if_closeable
+from grainlike.core.read_ahead import checkpointable, stop_holder, take
+from grainlike.jax.device_iterator import _ReadAheadFeed
 from grainlike.jax.host_callbacks import CallbackErrors, host_callback
+from grainlike.jax.jit_batches import _device_specs, _numeric
 
 __all__ = ["InJitIterator"]
 
@@ -79,33 +51,21 @@ class _Stacks:
                     "(num_epochs=None), a step count it covers, or next() (one batch "
                     "per call)"
                 ) from None
-        return tree.stack([_numeric(b) for b in batches])
+        return tree.stack([_numeric(b, "InJitIterator") for b in batches])
 
 
-def _numeric(batch: Any) -> Any:
-    for leaf in tree.flatten(batch):
-        kind = np.asarray(leaf).dtype.kind
-        if kind not in tree.DEVICE_KINDS:
-            raise TypeError(
-                f"InJitIterator: batches must hold numeric leaves only, got dtype "
-                f"{np.asarray(leaf).dtype}; drop string/object leaves with a MapTransform"
-            )
-    return batch
-
-
-def _matching(x: Any, spec: Any) -> np.ndarray:
-    """``x`` cast to the spec's dtype; a batch of another shape is a clear error."""
-    x = np.asarray(x, dtype=spec.dtype)
+def _check_shape(x: Any, spec: Any) -> None:
+    """A batch of another shape than the compiled program's is a clear error (the callback casts)."""
+    x = np.asarray(x)
     if x.shape != tuple(spec.shape):
         raise ValueError(
             f"InJitIterator: a batch of shape {x.shape[1:]} where the compiled program "
             f"expects {tuple(spec.shape[1:])}; a short final batch? Use Batch(..., "
             "drop_remainder=True) or Batch(..., pad=True)"
         )
-    return x
 
 
-class InJitIterator(ClosesOnExit):
+class InJitIterator(_ReadAheadFeed):
     """Feeds batches to jitted code: ``draw()`` returns the next ``k`` batches, stacked.
 
     Args:
@@ -123,11 +83,11 @@ class InJitIterator(ClosesOnExit):
 
     At the end of the data (use a loader that repeats, or a step count the
     loader covers) or when reading a batch fails, the callback returns zeros
-    and ``ok=False`` instead of raising; the exception (``EOFError`` at the
-    end) is raised on the host by ``grainlike.host_errors()`` around the
-    jitted call or by the feed's next host call (``get_state``, ``set_state``,
-    ``draw``, ``next``, ``scan``). Until then the feed reads nothing, and
-    ``get_state()`` stays after the last batch delivered.
+    and ``ok=False``; the exception (``EOFError`` at the end) is raised by
+    ``grainlike.host_errors()`` around the jitted call or by the feed's next
+    host call. ``get_state()`` is the wrapped iterator's state after the last
+    batch delivered to jitted code: call it once the computation has finished
+    (``jax.block_until_ready``).
 
     A feed serves either ``draw()``/``scan()`` or ``next()``, whichever is used first.
 
@@ -147,33 +107,22 @@ class InJitIterator(ClosesOnExit):
                  prefetch: int = 1, spec: Any = None):
         batches_per_call = check_int("batches_per_call", batches_per_call, 1, none_ok=True)
         prefetch = check_int("prefetch", prefetch)
-        self._iterator = iter(iterator)
-        self._get_state = self._iterator.get_state if isinstance(self._iterator, Checkpointable) else None
+        super().__init__(iterator, prefetch, "InJitIterator", wait_on_collect=True)
         self._explicit_k = batches_per_call is not None
         self._k = batches_per_call if batches_per_call is not None else _DEFAULT_K
         self._mode: Optional[str] = None  # "draw" or "next", fixed by the first use
-        self._prefetch = prefetch
         self._spec = spec  # per batch, as given
         self._chunk_spec: Any = None  # per draw, canonical dtypes
         self._stacks = _Stacks(self._iterator, self._k)
-        self._lock = threading.RLock()
-        self._state: Any = None  # wrapped state after the last delivered batch
         self._peeked: Optional[tuple] = None  # a stack read to learn the shapes
-        self._closed = False
         self._errors = CallbackErrors("InJitIterator")
-        self._holder: list = [None]
-        self._finalizer = weakref.finalize(self, stop_holder, self._holder)
 
     @property
     def batches_per_call(self) -> int:
         return self._k
 
-    # -- host side ---------------------------------------------------------------
-
-    def _remember_position(self) -> None:
-        """Before reading ahead of the user for the first time, note where they are."""
-        if self._get_state is not None and self._state is None:
-            self._state = self._get_state()
+    def _forget_read_ahead(self) -> None:
+        self._peeked = None
 
     def _read(self) -> tuple:
         """The next (stack, wrapped state after it), from the buffer or directly."""
@@ -182,19 +131,11 @@ class InJitIterator(ClosesOnExit):
         if self._peeked is not None:
             item, self._peeked = self._peeked, None
             return item
-        if self._prefetch == 0:
-            self._remember_position()
-            try:
-                stack = next(self._stacks)
-            except StopIteration:
-                raise EOFError("InJitIterator: the wrapped iterator has ended") from None
-            return stack, self._get_state() if self._get_state is not None else None
-        prefetcher = self._holder[0]
-        if prefetcher is None:
-            self._remember_position()
-            prefetcher = Prefetcher(self._stacks, self._get_state, None, self._prefetch, owner="InJitIterator")
-            self._holder[0] = prefetcher
         try:
+            if self._prefetch == 0:
+                self._remember_position()
+                return next(self._stacks), self._get_state() if self._get_state is not None else None
+            self._prefetcher(self._stacks, None)
             return take(self._holder)
         except StopIteration:
             raise EOFError("InJitIterator: the wrapped iterator has ended") from None
@@ -214,7 +155,7 @@ class InJitIterator(ClosesOnExit):
                 )
 
     def _host_draw(self) -> Any:
-        """The io_callback: the next stack, cast to the traced dtypes."""
+        """The io_callback: the next stack."""
         import jax
 
         with self._lock:
@@ -222,33 +163,21 @@ class InJitIterator(ClosesOnExit):
             # The specs are JAX pytrees (possibly the user's, from element_spec), so the
             # stack is matched to them with JAX's own tree functions. A stack that does
             # not match is not delivered: the position stays before it.
-            matched = jax.tree.map(_matching, stack, self._chunk_spec)
+            jax.tree.map(_check_shape, stack, self._chunk_spec)
             self._state = state
-        return matched
+        return stack
 
     def _spec_of_draw(self) -> Any:
         import jax
 
         with self._lock:
-            if self._chunk_spec is None:
-                spec = self._spec
-                if spec is None:
-                    self._remember_position()
-                    self._peeked = self._read()
-                    per_draw = jax.tree.map(
-                        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self._peeked[0]
-                    )
-                else:
-                    per_draw = jax.tree.map(
-                        lambda s: jax.ShapeDtypeStruct((self._k,) + tuple(s.shape), s.dtype), spec
-                    )
-                self._chunk_spec = jax.tree.map(
-                    lambda s: jax.ShapeDtypeStruct(s.shape, jax.dtypes.canonicalize_dtype(s.dtype)),
-                    per_draw,
-                )
+            if self._chunk_spec is None and self._spec is None:
+                self._peeked = self._read()
+                self._chunk_spec = _device_specs(self._peeked[0])
+            elif self._chunk_spec is None:
+                self._chunk_spec = jax.tree.map(lambda s: jax.ShapeDtypeStruct(
+                    (self._k,) + tuple(s.shape), jax.dtypes.canonicalize_dtype(s.dtype)), self._spec)
             return self._chunk_spec
-
-    # -- traced side -------------------------------------------------------------
 
     def draw(self, *, with_ok: bool = False) -> Any:
         """The next ``batches_per_call`` batches, stacked on a new leading axis.
@@ -276,16 +205,22 @@ class InJitIterator(ClosesOnExit):
                 "leading axis, and every one of them counts as delivered; pass "
                 "batches_per_call=k explicitly (and use all k), or call next() for one batch"
             )
-        ok, stack = self._draw()
+        ok, stack = self._callback("draw")
         return (stack, ok) if with_ok else stack
 
-    def _draw(self) -> tuple:
-        """``(ok, stack)`` of one ordered callback; raises at once when not traced."""
+    def _callback(self, mode: str) -> tuple:
+        """``(ok, stack or batch)`` of one ordered callback of ``mode``; raises at once when not traced."""
+        import jax
+
         self._errors.raise_pending()
-        self._use("draw")
-        ok, stack = host_callback(self._errors, self._host_draw, self._spec_of_draw())
+        self._use(mode)
+        fn, spec = self._host_draw, self._spec_of_draw()
+        if mode == "next":
+            spec = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), spec)
+            fn = lambda: jax.tree.map(lambda x: x[0], self._host_draw())  # noqa: E731
+        ok, out = host_callback(self._errors, fn, spec)
         self._errors.check(ok)
-        return ok, stack
+        return ok, out
 
     def next(self, *, with_ok: bool = False) -> Any:
         """The next batch (one ordered host callback per call).
@@ -304,17 +239,7 @@ class InJitIterator(ClosesOnExit):
           Exception: an exception a callback of this feed caught and no one
             raised yet; called eagerly, the exception of this call.
         """
-        import jax
-
-        self._errors.raise_pending()
-        self._use("next")
-        spec = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape[1:], s.dtype), self._spec_of_draw())
-
-        def one() -> Any:
-            return jax.tree.map(lambda x: x[0], self._host_draw())
-
-        ok, batch = host_callback(self._errors, one, spec)
-        self._errors.check(ok)
+        ok, batch = self._callback("next")
         return (batch, ok) if with_ok else batch
 
     def scan(self, step: Callable[[Any, Any], tuple], carry: Any, num_steps: int, *,
@@ -350,7 +275,7 @@ class InJitIterator(ClosesOnExit):
 
         def outer(c: tuple, _: Any) -> tuple:
             c, all_ok = c
-            ok, stack = self._draw()
+            ok, stack = self._callback("draw")
             # The steps of a draw that delivered nothing are skipped, not run on zeros.
             skipped = jax.eval_shape(inner, c, stack)[1]
             c, outs = jax.lax.cond(
@@ -364,8 +289,6 @@ class InJitIterator(ClosesOnExit):
                                          length=num_steps // self._k)
         outs = jax.tree.map(lambda x: x.reshape((num_steps,) + x.shape[2:]), outs)
         return (carry, outs, ok) if with_ok else (carry, outs)
-
-    # -- state -------------------------------------------------------------------
 
     def get_state(self) -> Any:
         """The wrapped iterator's state after the last batch delivered to jitted code.
@@ -386,12 +309,7 @@ class InJitIterator(ClosesOnExit):
         no one raised yet is raised first (and the state is not set).
         """
         self._errors.raise_pending()
-        with self._lock:
-            set_state = checkpointable(self._iterator, "InJitIterator").set_state
-            previous = self.get_state()
-            self._peeked = None
-            self._state = None
-            restore(self._holder, set_state, state, previous)
+        super().set_state(state)
 
     def close(self) -> None:
         """Stops the prefetch thread and closes the wrapped iterator. Idempotent.

@@ -7,32 +7,16 @@
     state, _ = save(state, keep, sample)                                  # in jit/scan, per step
     out = postprocess_save(state, None)   # {'sample_count': ..., 'samples': ...}
 
-``save`` sends a kept sample to the host with one ordered ``io_callback``, where
-the collector writes it: ``MemoryCollector`` into preallocated numpy arrays (and
-an ``.npz`` per chain if given a directory), ``HDF5Collector`` into an ``h5py``
-file (the ``hdf5`` extra). ``samples_collected`` is the number of samples to make
-room for: an int, or an object with a ``samples_collected`` attribute (JaxSGMC's
-``scheduler.static_information``).
-
-Beyond JaxSGMC: with ``checkpoint_every=N`` and a ``checkpoint_dir``, every N-th
-``save`` call also writes a checkpoint (atomically) holding the step count, the
-samples collected so far, the user's carry (``save(..., checkpoint=carry)``) and
-the position of a ``grainlike.reference_data`` chain (``data_state=``). After a
-crash, ``load(checkpoint_dir, init_checkpoint, data=...)`` returns that step, the
-carry and a data state that continues where the saved one was, and
-``init_save(..., resume=checkpoint)`` continues collecting after the saved
-samples: the resumed run ends with the same samples as an uninterrupted one.
-
-Nothing raises inside the callbacks (on GPUs an exception there would poison
-every later computation of the process). A save or checkpoint that fails (a
-collector with no room left, a chain position no longer kept, a full disk, ...)
-keeps its exception and reports failure as data: the sample is not counted in
-``saved_samples``, and from then on the callbacks of that ``save(...)`` write
-nothing. The exception is raised on the host by ``postprocess_save`` (or
-``init_save``, or a new trace of ``save``), or on leaving ``with
-grainlike.host_errors():`` around the jitted call.
-
-jax is imported when the functions are used; h5py when an ``HDF5Collector`` is made.
+``save`` sends a kept sample to the host with one ordered host callback
+(``grainlike.jax.host_callbacks``), where the collector writes it
+(``grainlike.jax.sample_collectors``). Beyond JaxSGMC: with ``checkpoint_every=N``
+and a ``checkpoint_dir``, every N-th ``save`` call also writes a checkpoint
+(atomically) of the step count, the samples so far, the user's carry and the
+position of a ``reference_data`` chain; ``load`` and ``init_save(...,
+resume=checkpoint)`` continue a crashed run so that it ends with the same samples
+as an uninterrupted one. A failed save is not counted in ``saved_samples``; its
+exception is raised by ``postprocess_save`` (or ``init_save``, a new trace of
+``save``, or ``host_errors``). jax is imported when the functions are used.
 """
 
 from __future__ import annotations
@@ -70,9 +54,6 @@ __all__ = [
     "register_dictionize_rule",
     "save",
 ]
-
-# -- saving inside jit ------------------------------------------------------------------
-
 
 class SavingState(NamedTuple):
     """The saving state to carry through the loop (a JAX pytree).

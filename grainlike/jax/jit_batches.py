@@ -1,20 +1,22 @@
-"""What reference data and full data share: batch checks, masks, specs, ``ArraysSource``.
+"""What the in-jit feeds share: argument and batch checks, stacked and masked caches, specs.
 
 ``MiniBatchInformation`` is JaxSGMC's description of a batch; ``ArraysSource``
-reads a dict of equally long arrays as a source (JaxSGMC's numpy loaders). The
-rest checks a loader's batches (numeric leaves, one ``Batch``) and describes them
-to JAX. jax is imported where a function needs it.
+reads a dict of equally long arrays as a source (JaxSGMC's numpy loaders). jax is
+imported where a function needs it.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from grainlike.core import tree
-from grainlike.core.transforms import Batch
+from grainlike.core.errors import check_int
+from grainlike.core.sharding import NoSharding
+from grainlike.core.transforms import Batch, FilterTransform
+from grainlike.loader.data_loader import DataLoader
 from grainlike.sources.tf_data import TfDataSource, is_tf_dataset
 
 __all__ = ["ArraysSource", "MiniBatchInformation"]
@@ -32,16 +34,6 @@ class MiniBatchInformation(NamedTuple):
     observation_count: Any
     mask: Any
     batch_size: Any
-
-
-def _split_mask(batch: Any, padded: bool) -> tuple:
-    """``(data, mask)`` of a batch; a padded Batch put its mask in the batch."""
-    if not padded:
-        return batch, None
-    if isinstance(batch, dict) and set(batch) == {"data", "mask"}:
-        return batch["data"], batch["mask"]
-    data = {k: v for k, v in batch.items() if k != "mask"}
-    return data, batch["mask"]
 
 
 def _numeric(batch: Any, where: str) -> Any:
@@ -67,9 +59,67 @@ def _find_batch(operations: Sequence[Any], where: str) -> Batch:
     return batches[0]
 
 
-def _leading(batch: Any) -> int:
-    """The leading (batch) size of a batch's first leaf."""
-    return int(np.shape(tree.flatten(batch)[0])[0])
+def _check_feed_arguments(where: str, data: Any, batch_size: Any, operations: Sequence[Any],
+                          worker_count: int) -> Any:
+    """A DataLoader's one ``Batch``, or for a source the checked ``batch_size``."""
+    if isinstance(data, DataLoader):
+        if batch_size is not None or operations or worker_count:
+            raise ValueError(
+                f"{where}(loader): batch_size, operations and worker_count come from "
+                "the DataLoader; leave them out"
+            )
+        return _find_batch(data.operations, where)
+    if batch_size is None:
+        raise ValueError(f"{where}(source, ...): pass batch_size=")
+    batch_size = check_int("batch_size", batch_size, 1)
+    if any(isinstance(op, (Batch, FilterTransform)) for op in operations):
+        raise ValueError(f"{where}: operations must be per-record maps (no Batch, no filter)")
+    return batch_size
+
+
+def _batched_loader(source: Any, sampler: Any, operations: Sequence[Any], batch_size: int, pad: bool,
+                    worker_count: int) -> DataLoader:
+    return DataLoader(data_source=source, sampler=sampler,
+                      operations=list(operations) + [Batch(batch_size, pad=pad)],
+                      worker_count=worker_count, shard_options=NoSharding())
+
+
+def _read_cache(iterator: Iterator[Any], count: int, padded: bool, size: Optional[int],
+                where: str) -> Optional[tuple]:
+    """Up to ``count`` batches stacked and padded to ``count``: ``(cache, mask, available)``; None at the end.
+
+    A batch shorter than ``size`` (None: the first batch's size), a loader's last, is padded and masked.
+    """
+    batches, masks = [], []
+    for batch in iterator:
+        mask = None
+        if padded and isinstance(batch, dict) and set(batch) == {"data", "mask"}:
+            batch, mask = batch["data"], batch["mask"]
+        elif padded:  # a padded Batch put its mask in the batch
+            batch, mask = {k: v for k, v in batch.items() if k != "mask"}, batch["mask"]
+        batches.append(batch)
+        masks.append(mask)
+        if len(batches) == count:
+            break
+    if not batches:
+        return None
+    available = len(batches)
+    leading = [int(np.shape(tree.flatten(b)[0])[0]) for b in batches]
+    size = size or leading[0]
+    for i, short in enumerate(leading):
+        if short < size:
+            batches[i] = tree.map_structure(
+                lambda x: np.concatenate([x, np.zeros((size - short,) + np.shape(x)[1:], np.asarray(x).dtype)]),
+                batches[i],
+            )
+            mask = np.zeros(size, bool)
+            mask[:short] = True if masks[i] is None else np.asarray(masks[i], bool)
+            masks[i] = mask
+    for _ in range(count - available):
+        batches.append(tree.zeros_like(batches[0]))
+        masks.append(np.zeros(size, bool))
+    mask = np.stack([np.ones(size, bool) if m is None else np.asarray(m, bool) for m in masks])
+    return _numeric(tree.stack(batches), where), mask, np.int32(available)
 
 
 def _device_specs(host_tree: Any) -> Any:
@@ -80,12 +130,6 @@ def _device_specs(host_tree: Any) -> Any:
         lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.dtypes.canonicalize_dtype(np.asarray(x).dtype)),
         host_tree,
     )
-
-
-def _cast(host_tree: Any, specs: Any) -> Any:
-    import jax
-
-    return jax.tree.map(lambda x, s: np.asarray(x, dtype=s.dtype), host_tree, specs)
 
 
 class ArraysSource:

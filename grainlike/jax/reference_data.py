@@ -1,21 +1,11 @@
 """``reference_data``: chains of batches for ``jax.jit``, ``lax.scan`` and ``lax.while_loop`` (JaxSGMC's).
 
-``reference_data(...)`` gives a ``ReferenceData``. ``init()`` returns a state
-holding a device-side cache of ``cache_size`` batches; ``next(state) -> (state,
-batch, info)`` takes one batch from it and, once every cached batch has been
-used, refills the cache with one ordered ``io_callback``
-(``grainlike.jax.host_callbacks``), the next fill read ahead in a background
-thread. No batch is ever skipped. Modes (JaxSGMC's): independent draws with
-replacement, shuffling without replacement reshuffled every epoch, and epochs
-padded to whole batches with a mask. Several chains, one state each, are
-independent. ``get_state(state)`` is a JSON-able checkpoint of where a chain is;
-``restore(checkpoint)`` gives a state that draws exactly the batches the saved
-one would have drawn.
-
-A refill that fails (the end of the data, a failing source or transform, a
-released chain) returns zeros with ``CacheState.ok`` False; the host raises the
-exception afterwards (``host_errors``). Importing this module costs numpy only;
-jax is imported when a chain is used.
+A chain's state holds a device-side cache of ``cache_size`` batches, refilled by
+one ordered host callback (``grainlike.jax.host_callbacks``) once every cached
+batch has been used, the next fill read ahead in a background thread. Modes
+(JaxSGMC's): draws with replacement, shuffling without replacement reshuffled
+every epoch, and epochs padded to whole batches with a mask. Importing this
+module costs numpy only.
 """
 
 from __future__ import annotations
@@ -29,24 +19,22 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from grainlike.core import tree
 from grainlike.core.errors import check_int, is_int
 from grainlike.core.read_ahead import ERROR, Prefetcher
 from grainlike.core.sampling import PaddedEpochSampler, RandomSampler
 from grainlike.core.samplers import IndexSampler
 from grainlike.core.sharding import NoSharding
-from grainlike.core.transforms import Batch, FilterTransform
+from grainlike.core.transforms import Batch
 from grainlike.jax.host_callbacks import CallbackErrors, host_callback
 from grainlike.jax.jit_batches import (
     ArraysSource,
     MiniBatchInformation,
     _as_source,
-    _cast,
+    _batched_loader,
+    _check_feed_arguments,
     _device_specs,
-    _find_batch,
-    _leading,
     _numeric,
-    _split_mask,
+    _read_cache,
 )
 from grainlike.loader.data_loader import DataLoader
 
@@ -69,9 +57,7 @@ class CacheState(NamedTuple):
       mask: bool ``(cache_size, batch_size)``, False for padding observations.
       ok: bool scalar, False once a refill failed (the end of the data, a failing
         transform, ...): from then on ``next`` returns zero batches with an
-        all-False mask and the position stays after the last batch delivered;
-        the exception is raised on the host (``host_errors``, or the next
-        ``init`` / ``next`` / ``get_state`` / ``restore`` of this reference data).
+        all-False mask and the position stays after the last batch delivered.
     """
 
     chain: Any
@@ -119,16 +105,12 @@ class ReferenceData:
     Build one with ``reference_data(...)``. Each ``init()`` starts an independent
     chain (its own loader iterator); its state is a ``CacheState`` to carry
     through ``jit`` / ``lax.scan`` / ``lax.while_loop``. ``next`` visits the host
-    once per ``cache_size`` batches (one ordered ``io_callback``), and returns
-    every batch of the chain, in order. Not usable under ``vmap`` (ordered
-    callbacks are not batched): give each chain its own state.
-
-    A refill that fails inside a jitted computation does not raise there: the
-    state's ``ok`` turns False, the batches are zeros with an all-False mask,
-    and the exception (``EOFError`` at the end of the data, or what the loader
-    raised) is raised on the host by ``host_errors`` around the call, or by the
-    next ``init`` / ``next`` / ``get_state`` / ``restore``. Until then no refill
-    of any chain of this reference data reads data.
+    once per ``cache_size`` batches and returns every batch of the chain, in
+    order. Not usable under ``vmap`` (ordered callbacks are not batched): give
+    each chain its own state. A refill that fails turns the state's ``ok`` False;
+    its exception is raised by ``host_errors`` around the call or by the next
+    ``init`` / ``next`` / ``get_state`` / ``restore``, and until then no chain of
+    this reference data reads data.
     """
 
     def __init__(self, make_reader: Callable[[dict], Any], cache_size: int,
@@ -192,9 +174,7 @@ class ReferenceData:
             chain = self._chains.get(int(chain_id))
             if chain is None:
                 raise ValueError(f"reference data: no chain {int(chain_id)} (it was released)")
-            cache, mask, available = self._read_fill(chain, int(fill))
-            cache_spec, mask_spec = self._specs
-            return _cast(cache, cache_spec), mask, available
+            return self._read_fill(chain, int(fill))  # the callback casts to the specs
 
     def _start(self, config: dict, loader_state: Optional[Any], line: int) -> CacheState:
         import jax
@@ -226,7 +206,7 @@ class ReferenceData:
             fill=jnp.int32(0),
             line=jnp.int32(line),
             available=jnp.int32(available),
-            cache=jax.tree.map(jnp.asarray, _cast(cache, self._specs[0])),
+            cache=jax.tree.map(lambda x, s: jnp.asarray(x, s.dtype), cache, self._specs[0]),
             mask=jnp.asarray(mask),
             ok=jnp.bool_(True),
         )
@@ -269,9 +249,7 @@ class ReferenceData:
 
         A refill that fails (EOFError when the chain's loader has ended, or what
         the loader raised) turns the state's ``ok`` False and gives zero
-        batches with an all-False ``info.mask``; inside a trace the exception
-        is raised on the host afterwards (see ``host_errors``), called eagerly
-        it is raised here.
+        batches with an all-False ``info.mask``; called eagerly it raises here.
         """
         import jax
         import jax.numpy as jnp
@@ -387,35 +365,11 @@ class _LoaderReader:
 
     def read(self, count: int, batch_size: Optional[int]) -> Optional[tuple]:
         """Up to ``count`` batches stacked, padded to ``count``: (cache, mask, available)."""
-        batches, masks = [], []
-        for _ in range(count):
-            try:
-                batch = next(self._iterator)
-            except StopIteration:
-                break
-            data, mask = _split_mask(batch, self._padded)
-            batches.append(data)
-            masks.append(mask)
-        if not batches:
-            return None
-        available = len(batches)
         # The first batch sets the size (a loader's batches are full until its last).
-        size = self._size = batch_size or self._size or _leading(batches[0])
-        for i, data in enumerate(batches):
-            short = _leading(data)
-            if short < size:  # a loader's last, smaller batch: padded and masked
-                batches[i] = tree.map_structure(
-                    lambda x: np.concatenate([x, np.zeros((size - short,) + np.shape(x)[1:], np.asarray(x).dtype)]),
-                    data,
-                )
-                mask = np.zeros(size, bool)
-                mask[:short] = True if masks[i] is None else np.asarray(masks[i], bool)
-                masks[i] = mask
-        for _ in range(count - available):
-            batches.append(tree.zeros_like(batches[0]))
-            masks.append(np.zeros(size, bool))
-        mask = np.stack([np.ones(size, bool) if m is None else np.asarray(m, bool) for m in masks])
-        return _numeric(tree.stack(batches), "reference data"), mask, np.int32(available)
+        out = _read_cache(self._iterator, count, self._padded, batch_size or self._size, "reference data")
+        if out is not None:
+            self._size = out[1].shape[1]
+        return out
 
 
 class _GatherReader:
@@ -471,22 +425,13 @@ def _mode_sampler(n: int, batch_size: int, worker_count: int, config: dict) -> t
     return IndexSampler(n, NoSharding(), shuffle=True, num_epochs=None, seed=seed), False
 
 
-def _mode_loader(source: Any, batch_size: int, operations: Sequence[Any], worker_count: int,
-                 config: dict) -> DataLoader:
-    """The DataLoader of one chain: its sampler is the chain's mode."""
-    sampler, padded = _mode_sampler(len(source), batch_size, worker_count, config)
-    return DataLoader(data_source=source, sampler=sampler,
-                      operations=list(operations) + [Batch(batch_size, pad=padded)],
-                      worker_count=worker_count, shard_options=NoSharding())
-
-
 def _mode_reader(source: Any, batch_size: int, operations: Sequence[Any], worker_count: int,
                  config: dict) -> Any:
-    """A chain's reader: numpy gathers for plain arrays, else the mode's DataLoader."""
+    """A chain's reader: numpy gathers for plain arrays, else the DataLoader of the chain's mode."""
+    sampler, padded = _mode_sampler(len(source), batch_size, worker_count, config)
     if isinstance(source, ArraysSource) and not operations and not worker_count:
-        sampler, padded = _mode_sampler(len(source), batch_size, worker_count, config)
         return _GatherReader(source, sampler, batch_size, padded)
-    return _LoaderReader(_mode_loader(source, batch_size, operations, worker_count, config))
+    return _LoaderReader(_batched_loader(source, sampler, operations, batch_size, padded, worker_count))
 
 
 def reference_data(data: Any, cache_size: int = 100, batch_size: Optional[int] = None, *,
@@ -513,27 +458,17 @@ def reference_data(data: Any, cache_size: int = 100, batch_size: Optional[int] =
       state = data.init(shuffle=True)
       state, batch, info = data.next(state)      # inside jit / scan / while_loop
     """
+    batch_size = _check_feed_arguments("reference_data", data, batch_size, operations, worker_count)
     if isinstance(data, DataLoader):
-        if batch_size is not None or operations or worker_count:
-            raise ValueError(
-                "reference_data(loader): batch_size, operations and worker_count come from "
-                "the DataLoader; leave them out"
-            )
-        _find_batch(data.operations, "reference_data")
         try:
             count = len(data.data_source)
         except TypeError:
             count = -1
         return ReferenceData(lambda config: _LoaderReader(data), cache_size, count, {"loader": True})
-    if batch_size is None:
-        raise ValueError("reference_data(source, ...): pass batch_size=")
-    batch_size = check_int("batch_size", batch_size, 1)
     data = _as_source(data)
     count = len(data)
     if batch_size > count:
         raise ValueError(f"batch_size={batch_size} is larger than the {count} records of {data!r:.100}")
-    if any(isinstance(op, (Batch, FilterTransform)) for op in operations):
-        raise ValueError("reference_data: operations must be per-record maps (no Batch, no filter)")
     operations = list(operations)
     return ReferenceData(
         lambda config: _mode_reader(data, batch_size, operations, worker_count, config),

@@ -1,10 +1,4 @@
-"""Where samples saved inside jit go, on the host: ``MemoryCollector``, ``HDF5Collector``.
-
-A ``DataCollector`` serves several chains: ``register_chain`` makes room for a
-chain's samples, ``save`` writes one (from the host callback of
-``grainlike.jax.in_jit_saving.save``), ``checkpoint`` / ``resume`` carry its arrays
-through a checkpoint, and ``finished`` returns them in the samples' structure.
-"""
+"""Where samples saved inside jit (``grainlike.io.save``) go, on the host: ``MemoryCollector``, ``HDF5Collector``."""
 
 from __future__ import annotations
 
@@ -22,6 +16,7 @@ __all__ = ["DataCollector", "HDF5Collector", "MemoryCollector", "samples_to_coll
 
 
 def samples_to_collect(samples_collected: Any) -> int:
+    """An int, or the ``samples_collected`` attribute of JaxSGMC's ``scheduler.static_information``."""
     n = getattr(samples_collected, "samples_collected", samples_collected)
     if not is_int(n) or n < 0:
         raise ValueError(
