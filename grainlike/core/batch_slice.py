@@ -1,14 +1,10 @@
 """A sampler that reads one slice of every global batch of another sampler.
 
-With a mesh whose data axis spans several JAX processes, global batch ``k`` is
-the records at positions ``[k * B, (k + 1) * B)`` of one sampler order (the
-order a loader without sharding reads), and the process holding data shards
-``[first, end)`` of ``D`` loads rows ``[first * B // D, end * B // D)`` of it.
-``BatchSliceSampler`` gives that process exactly those positions, in order, so
-that its own ``Batch(rows)`` makes its part of each global batch, with or
-without workers. The records, rngs and ``RecordMetadata.index`` of each
-position are the wrapped sampler's, so transforms see what they would see in
-a loader without sharding.
+With a mesh whose data axis spans several JAX processes, the process holding data
+shards ``[first, end)`` of ``D`` loads rows ``[first * B // D, end * B // D)`` of
+each global batch of ``B`` records; its own ``Batch(rows)`` then makes its part of
+each global batch. Records, rngs and ``RecordMetadata.index`` are the wrapped
+sampler's, so transforms see what they would see without sharding.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""``grainlike.config``: grain's global options object, without absl flags.
+"""``grainlike.config``: grain's global options (absl flags ``--grain_*`` there), in a plain object.
 
-grain 0.2.18 keeps a few process-wide options behind absl flags (``--grain_*``)
-and exposes them as ``grain.config``: read with ``config.<name>``, set with
-``config.update(name, value)``. grainlike keeps the same names, defaults and
-errors in a plain object, so code that sets or reads them runs unchanged and no
-flag parsing is needed. grainlike's pipelines behave the same whatever these are
-set to: the ``tf_*`` options configure grain's TensorFlow backend, and the
-``py_*`` ones grain's debugging and telemetry, which grainlike reports its own
-way (errors name the record and transform; ``enable_profiling`` logs timings).
+Same names, defaults and errors as ``grain.config``, so code that reads or sets
+them runs unchanged. grainlike behaves the same whatever they are set to: the
+``tf_*`` options configure grain's TensorFlow backend, the ``py_*`` ones grain's
+debugging and telemetry, which grainlike reports its own way.
 """
 
 from __future__ import annotations

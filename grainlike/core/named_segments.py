@@ -1,11 +1,7 @@
-"""Named POSIX shared-memory segments: create, attach untracked, unlink, map.
+"""Named POSIX shared-memory segments (``grainlike.sources.in_memory``): create, attach, unlink, map.
 
-A segment created here is attached by other processes by name; they never
-register it with multiprocessing's resource tracker (which would unlink it, with
-a "leaked shared_memory" warning, when they exit). ``SegmentMapping`` owns one
-process's mapping of a segment and is the ``.base`` of every numpy array on it,
-so the mapping lives as long as the arrays. Used by
-``grainlike.sources.in_memory``.
+Other processes attach a segment by name without registering it with
+multiprocessing's resource tracker (which would unlink it when they exit).
 """
 
 from __future__ import annotations
@@ -32,11 +28,9 @@ _tracker_lock = threading.Lock()
 def attach_untracked(name: str) -> shared_memory.SharedMemory:
     """Maps an existing segment without registering it with the resource tracker.
 
-    Python < 3.13 registers every ``SharedMemory(name=...)`` with the tracker, which
-    then unlinks the segment (with a "leaked shared_memory" warning) when this
-    process exits, destroying it for the owner; unregistering afterwards is no
-    better, because the tracker is shared with the parent and keeps one entry per
-    name, so it would forget the owner's registration. So registration is skipped.
+    Python < 3.13 registers every ``SharedMemory(name=...)``, and the tracker unlinks
+    it when this process exits, destroying it for the owner; unregistering afterwards
+    would also drop the owner's entry (one per name, in a tracker shared with the parent).
     """
     if sys.version_info >= (3, 13):
         return shared_memory.SharedMemory(name=name, track=False)

@@ -1,14 +1,9 @@
 """grain's legacy ``PackAndBatchOperation``: first-fit packing straight into batches.
 
-A DataLoader operation (a function from a stream of ``Record`` to a stream of
-``Record``). Each output record holds ``(data, segmentations, positions)``: three
-trees shaped like the input elements, with leaves of shape ``(batch_size,
-length, ...)`` (segmentations and positions int32, ``(batch_size, length)``).
-Every batch has ``batch_size`` rows, unused ones zero, the last one included.
-Its metadata is the last packed record's, without the record key.
-
-Deprecated in grain, as here: ``FirstFitPackIterDataset`` is the Dataset API's
-packing, with checkpoints inside a batch.
+Each output record holds ``(data, segmentations, positions)``: trees shaped like
+the input, with leaves of shape ``(batch_size, length, ...)`` (segmentations and
+positions int32); unused rows are zero. Its metadata is the last packed record's,
+without the record key. Deprecated in grain, as here (``FirstFitPackIterDataset``).
 """
 
 from __future__ import annotations
@@ -29,13 +24,18 @@ _T = TypeVar("_T")
 _logger = logging.getLogger("grainlike")
 
 
+def _leaves(op: "PackAndBatchOperation", data: Any) -> list:
+    """The leaves of ``data`` at the leaves of ``op.length_struct``."""
+    return tree.flatten(tree.map_structure(lambda _, x: x, op.length_struct, data))
+
+
 class _PackedRows:
     """``batch_size`` rows being filled, first fit."""
 
     def __init__(self, element: Any, op: "PackAndBatchOperation"):
         self._op = op
         self.caps = tree.flatten(op.length_struct)
-        leaves = tree.flatten(tree.map_structure(lambda _, x: x, op.length_struct, element))
+        leaves = _leaves(op, element)
         b = op.batch_size
         self.values = [np.zeros((b, cap, *x.shape[1:]), x.dtype) for cap, x in zip(self.caps, leaves)]
         self.segmentations = [np.zeros((b, cap), np.int32) for cap in self.caps]
@@ -46,7 +46,7 @@ class _PackedRows:
 
     def try_add(self, record: Record) -> bool:
         op = self._op
-        leaves = tree.flatten(tree.map_structure(lambda _, x: x, op.length_struct, record.data))
+        leaves = _leaves(op, record.data)
         lengths = np.array([len(x) for x in leaves], np.int64)
         caps = np.asarray(self.caps, np.int64)
         if (lengths > caps).any():

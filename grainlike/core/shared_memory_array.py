@@ -1,15 +1,10 @@
 """grain's ``SharedMemoryArray``: a numpy array in a named shared-memory segment.
 
-A process writes an array into a segment, sends the small
-``SharedMemoryArrayMetadata`` (name, shape, dtype) to another process, and that
-process maps the same memory with ``SharedMemoryArray.from_metadata`` without
-copying or pickling the data. It is part of grain's public API
-(``grain.multiprocessing`` and ``grain.python``) for code that moves arrays
-between processes by hand; grainlike's own workers hand batches over through
-memory that needs no names (see ``docs/concepts.md``).
-
-The last process to use a segment must mark one of its arrays with
-``unlink_on_del()``; otherwise the segment outlives the processes, as in grain.
+Another process maps the same memory from the small ``SharedMemoryArrayMetadata``
+(name, shape, dtype). grain's public API for moving arrays between processes by
+hand; grainlike's own workers use memory without names (``core.memfd``). The last
+user must call ``unlink_on_del()`` on one array, or the segment outlives the
+processes, as in grain.
 """
 
 from __future__ import annotations
