@@ -112,11 +112,9 @@ def traceback_from_frames(frames: list) -> Optional[types.TracebackType]:
 
 
 class InvalidStateError(ValueError):
-    """A state passed to ``set_state`` does not fit the iterator it is set into.
+    """A state passed to ``set_state`` does not fit the iterator; raised before anything changes.
 
-    Raised before anything changes: the iterator keeps its previous state. grain:
-    a ``ValueError`` (what grain raises for a state of another pipeline), which
-    this class subclasses.
+    grain: a ``ValueError`` (for a state of another pipeline), which this class subclasses.
     """
 
 
@@ -147,20 +145,17 @@ class ClosedIteratorError(ValueError, RuntimeError):
 class NonSequentialSliceError(ValueError, AssertionError):
     """A source was asked for a non-sequential slice in place (``set_slice``).
 
-    Sources slice themselves only into contiguous ranges
-    (``sequential_slice=True``); every ``n``-th element is taken by the stage of
-    ``to_iter_dataset()``. An ``AssertionError`` too, as grain raises.
+    Sources slice themselves only into contiguous ranges; ``to_iter_dataset()``'s
+    stage takes every ``n``-th element. An ``AssertionError`` too, as grain raises.
     """
 
 
 class WorkersDropRemaindersWarning(UserWarning):
     """A pipeline's workers drop more elements than the same pipeline without them.
 
-    Each worker of ``mp_prefetch`` batches its own slice, so a
-    ``batch(..., drop_remainder=True)`` below it drops a partial batch per worker
-    (as grain does). Batching after ``mp_prefetch`` drops only the last one.
-    Warned by ``mp_prefetch`` when it is built, if the lengths show it. grain: none
-    in grain (it drops them without a warning).
+    Each ``mp_prefetch`` worker batches its own slice, so ``batch(...,
+    drop_remainder=True)`` below it drops a partial batch per worker (as grain does,
+    without a warning); batching after ``mp_prefetch`` drops only the last one.
     """
 
 
@@ -170,26 +165,23 @@ class WorkersDropRemaindersWarning(UserWarning):
 class UnrecognizedOptionError(ValueError, AttributeError):
     """``grainlike.config`` was asked for, or updated with, an option name grain does not have.
 
-    grain: a ``ValueError`` (``Unrecognized config option``), which this class
-    subclasses; also an ``AttributeError``, so that ``hasattr``,
-    ``getattr(config, name, default)``, ``copy`` and introspection tools work.
+    grain: a ``ValueError`` (``Unrecognized config option``); also an ``AttributeError``,
+    so that ``hasattr``, ``getattr(config, name, default)`` and ``copy`` work.
     """
 
 
 class EmptyShardError(ZeroDivisionError, ValueError):
     """This process's shard holds no records (more shards than records).
 
-    Raised by the samplers when they are built. grain: a ``ZeroDivisionError``
-    (grain's samplers divide by the shard's size), which this class subclasses;
-    also a ``ValueError``, as the cause is a bad argument.
+    grain: a ``ZeroDivisionError`` (its samplers divide by the shard's size); also a
+    ``ValueError``, as the cause is a bad argument.
     """
 
 
 class StructureError(ValueError):
-    """Trees (records, batches, states) that should have the same structure differ.
+    """Trees (records, batches, states) that should have the same structure differ (``core.tree``).
 
-    Raised by ``grainlike.core.tree`` when mapping over, stacking or comparing
-    trees. grain: none in grain; a ``ValueError``.
+    grain: none in grain; a ``ValueError``.
 
     Attributes:
       path: where they differ, e.g. ``['image'][0]`` (empty at the root).
@@ -215,10 +207,9 @@ class _LeafMismatch(Exception):
 
 
 class WorkerError(RuntimeError):
-    """A worker failed with an exception that could not be sent back as itself.
+    """A worker failed with an exception that could not be sent back as itself (its traceback is the message).
 
-    The message carries the worker's traceback as text. grain: none in grain
-    (grain re-raises what it can unpickle, else fails to); a ``RuntimeError``.
+    grain: none in grain (grain re-raises what it can unpickle, else fails to).
     """
 
 
@@ -232,17 +223,14 @@ class WorkerDiedError(RuntimeError):
 
 
 class ForeignWorkersError(RuntimeError):
-    """A forked child process tried to use the worker processes of its parent.
-
-    grain: none in grain (a child of grain's process shares its queues silently).
-    """
+    """A forked child tried to use its parent's workers (grain: none; a child shares its queues silently)."""
 
 
 class WorkerStalledError(RuntimeError):
     """A worker made no progress for ``stall_timeout_s`` while its output was awaited.
 
-    The message names the worker, its pid, its last delivered state and its
-    Python stack. grain: none in grain (grain waits for ever).
+    The message names the worker, its pid, its last delivered state and its Python
+    stack. grain: none in grain (grain waits for ever).
     """
 
 
@@ -255,11 +243,10 @@ class _WorkerFailed(Exception):
 
 
 class SharedMemoryFullError(OSError):
-    """There is not enough free space in ``/dev/shm`` for a named shared-memory segment.
+    """``/dev/shm`` has too little space for an ``InMemoryDataSource(name=...)``'s segment.
 
-    Raised before the segment of an ``InMemoryDataSource(name=...)`` is created;
-    the message says how much is needed and free. grain: none in grain; an
-    ``OSError`` (ENOSPC).
+    Raised before the segment is created; the message says how much is needed and
+    free. grain: none in grain; an ``OSError`` (ENOSPC).
     """
 
 
@@ -269,23 +256,21 @@ class SharedMemoryFullError(OSError):
 class RecordKeyOutOfRangeError(IndexError, ValueError):
     """A record key outside ``[0, len(source))`` was read from an ArrayRecord source.
 
-    grain: a ``ValueError`` (what grain's ``ArrayRecordDataSource`` raises), which
-    this class subclasses; also an ``IndexError``, so iteration protocols stop.
+    grain: a ``ValueError`` (``ArrayRecordDataSource``'s); also an ``IndexError``, so iteration stops.
     """
 
 
 class SourceFileNotFoundError(FileNotFoundError, RuntimeError):
     """A file an ArrayRecord source reads does not exist (its path is in the message).
 
-    grain: a ``RuntimeError`` (what grain's ``ArrayRecordDataSource`` raises), which
-    this class subclasses; also a ``FileNotFoundError``.
+    grain: a ``RuntimeError`` (``ArrayRecordDataSource``'s); also a ``FileNotFoundError``.
     """
 
 
 class RemoteAccessError(PermissionError):
-    """Credentials for a remote object (``s3://``, ``gs://``) are missing or were refused.
+    """Credentials for a remote object (``s3://``, ``gs://``), named in the message, are missing or refused.
 
-    The message names the object. grain: none in grain.
+    grain: none in grain.
     """
 
 
@@ -313,9 +298,8 @@ class RemoteReadError(OSError):
 class ObjectChangedError(RemoteReadError):
     """A remote object was overwritten after it was first opened (its ETag or generation changed).
 
-    Reading on would mix bytes of two versions of the file; the message names the
-    object and both versions. Attributes ``url``, ``old`` and ``new`` hold them.
-    grain: none in grain.
+    Reading on would mix two versions; ``url``, ``old`` and ``new`` (also in the
+    message) name the object and both versions. grain: none in grain.
     """
 
     def __init__(self, url: str, old: str, new: str):
@@ -336,34 +320,27 @@ class ObjectChangedError(RemoteReadError):
 
 
 class UnsafeCacheDirError(PermissionError):
-    """The local cache directory of remote files is not safe to use.
+    """The local cache directory of remote files is a link, another user's, or open to others.
 
-    Raised when it is a link, belongs to another user, or is open to others.
     grain: none in grain.
     """
 
 
 class CacheFullError(OSError):
-    """The disk of the local cache of remote files is full (ENOSPC).
-
-    No partial copy is left behind. grain: none in grain.
-    """
+    """The disk of the local cache of remote files is full (ENOSPC); no partial copy is left. grain: none."""
 
 
 class RecordFormatError(ValueError):
-    """A record is not in grainlike's record format, or a value cannot be stored in it.
+    """A record is not in grainlike's record format (``grainlike.formats``), or a value cannot be stored in it.
 
-    Raised by ``grainlike.formats`` (and ``grainlike-convert``) when encoding or
-    decoding a record. grain: none in grain.
+    grain: none in grain.
     """
 
 
 class CorruptRecordError(ValueError):
-    """A TFRecord file is truncated or a record's checksum does not match.
+    """A TFRecord file is truncated or a record's checksum does not match (file and offset in the message).
 
-    The message names the file and the byte offset. grain: a ``ValueError`` (what
-    grain's TFRecord reader raises for a truncated file), which this class
-    subclasses.
+    grain: a ``ValueError`` (its TFRecord reader's for a truncated file).
     """
 
 

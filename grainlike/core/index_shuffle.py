@@ -32,8 +32,9 @@ _F_TABLE_BITS = 16
 _SCALAR_ARRAY_SIZE = 32
 
 
-def _seed_seq_words(seed: int, n: int) -> tuple[int, ...]:
-    """Output of C++ ``std::seed_seq{seed}.generate`` for ``n`` 32-bit words."""
+@functools.lru_cache(maxsize=256)
+def _round_keys(seed: int, n: int) -> tuple[int, ...]:
+    """The ``n`` round keys for ``seed``: C++ ``std::seed_seq{seed}.generate`` (cached: slow in Python)."""
     b = [0x8B8B8B8B] * n
     if n >= 623:
         t = 11
@@ -70,12 +71,6 @@ def _seed_seq_words(seed: int, n: int) -> tuple[int, ...]:
         b[(k + q) % n] ^= r4
         b[k % n] = r4
     return tuple(b)
-
-
-@functools.lru_cache(maxsize=256)
-def _round_keys(seed: int, rounds: int) -> tuple[int, ...]:
-    """The ``rounds`` round keys for ``seed`` (cached: seed_seq is slow in Python)."""
-    return _seed_seq_words(seed, rounds)
 
 
 def _half_width(max_index: int) -> int:
@@ -138,19 +133,6 @@ def _encrypt_array(v: np.ndarray, keys: tuple[int, ...], w: int) -> np.ndarray:
     out <<= np.uint64(w)
     out |= right
     return out
-
-
-def _shuffle_array(v: np.ndarray, max_index: int, keys: tuple[int, ...], w: int) -> np.ndarray:
-    """Encrypt-then-cycle-walk every element of the 1-D uint64 array ``v``."""
-    v = _encrypt_array(v, keys, w)
-    limit = np.uint64(max_index)
-    todo = np.flatnonzero(v > limit)
-    # Only out-of-range elements are re-encrypted; the set shrinks geometrically.
-    while todo.size:
-        again = _encrypt_array(v[todo], keys, w)
-        v[todo] = again
-        todo = todo[again > limit]
-    return v
 
 
 # From this range size on, the permutation table's cycle walk is vectorised.
@@ -392,6 +374,12 @@ def _index_shuffle_array(index: np.ndarray, plan: _Plan) -> np.ndarray:
     if plan.budget is not None or index.size <= _SCALAR_ARRAY_SIZE:
         out = [_walk_scalar(i, plan) for i in index.ravel().tolist()]
         return np.array(out, np.int64).reshape(index.shape)
-    flat = index.astype(np.uint64).reshape(-1)
-    out = _shuffle_array(flat, max_index, plan.keys, plan.w)
-    return out.astype(np.int64).reshape(index.shape)
+    v = _encrypt_array(index.astype(np.uint64).reshape(-1), plan.keys, plan.w)
+    limit = np.uint64(max_index)
+    todo = np.flatnonzero(v > limit)
+    # Only out-of-range elements are re-encrypted; the set shrinks geometrically.
+    while todo.size:
+        again = _encrypt_array(v[todo], plan.keys, plan.w)
+        v[todo] = again
+        todo = todo[again > limit]
+    return v.astype(np.int64).reshape(index.shape)
