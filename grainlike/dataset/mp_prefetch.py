@@ -1,14 +1,10 @@
 """``IterDataset.mp_prefetch``: a dataset computed in worker processes, one slice each.
 
 Worker ``w`` of ``W`` iterates over its own copy of the parent dataset, sliced
-where grain slices it (the ``MapDataset`` under ``to_iter_dataset()`` keeps the
-indices ``w, w + W, ...``; with ``sequential_slice`` each source keeps worker
-``w``'s contiguous range instead, see ``grainlike.dataset.worker_slice``), with
-its iterators told they run as process ``w`` of ``W``. The outputs are taken
-round-robin; a worker that ends is skipped, and the iteration ends when all
-have. Everything runs on the shared worker pool
-(``grainlike.workers.pool.WorkerPool``): the same process start, shared-memory batches,
-liveness checks and error reports as the DataLoader's workers.
+where grain slices it (``grainlike.dataset.worker_slice``), with its iterators
+told they run as process ``w`` of ``W``. The outputs are taken round-robin; a
+worker that ends is skipped, and the iteration ends when all have. The workers
+are the DataLoader's (``grainlike.workers.pool.WorkerPool``).
 
 The state is grain 0.2.18's (its ``mp_prefetch`` interleaves one prefetching
 iterator per worker)::
@@ -51,9 +47,6 @@ _STATE_KEYS = (
     "exhausted",
 )
 
-def _options_value(options: Any, name: str, default: Any) -> Any:
-    # grain's MultiprocessingOptions has the same fields, less warm_start.
-    return getattr(options, name, default)
 
 
 class MultiprocessPrefetchIterDataset(IterDataset):
@@ -96,8 +89,9 @@ class MultiprocessPrefetchIterDataset(IterDataset):
         sequential_slice: bool = False,
     ):
         super().__init__(parent)
-        num_workers = _options_value(options, "num_workers", None)
-        buffer_size = _options_value(options, "per_worker_buffer_size", 1)
+        # grain's MultiprocessingOptions has the same fields, less some of grainlike's.
+        num_workers = getattr(options, "num_workers", None)
+        buffer_size = getattr(options, "per_worker_buffer_size", 1)
         if not is_int(num_workers) or num_workers <= 0:
             raise ValueError(f"mp_prefetch needs options.num_workers > 0, got {num_workers!r}")
         if not is_int(buffer_size) or buffer_size <= 0:
@@ -116,16 +110,17 @@ class MultiprocessPrefetchIterDataset(IterDataset):
         )
 
     def __iter__(self) -> "MultiprocessPrefetchDatasetIterator":
+        options = self._options
         return MultiprocessPrefetchDatasetIterator(
             self._parent,
             self._num_workers,
             self._buffer_size,
-            enable_profiling=bool(_options_value(self._options, "enable_profiling", False)),
-            warm_start=bool(_options_value(self._options, "warm_start", False)),
+            enable_profiling=bool(getattr(options, "enable_profiling", False)),
+            warm_start=bool(getattr(options, "warm_start", False)),
             worker_init_fn=self._worker_init_fn,
             error_ends_worker=self._error_ends_worker,
-            stall_timeout_s=_options_value(self._options, "stall_timeout_s", DEFAULT_STALL_TIMEOUT_S),
-            restart_dead_workers=bool(_options_value(self._options, "restart_dead_workers", False)),
+            stall_timeout_s=getattr(options, "stall_timeout_s", DEFAULT_STALL_TIMEOUT_S),
+            restart_dead_workers=bool(getattr(options, "restart_dead_workers", False)),
             sequential_slice=self._sequential_slice,
         )
 
@@ -135,35 +130,25 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
 
     Workers start at the first ``next()`` or ``start_prefetch()`` and stop at
     ``close()`` (or when the iterator is garbage collected, or at exit);
-    ``set_state()`` sends running workers their new states (grain's
-    ``set_state`` does not restart its processes either), and so does
-    ``repeat()`` at each new epoch.
+    ``set_state()`` sends running workers their new states, as grain's does.
 
     An error raised in worker ``w`` reaches the caller once, with its type and
     the worker's traceback; as in grain, ``w`` then counts as exhausted at the
     state of its last delivered output and the others go on. ``w``'s death (a
     signal, a crash, the out-of-memory killer, a stall) is raised by every
-    later ``next()`` (``WorkerDiedError``, a ``RuntimeError`` as grain's), not
-    only once: grain then ends the iteration without ``w``'s remaining
-    elements. ``get_state()`` stays the state after the last delivered
-    element, from which a new iterator goes on with nothing skipped or repeated.
+    later ``next()`` (``WorkerDiedError``, a ``RuntimeError`` as grain's), where
+    grain ends the iteration without ``w``'s remaining elements. ``get_state()``
+    stays the state after the last delivered element.
 
     Args:
-      parent: the dataset the workers slice.
+      parent, worker_init_fn, error_ends_worker, sequential_slice: as
+        ``MultiprocessPrefetchIterDataset``'s (with ``sequential_slice``, a
+        state restores only on the same number of workers).
       num_workers: worker processes (> 0).
       buffer_size: outputs each worker computes ahead.
-      enable_profiling: workers log their timings when they stop.
-      warm_start: compute the first outputs in the calling process while the
-        workers start (not with a ``worker_init_fn``, which only workers run).
-      worker_init_fn: called in each worker as ``fn(worker_index, worker_count)``.
-      error_ends_worker: False: an error (or a worker's death) stops every worker
-        instead, and the next ``next()`` restarts them all from their last
-        delivered outputs.
-      stall_timeout_s: see ``MultiprocessingOptions.stall_timeout_s``.
-      restart_dead_workers: see ``MultiprocessingOptions.restart_dead_workers``.
-      sequential_slice: each worker reads a contiguous range of the sources
-        (see ``grainlike.dataset.worker_slice``); a state then restores only on
-        the same number of workers.
+      enable_profiling, warm_start, stall_timeout_s, restart_dead_workers:
+        ``MultiprocessingOptions``' (``warm_start`` not with a ``worker_init_fn``,
+        which only workers run).
     """
 
     def __init__(
@@ -245,19 +230,15 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
                     return next(pool)
                 except StopIteration:
                     raise
-                except WorkerDiedError:
-                    if self._restart_dead_workers and not self._closed and restarts < _MAX_RESTARTS:
+                except BaseException as e:
+                    restart = self._restart_dead_workers and restarts < _MAX_RESTARTS
+                    if isinstance(e, WorkerDiedError) and restart and not self._closed:
                         # Every worker starts again from the last delivered element.
                         restarts += 1
                         self._drop_pool()
                         continue
                     if pool.broken and not self._closed:
-                        self._drop_pool()
-                    raise
-                except BaseException:
-                    if pool.broken and not self._closed:
-                        # Interrupted mid-message: the next call restarts the workers from
-                        # the last delivered outputs.
+                        # The next call restarts the workers from the last delivered outputs.
                         self._drop_pool()
                     raise
 
@@ -268,11 +249,7 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
             self._ensure_pool().start()
 
     def _close(self) -> None:
-        """Stops the workers. Idempotent; outputs already returned stay valid.
-
-        Closing an iterator nobody holds (from its ``__del__``) does not wait for
-        a worker in the middle of an output (see ``WorkerPool.close``).
-        """
+        """Stops the workers (not waiting on one mid-output if nobody holds the iterator)."""
         self._drop_pool(dropped=closing_dropped())
 
     # -- state -------------------------------------------------------------------
@@ -376,16 +353,11 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
             raise InvalidStateError(
                 f"{where}: future_states must be empty for mp_prefetch, got {state['future_states']!r}"
             )
-        new_states = copy.deepcopy(list(states))
         # A worker that has delivered nothing reports the parent iterator's initial
-        # state (as grain does), which may not fit its slice (an interleave of
-        # fewer datasets than its cycle length): such a worker starts afresh.
+        # state (as grain does), which may not fit its slice: it starts afresh.
         initial = self._initial_state()
-        new_states = [None if s == initial else s for s in new_states]
-        # Check each worker state on a parent iterator here, so that a bad state
-        # fails now and leaves this iterator as it was.
-        # A worker's state is one of its slice: a stage that slices what it
-        # iterates (an interleave slices its datasets) is probed on that slice.
+        new_states = [None if s == initial else s for s in copy.deepcopy(list(states))]
+        # Each worker state is checked now, on its slice, so that a bad one leaves this iterator as it was.
         for worker_index, worker_state in enumerate(new_states):
             if worker_state is None:
                 continue
@@ -401,9 +373,7 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
         new_exhausted = [bool(e) for e in exhausted]
         pool = self._pool
         if pool is None or not pool.reset(new_states, cycle, new_exhausted):
-            # No workers running, or some that cannot take a new state (failed,
-            # dead, still starting): new ones start from it at the next next().
-            self._drop_pool()
+            self._drop_pool()  # New workers start from the state at the next next().
         self._states = new_states
         self._exhausted = new_exhausted
         self._next_worker = cycle
@@ -431,8 +401,7 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
             it.close()
 
     def _set_next_index(self, index: int) -> None:
-        # The parent iterator moves here (a stage that cannot raises now); the
-        # worker then goes on from its state at that index.
+        # Moved here (a stage that cannot raises now); the worker goes on from the state at that index.
         it = self._only_worker_iterator("set_next_index")
         try:
             set_next_index(it, index)

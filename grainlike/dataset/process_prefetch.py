@@ -1,10 +1,6 @@
 """grain's ``ProcessPrefetchIterDataset`` and ``multiprocess_prefetch``, on ``mp_prefetch``'s workers.
 
-``ProcessPrefetchIterDataset`` computes its parent ahead in one background
-process (one worker of ``grainlike.dataset.mp_prefetch``, unsliced), with the
-parent iterator's state as its own; ``multiprocess_prefetch(ds, n)`` is
-``ds.mp_prefetch`` with ``n`` workers. ``MultiprocessPrefetchIterDataset`` is
-defined in ``grainlike.dataset.mp_prefetch`` and importable from here too.
+The ``mp_prefetch`` classes are importable from here too, as from grain's module.
 """
 
 from __future__ import annotations
@@ -31,11 +27,9 @@ def _without_worker_index(fn: Callable[[], None], worker_index: int, worker_coun
 
 
 class ProcessPrefetchIterDataset(IterDataset):
-    """The parent dataset, computed ahead in one background process (grain's name).
+    """The parent dataset, computed ahead (unsliced) in one background process (grain's name).
 
-    The parent iterator runs whole (unsliced) in one worker of the shared worker
-    pool, ``buffer_size`` outputs ahead. The iterator's state is the parent
-    iterator's state, as in grain.
+    The iterator's state is the parent iterator's state, as in grain.
 
     Args:
       parent: the dataset to compute in the background process.
@@ -73,13 +67,7 @@ class ProcessPrefetchIterDataset(IterDataset):
 
 
 class ProcessPrefetchDatasetIterator(MultiprocessPrefetchDatasetIterator):
-    """``ProcessPrefetchIterDataset``'s iterator: one worker; the state is the parent iterator's.
-
-    Args:
-      parent: the dataset the worker iterates over.
-      buffer_size: outputs computed ahead (> 0).
-      worker_init_fn: called with no arguments in the worker.
-    """
+    """``ProcessPrefetchIterDataset``'s iterator (same arguments): one worker; the state is the parent iterator's."""
 
     def __init__(
         self,

@@ -1,10 +1,4 @@
-"""Whether ``mp_prefetch`` drops more elements than the same pipeline without workers.
-
-Each worker batches its own slice, so a ``batch(..., drop_remainder=True)`` below
-``mp_prefetch`` drops one partial batch per worker. ``warn_if_workers_drop_more``
-counts, from the lengths where they are known without iterating, what the workers
-deliver against what one process would, and warns when they deliver less.
-"""
+"""Whether ``mp_prefetch`` drops more elements than the same pipeline without workers."""
 
 from __future__ import annotations
 
@@ -18,13 +12,12 @@ from grainlike.dataset.iter_dataset import IterDataset
 
 
 def _output_count(ds: Any, sl: Optional[slice]) -> Optional[tuple[int, Callable[[int], int]]]:
-    """What ``ds`` yields with its source sliced by ``sl`` (None: unsliced).
+    """``(outputs, covered)`` of ``ds`` with its source sliced by ``sl`` (None: unsliced).
 
-    Returns ``(outputs, covered)``: how many elements it yields, and ``covered(k)``,
-    how many of its source's elements the first ``k`` of them hold. None where
-    that is not known without iterating: any stage but maps, thread prefetch and
-    batches over ``to_iter_dataset()`` of a MapDataset of finite length that no
-    filter or flat_map can leave with Nones.
+    ``outputs``: how many elements it yields; ``covered(k)``: how many source
+    elements the first ``k`` of them hold. None where not known without
+    iterating: any stage but maps, thread prefetch and batches over
+    ``to_iter_dataset()`` of a finite MapDataset that nothing leaves with Nones.
     """
     from grainlike.dataset.batch import BatchIterDataset, discarding_stage
     from grainlike.dataset.map import MapIterDataset, MapWithIndexIterDataset, RandomMapIterDataset

@@ -7,14 +7,11 @@ slices itself in place (``SupportsInPlaceSlicing``) does.
 
 * ``sequential_slice=False`` (the default): ``to_iter_dataset()``'s stage keeps
   the indices ``w, w + W, ...`` of its MapDataset.
-* ``sequential_slice=True`` (grain's experimental option): the slice goes on up
-  through the MapDataset stages to the sources (``MapDataset.source``,
-  ``MapDataset.range``), each of which keeps the contiguous range
-  ``even_split(len, shard w of W)``: the first ``len % W`` workers one record
-  more. Worker ``w`` then reads consecutive records, and a shuffle above a
-  source shuffles within the worker's range. As in grain, stages between the
-  source and ``to_iter_dataset()`` that fixed their length when built (batch,
-  slice, repeat, mix, zip) keep it.
+* ``sequential_slice=True`` (grain's experimental option): the sources
+  (``MapDataset.source``, ``MapDataset.range``) each keep the contiguous range
+  ``even_split(len, shard w of W)``, and a shuffle above a source shuffles
+  within it. As in grain, stages between the source and ``to_iter_dataset()``
+  that fixed their length when built (batch, slice, repeat, mix, zip) keep it.
 """
 
 from __future__ import annotations

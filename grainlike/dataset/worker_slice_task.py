@@ -1,11 +1,7 @@
-"""What each ``mp_prefetch`` worker runs: its slice of the parent dataset.
+"""What each ``mp_prefetch`` worker runs: its slice of the parent dataset (``WorkerSliceTask``).
 
-``WorkerSliceTask`` is the ``WorkerTask`` that ``grainlike.workers.pool.WorkerPool``
-sends to each worker: worker ``w`` of ``W`` iterates over its own copy of the
-parent dataset, sliced where grain slices it (see ``grainlike.dataset.worker_slice``),
-and yields each output with the iterator's state after it. It also names, for an
-error report, the stages and user transforms that made an output, and the first
-stage that cannot be pickled.
+For error reports it also names the stages and user transforms that made an
+output, and the first stage that cannot be pickled.
 """
 
 from __future__ import annotations
@@ -74,11 +70,7 @@ _SCALARS = (int, str, float, bool, type(None))
 
 
 def snapshot(state: Any) -> Any:
-    """A copy of ``state`` that later steps of the iterator cannot change.
-
-    A flat dict of scalars (``{"next_index": p}``, the common case) is copied
-    as a dict; anything else is deep-copied.
-    """
+    """A copy of ``state`` that later steps of the iterator cannot change (cheap for a flat dict of scalars)."""
     if type(state) is dict:
         for v in state.values():
             if type(v) not in _SCALARS:
@@ -93,9 +85,8 @@ class WorkerSliceTask:
     States are the sliced iterator's states; None starts a fresh iterator. The
     dataset travels as bytes of its own and is loaded after ``worker_init_fn``
     has run in the worker, as in grain (without one, as the task is loaded).
-    A worker that is reset (``WorkerPool.reset``) calls ``outputs`` again: the
-    ``worker_init_fn`` runs once per process, as in grain, and each call
-    iterates over a fresh copy of the stages.
+    ``worker_init_fn`` runs once per process; each ``outputs`` call (a reset
+    makes another) iterates over a fresh copy of the stages.
     """
 
     def __init__(
@@ -125,17 +116,14 @@ class WorkerSliceTask:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         if self._worker_init_fn is None:
-            # Loaded with the task, so that a worker reports itself loaded (warm
-            # start hands over to it then) only once its sources and transforms are.
+            # Loaded with the task: a worker reports itself loaded (warm start) only once this is.
             self._parent = cloudpickle.loads(self._dataset_bytes)
 
     def _dataset(self) -> IterDataset:
         """A copy of the parent dataset, this worker's to slice."""
-        if self._parent is None:
-            # Loaded after the worker_init_fn, once (a reset slices another copy).
+        if self._parent is None:  # Loaded after the worker_init_fn, once.
             self._parent = cloudpickle.loads(self._dataset_bytes)
-        # A copy of the stages only (what slicing changes): in the calling
-        # process, a pickled copy would unpickle the sources and transforms too.
+        # The stages only (what slicing changes), not the sources and transforms.
         return worker_slice.copy_stages(self._parent, self._sequential_slice)
 
     def outputs(

@@ -1,10 +1,7 @@
 """How an exception crosses from a worker to the consumer: sent whole or in parts, rebuilt there.
 
-In the worker, ``send_error`` sends the exception itself if it pickles, else
-its type, text, notes and frames, each made safely, so that an exception that
-cannot be printed or pickled still arrives; ``explain_unpicklable`` names the
-part of an output that cannot be sent. In the consumer, ``rebuild_error``
-makes the exception to raise, with the worker's traceback.
+``send_error`` (in the worker) and ``rebuild_error`` (in the consumer);
+``explain_unpicklable`` names the part of an output that cannot be sent.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Failure detection: whether a worker moves, what it was doing, how it ended.
 
-Liveness: each worker records, in a page of memory shared with the consumer
-(``Progress``), the last time its main thread was seen somewhere new. A worker
-awaited for longer than ``stall_timeout_s`` without moving is reported
-(``WorkerStalledError``) with its Python stack, which the worker dumps
-(``faulthandler``) into a pipe when the consumer sends it ``STACK_SIGNAL``
-(``read_stack``). A worker's exit is described by ``describe_exit``.
+Each worker records, in a page shared with the consumer (``Progress``), the last
+time its main thread was seen somewhere new. A worker awaited for longer than
+``stall_timeout_s`` without moving is reported (``WorkerStalledError``) with the
+Python stack it dumps into a pipe on ``STACK_SIGNAL`` (``read_stack``).
 """
 
 from __future__ import annotations
@@ -20,36 +18,29 @@ from typing import Any, Callable, Optional
 
 from grainlike.core import memfd
 from grainlike.core.errors import WorkerDiedError, WorkerStalledError
-from grainlike.workers import shm
+from grainlike.workers import server
 
 # How often a consumer waiting for an output looks at liveness and close().
 POLL_S = 0.5
 # How long a stalled worker gets to write its stack.
 _STACK_WAIT_S = 2.0
-# How long a worker awaited without moving may go before it is reported
-# (``MultiprocessingOptions.stall_timeout_s``'s default).
+# ``MultiprocessingOptions.stall_timeout_s``'s default.
 DEFAULT_STALL_TIMEOUT_S = 300.0
-# The least time a worker that has not reported any progress yet (it is still
-# starting) is given before it counts as stalled, whatever the stall timeout.
+# The least time a worker still starting (no progress reported) gets, whatever the stall timeout.
 STARTUP_TIMEOUT_S = 60.0
 # The signal on which a worker dumps its threads' stacks.
 STACK_SIGNAL = signal.SIGUSR1
 
 
 def allowed_stall_s(stall_timeout_s: float, last_progress: float) -> float:
-    """How long a worker whose last reported progress is ``last_progress`` may not move.
-
-    The progress page starts zeroed: 0.0 means the worker has not reported since
-    its process began, so it is still starting and gets ``STARTUP_TIMEOUT_S`` at least.
-    """
+    """How long a worker whose last reported progress is ``last_progress`` (0.0: none yet) may not move."""
     return max(stall_timeout_s, STARTUP_TIMEOUT_S) if last_progress == 0.0 else stall_timeout_s
 
 
 class Progress:
     """One float64 per worker, shared by the pool and its workers: last progress time.
 
-    Times are ``time.monotonic()``, which on Linux is one clock for every
-    process of the machine.
+    Times are ``time.monotonic()``, one clock for every process of a Linux machine.
     """
 
     _SLOT = struct.Struct("d")
@@ -80,12 +71,7 @@ class Progress:
 
 def process_state(pid: int) -> str:
     """The state letter of ``/proc/<pid>/stat`` ("R", "S", "D", "T", ...); "" if unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode("ascii", "replace")
-        return data.rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
+    return (server.proc_stat(pid) or [""])[0]
 
 
 def exited(proc: Any) -> bool:
@@ -93,7 +79,7 @@ def exited(proc: Any) -> bool:
     if proc.exitcode is not None:
         return True
     state = process_state(proc.pid)
-    return state in ("Z", "X") or (state == "" and not shm.pid_alive(proc.pid))
+    return state in ("Z", "X") or (state == "" and not server.pid_alive(proc.pid))
 
 
 def read_stack(pid: int, fd: int) -> str:
@@ -108,9 +94,8 @@ def read_stack(pid: int, fd: int) -> str:
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        # faulthandler writes the dump line by line from a signal handler, and a
-        # loaded machine can pause the worker between two lines: only the
-        # deadline (or the worker's exit) says the dump is complete.
+        # The dump comes line by line, and a loaded machine can pause the worker
+        # between lines: only the deadline (or its exit) says it is complete.
         ready, _, _ = select.select([fd], [], [], left)
         if not ready:
             break
@@ -136,11 +121,7 @@ def describe_exit(code: Optional[int]) -> str:
 
 
 def died_error(proc: Any, w: int, worker_count: int, state: Any, then: str) -> WorkerDiedError:
-    """The error for worker ``w`` (process ``proc``), whose pipe shows that its process is gone.
-
-    ``state``: its state after its last delivered output; ``then``: what the
-    pool does next (``WorkerPool._then``).
-    """
+    """The error for worker ``w`` (process ``proc``, at ``state``), whose pipe shows that it is gone."""
     proc.join(0.5)
     code = proc.exitcode
     who = f"grainlike worker {w} of {worker_count} (pid {proc.pid})"
@@ -162,18 +143,9 @@ def check_progress(
     """Raises ``WorkerStalledError`` if worker ``w`` has not moved for the stall timeout.
 
     Only the time since the consumer began waiting counts: before that, the
-    worker may rightly have been idle with its buffer full. A worker that has
-    not reported yet is still starting (a fresh interpreter, imports, the
-    pipeline unpickled), which on a loaded host can rightly take longer than a
-    short stall timeout: it gets at least ``STARTUP_TIMEOUT_S``.
-
-    Args:
-      sd: the pool's ``shutdown.Shutdown`` (its processes, stack pipes, progress page).
-      w: the worker awaited, of ``worker_count``.
-      state: its state after its last delivered output.
-      stall_timeout_s: ``MultiprocessingOptions.stall_timeout_s`` (None: no check).
-      waiting_since: when the consumer began waiting (``time.monotonic()``).
-      then: what the pool does next, for the message (``WorkerPool._then``).
+    worker may rightly have been idle with its buffer full. A worker still
+    starting gets at least ``STARTUP_TIMEOUT_S``. ``sd`` is the pool's
+    ``shutdown.Shutdown``; ``then`` says what the pool does next (``WorkerPool._then``).
     """
     timeout = stall_timeout_s
     if timeout is None:

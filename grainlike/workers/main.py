@@ -24,7 +24,7 @@ import cloudpickle
 import numpy as np  # Also preloaded for the forked workers.
 
 from grainlike.core import memfd
-from grainlike.workers import shm
+from grainlike.workers import server, shm
 from grainlike.workers.error_transfer import describe_origin, explain_unpicklable, send_error
 from grainlike.workers.messages import END, OUT, OUTS, READY, RESET, RESET_DONE, START, STOP, TICK
 
@@ -39,18 +39,14 @@ _GROUP_WAIT_S = 0.02
 class _Outbox:
     """Sends a worker's messages; small outputs several to a message.
 
-    The per-message cost (a send, the consumer's receive and its credit back)
-    is more than a small batch's whole work (W1: ~50 us per message, ~35 us to
-    make a batch of 128 records). So outputs with no leaf in shared memory,
-    pickled at once, wait here and travel as one ``(OUTS, [pickled (state,
-    output), ...])`` message, which takes one credit. They leave when the group
-    is full (``_GROUP_MAX`` outputs or ``_GROUP_BYTES``), before any other
-    message, at once for a worker's first output and its first after a reset
-    (the first batch waits for nothing), and, for a slow pipeline, when the
-    consumer has taken every message sent and the group has waited ``_GROUP_WAIT_S`` (the control thread
-    sends it then): a slow output never holds back the ones before it. Which
-    outputs share a message changes nothing else: the outputs, their order and
-    their states are the same.
+    The per-message cost is more than a small batch's whole work (W1: ~50 us per
+    message, ~35 us to make a batch of 128 records). So outputs with no leaf in
+    shared memory wait here, pickled, and travel as one ``OUTS`` message, which
+    takes one credit. They leave when the group is full, before any other
+    message, at once for a worker's first output (and first after a reset), and
+    when the consumer has taken every message sent and the group has waited
+    ``_GROUP_WAIT_S`` (the control thread sends it): a slow output never holds
+    back the ones before it. Nothing else changes: outputs, order, states.
     """
 
     def __init__(self, results: Any, credits: threading.Semaphore, stop: threading.Event):
@@ -61,12 +57,10 @@ class _Outbox:
         self._group: list = []
         self._bytes = 0
         self._since = 0.0  # When the group's first output came.
-        # Messages sent (by the sender holding the lock) and taken by the consumer
-        # (counted by the control thread): each counter has one writer.
+        # Messages sent (under the lock) and taken (control thread): one writer each.
         self._sent = 0
         self._taken = 0
-        # The next output leaves at once (a worker's first, and its first after a reset).
-        self._first = True
+        self._first = True  # The next output leaves at once.
 
     def _send_group(self, credit: bool) -> None:
         # With self._lock held.
@@ -127,8 +121,6 @@ class _Outbox:
 
     def wait_s(self) -> Optional[float]:
         """How long the control thread may sleep before a group may be due (None: long)."""
-        # While the consumer has taken every message, it may be waiting: look
-        # again soon, a group may be waiting too.
         return _GROUP_WAIT_S if self._sent == self._taken else None
 
     def taken(self) -> None:
@@ -139,8 +131,7 @@ class _Outbox:
         """Sends a group that waited ``_GROUP_WAIT_S`` while the consumer has taken everything (control thread)."""
         if not self._group or self._sent != self._taken or time.monotonic() - self._since < _GROUP_WAIT_S:
             return
-        # Never wait for the lock: whoever holds it is sending anyway, and this
-        # thread must stay free to see "stop".
+        # Never wait for the lock: its holder is sending anyway, and this thread must stay free to see STOP.
         if not self._lock.acquire(blocking=False):
             return
         try:
@@ -161,8 +152,7 @@ def _exit_as(error: SystemExit) -> None:
     os._exit(code or 0)
 
 
-# CPU time (of the process, less the sampling thread) per sample that counts as
-# progress: a blocked process uses none, a computing one about the whole interval.
+# CPU time (of the process, less the sampling thread) per sample that counts as progress.
 _BUSY_CPU_S = 0.002
 
 
@@ -171,9 +161,7 @@ class _Progress:
 
     ``sample()`` stores the time whenever the worker moved since the last sample:
     it used CPU time (in any thread but the sampling one), or its main thread is
-    somewhere else (another frame or instruction). A worker blocked in one call
-    (a lock, a sleep, a hung read, a stopped process) stops updating it; a slow
-    one that keeps computing or moving does not.
+    somewhere else. A worker blocked in one call stops updating it.
     """
 
     def __init__(self, fd: int, slot: int):
@@ -213,15 +201,11 @@ _USER_MALLOC_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MA
 def keep_freed_memory() -> bool:
     """Lets glibc's malloc keep freed memory in this worker for the next batch.
 
-    A worker frees every batch's transform outputs once they are stacked into
-    shared memory. With glibc's starting thresholds the freed top of the heap
-    goes back to the system at once and the next batch faults it in again, a
-    page at a time: about 10 faults per 37 KiB image, 10% of a JPEG pipeline's
-    CPU. Here the thresholds start at the values glibc's adaptive ones reach at
-    most (arrays up to 32 MiB from the heap, up to 64 MiB of free heap kept), so
-    a worker's resident memory stays at its peak instead of following each
-    batch down and up. Settings of the user's own (``MALLOC_*_`` variables,
-    ``GLIBC_TUNABLES``, a preloaded allocator) are left as they are.
+    With glibc's starting thresholds the freed top of the heap goes back to the
+    system after each batch and the next faults it in again (10% of a JPEG
+    pipeline's CPU). Here they start where glibc's adaptive ones end up, so a
+    worker's resident memory stays at its peak. The user's own settings
+    (``MALLOC_*_``, ``GLIBC_TUNABLES``, a preloaded allocator) are left alone.
 
     Returns:
       Whether the thresholds were set.
@@ -246,8 +230,7 @@ def _watch(watch) -> "_Progress | None":
         return None
     progress_fd, slot, stack_fd = watch
     try:
-        # The pool sends this signal when the worker stalls; the dump goes to a
-        # pipe it reads. chain=False: the signal is ours, nothing else is told.
+        # The pool sends it when the worker stalls; chain=False: the signal is ours.
         faulthandler.register(signal.SIGUSR1, file=stack_fd, all_threads=True, chain=False)
     except (AttributeError, ValueError, OSError):
         pass  # Then the stall report has no stack.
@@ -269,44 +252,26 @@ def run(
     watch: Any = None,
     shipped: Any = None,
 ) -> None:
-    """Produces one worker's outputs and sends them to the consumer.
+    """Produces one worker's outputs and sends them to the consumer (see ``messages``).
 
-    The messages are ``messages``'. Out: ``OUT`` / ``OUTS`` outputs,
-    an ``ERR``, and an ``END`` when the outputs are exhausted; the descriptors
-    of an ``OUT``'s new segments follow it (``shm.send_fds``), so ``results``
-    is a Unix socket. In: ``TICK`` (one more output may be sent), ``RESET``
-    and ``STOP``. If the consumer's end of the control pipe closes (it exited
-    or was killed), the worker exits at once; its segments end with the last
-    mapping.
+    ``results`` is a Unix socket (segment descriptors follow an ``OUT``). If the
+    consumer goes (its control pipe closes, or its pid is gone), the worker
+    exits at once. A ``RESET`` may come at any time: the worker stops after the
+    output in hand, drops what it has not sent, sends ``RESET_DONE`` and goes on
+    from the reset's state in the same process (the task is loaded once).
 
-    A ``RESET`` (the consumer's ``set_state``) may come at any time: the worker
-    stops producing after the output in hand (or leaves its error or its end),
-    drops the outputs it has not sent, sends ``RESET_DONE`` and produces again
-    from the reset's state, in the same process (the consumer drops every
-    message before ``RESET_DONE``). The task is loaded, and its
-    ``worker_init_fn`` run, once per process.
-
-    With ``hold``, the worker sends ``READY`` once its task is loaded and
-    waits for ``START``: meanwhile the consumer computes this worker's first
-    outputs itself, and only it knows where they end. An ``idle`` worker
-    (already exhausted) produces nothing until a reset says otherwise.
+    With ``hold``, the worker sends ``READY`` once its task is loaded and waits
+    for ``START``: meanwhile the consumer computes this worker's first outputs.
+    An ``idle`` worker (already exhausted) produces nothing until a reset.
 
     ``watch`` is ``(progress fd or None, slot, stack fd)``: where the worker
     records its progress and writes its stacks on ``SIGUSR1``. ``shipped`` maps
     tokens to descriptors of anonymous memory the task refers to (see
     ``core.memfd``); they stay open for the worker's life.
     """
-    # Ctrl-C goes to the whole process group; the consumer decides what happens,
-    # and stops the workers itself.
+    # Ctrl-C goes to the whole process group; the consumer stops the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # A worker forked from the consumer inherits its cleanup handler for these
-    # (server.install_exit_on_signals); a worker ends on them at once.
-    from grainlike.workers import server
-
-    for name in ("SIGTERM", "SIGHUP"):
-        sig = getattr(signal, name, None)
-        if sig is not None and signal.getsignal(sig) is server.exit_on_signal:
-            signal.signal(sig, signal.SIG_DFL)
+    server.default_exit_signals()  # Inherited from a consumer it forked from: a worker ends at once.
     shm.raise_fd_limit()
     keep_freed_memory()
     memfd.receive(shipped or {})
@@ -323,14 +288,11 @@ def run(
     reset_at: list = [None]
     pool_lock = threading.Lock()
 
-    def consumer_gone() -> None:
-        os._exit(0)
-
     def listen() -> None:
         try:
             while True:
-                # EOF on the control pipe says the consumer died; checking its pid
-                # too covers a pipe end leaked into some other process it forked.
+                # EOF on the control pipe says the consumer died; its pid too, should
+                # the pipe end have leaked into another process it forked.
                 idle_s = 1.0 if progress is None else 0.5
                 due = outbox.wait_s()
                 idle_tick = not control.poll(idle_s if due is None else min(due, idle_s))
@@ -338,8 +300,8 @@ def run(
                     progress.sample()
                 outbox.send_if_due()
                 if idle_tick:
-                    if consumer_pid and not shm.pid_alive(consumer_pid):
-                        consumer_gone()
+                    if consumer_pid and not server.pid_alive(consumer_pid):
+                        os._exit(0)  # The consumer is gone.
                     continue
                 msg = control.recv()
                 if msg[0] == TICK:
@@ -359,7 +321,7 @@ def run(
                 elif msg[0] == STOP:
                     break
         except (EOFError, OSError):
-            consumer_gone()
+            os._exit(0)
         stop.set()
         started.set()
         wake.set()
@@ -411,8 +373,7 @@ def run(
                         unsent = pool.take_unsent()
                 try:
                     if inline and not unsent:
-                        # Travels in a list. Plain pickle costs less than ForkingPickler (whose
-                        # reducers are for handles, not outputs); loads reads either.
+                        # In an OUTS list; plain pickle costs less than ForkingPickler (for handles).
                         message = pickle.dumps((state, output), protocol=5)
                     else:
                         message = ForkingPickler.dumps((OUT, state, output, [u[:2] for u in unsent]))
@@ -440,18 +401,15 @@ def run(
                 outbox.flush()
             if not interrupted():
                 results.send((END, task.end_state(worker_index, worker_count, state)))
-        except SystemExit as e:
-            # sys.exit() in the user's code ends this worker process with its code, as
-            # it would a process of the user's own; the consumer reports the exit
-            # (WorkerDiedError, as grain's RuntimeError) and is not itself ended.
-            if not stop.is_set():
-                outbox.flush(credit=False)  # The outputs before it are delivered first.
-            _exit_as(e)
         except BaseException as e:  # noqa: B902 - everything goes to the consumer
             if not stop.is_set():
-                # The outputs before the error are delivered first (without a credit:
-                # the consumer reads every message in order).
+                # The outputs before it are delivered first (without a credit: the
+                # consumer reads every message in order).
                 outbox.flush(credit=False)
+            if isinstance(e, SystemExit):
+                # sys.exit() in the user's code ends this worker with its code; the
+                # consumer reports the exit (WorkerDiedError, as grain's RuntimeError).
+                _exit_as(e)
             if not stop.is_set():
                 try:
                     send_error(results, state, e)
@@ -465,8 +423,8 @@ def run(
         if not idle and not interrupted():
             produce(start, first)
         first = False
-        # Done, failed or interrupted: wait to be stopped or reset. (Cleared
-        # before looking, so that a wake after the look ends the wait.)
+        # Done, failed or interrupted: wait to be stopped or reset (cleared first,
+        # so that a wake after the look ends the wait).
         while True:
             wake.clear()
             if stop.is_set():
@@ -479,9 +437,7 @@ def run(
         if stop.is_set():
             break
         epoch, start, idle = reset
-        if outputs is not None:
-            # The iterator the old outputs came from is done with (it closes in the
-            # generator's finally); the next round starts one at the reset's state.
+        if outputs is not None:  # Closes the old iterator (the generator's finally).
             try:
                 outputs.close()
             except Exception:  # noqa: BLE001 - as when a stopped worker exits

@@ -1,11 +1,9 @@
 """The messages between a worker pool (``pool``) and its workers (``main``), and the task they run.
 
 ``WorkerTask`` is the work a pool runs. A message is a tuple whose first item
-is its tag, a ``Tag``; each tag is defined here once and both sides import it.
-A tag travels as its plain value (``OUT`` is ``Tag.OUT.value``): pickling an
-enum member costs ~6 µs more per message than a short string (measured with
-``ForkingPickler.dumps`` + ``pickle.loads`` of a 4-item message: 4.7 against
-10.4 µs), paid twice per output.
+is its tag, defined here once. Tags are short strings: pickling an enum member
+costs ~6 µs more per message (``ForkingPickler.dumps`` + ``pickle.loads`` of a
+4-item message: 4.7 against 10.4 µs), paid twice per output.
 
 From a worker, on its results socket:
 
@@ -15,7 +13,7 @@ From a worker, on its results socket:
 - ``OUTS``: ``(OUTS, [pickled (state, output), ...])``, small outputs
   travelling together. Takes one credit.
 - ``END``: ``(END, state)``, the worker has no more outputs.
-- ``ERR``: ``(ERR, state, ...)``, an error (``main._send_error``).
+- ``ERR``: ``(ERR, state, ...)``, an error (``error_transfer.send_error``).
 - ``READY``: ``(READY,)``, a held worker has loaded its task.
 - ``RESET_DONE``: ``(RESET_DONE, epoch)``, the worker dropped everything it
   computed from before the ``RESET`` numbered ``epoch`` and goes on from that
@@ -34,39 +32,23 @@ From the consumer, on a worker's control pipe:
 
 from __future__ import annotations
 
-import enum
 from typing import Any, Iterator, Optional, Protocol
 
 from grainlike.core.tree import Allocator
 
 
-class Tag(enum.StrEnum):
-    """The kinds of message: from a worker, then from the consumer."""
-
-    OUT = "out"
-    OUTS = "outs"
-    END = "end"
-    ERR = "err"
-    READY = "ready"
-    RESET_DONE = "reset_done"
-
-    TICK = "tick"
-    START = "start"
-    RESET = "reset"
-    STOP = "stop"
-
-
-OUT = Tag.OUT.value
-OUTS = Tag.OUTS.value
-END = Tag.END.value
-ERR = Tag.ERR.value
-READY = Tag.READY.value
-RESET_DONE = Tag.RESET_DONE.value
-
-TICK = Tag.TICK.value
-START = Tag.START.value
-RESET = Tag.RESET.value
-STOP = Tag.STOP.value
+# From a worker.
+OUT = "out"
+OUTS = "outs"
+END = "end"
+ERR = "err"
+READY = "ready"
+RESET_DONE = "reset_done"
+# From the consumer.
+TICK = "tick"
+START = "start"
+RESET = "reset"
+STOP = "stop"
 
 
 class WorkerTask(Protocol):

@@ -1,15 +1,11 @@
 """The worker pool: processes that each compute one worker's share of a task.
 
-A task is any picklable object with the ``WorkerTask`` methods
-(``messages``). Worker ``w`` of ``W`` starts at a state (JSON-able: an int, a
-dict of indices) and yields ``(state after this output, output)``; the pool
-takes the workers' outputs strictly round-robin and keeps every worker's state
-after its last delivered output, which is all a checkpoint needs.
-``mp_prefetch`` is the task (states are dataset iterator states), for the
-Dataset API and the DataLoader alike. Workers start as ``start`` says, run
-``main``, hand batch leaves back through shared memory (``shm``) and are
-watched as ``liveness`` says. Nothing the consumer does waits on a worker
-without a bound, so ``close()`` from another thread ends a blocked ``next()``.
+A task is any picklable ``WorkerTask`` (``messages``; ``mp_prefetch``'s for the
+Dataset API and the DataLoader alike). Worker ``w`` of ``W`` starts at a state
+and yields ``(state after this output, output)``; the pool takes the outputs
+strictly round-robin and keeps every worker's state after its last delivered
+output, which is all a checkpoint needs. Nothing the consumer does waits on a
+worker without a bound, so ``close()`` from another thread ends a blocked ``next()``.
 """
 
 from __future__ import annotations
@@ -38,7 +34,7 @@ from grainlike.workers import server, shm
 from grainlike.workers.error_transfer import rebuild_error
 from grainlike.workers.liveness import DEFAULT_STALL_TIMEOUT_S, POLL_S, Progress, check_progress, died_error, exited
 from grainlike.workers.messages import END, ERR, OUT, OUTS, READY, RESET, RESET_DONE, START, TICK, WorkerTask
-from grainlike.workers.shutdown import DROPPED_JOIN_TIMEOUT_S, JOIN_TIMEOUT_S, Shutdown, live_pools, stop_process
+from grainlike.workers.shutdown import DROPPED_JOIN_TIMEOUT_S, JOIN_TIMEOUT_S, Shutdown, live_pools, quietly, stop_process
 from grainlike.workers.start import launch, pickle_task
 
 
@@ -48,11 +44,6 @@ class WorkerPool(ClosesOnExit):
     ``states[w]`` is worker ``w``'s state after its last delivered output (at
     first, where it starts) and ``next_worker`` whose turn is next; both change
     only when an output is returned, so they are a checkpoint at every step.
-
-    Reset: ``reset()`` moves running workers to new states in the same
-    processes (grain's ``set_state`` keeps its processes too); each drops what
-    it computed ahead and goes on from its new state (``messages``'
-    ``RESET``).
 
     Warm start: when ``next()`` has to start the workers (rather than
     ``start()`` ahead of time) and ``warm_start`` is set, each worker is started
@@ -70,16 +61,14 @@ class WorkerPool(ClosesOnExit):
       buffer_size: finished outputs each worker keeps ready.
       profile: each worker logs its timings when it stops.
       warm_start: see above.
-      error_ends_worker: an error raised in worker ``w`` ends ``w`` only: the
-        error is raised once, and from then on ``w`` counts as exhausted at its
-        last delivered state while the others go on (grain's ``mp_prefetch``).
-        ``w``'s death (or stall) is raised by every later ``next()`` as well,
-        since the rest of its outputs are lost (grain ends the iteration short
-        there); ``states`` stay those of the last delivered output. Otherwise
-        every error stops all workers and the pool is ``broken``; its owner
-        starts a new one from ``states`` (the DataLoader).
+      error_ends_worker: an error raised in worker ``w`` is raised once, and
+        ``w`` then counts as exhausted at its last delivered state while the
+        others go on (grain's ``mp_prefetch``); its death or stall is raised by
+        every later ``next()``, its outputs being lost. Otherwise every error
+        stops all workers and the pool is ``broken``; its owner starts a new
+        one from ``states`` (the DataLoader).
       stall_timeout_s: a worker awaited for this long without making progress
-        raises ``WorkerStalledError`` (see the module doc); None or 0: never.
+        raises ``WorkerStalledError`` (``liveness``); None or 0: never.
     """
 
     def __init__(
@@ -112,23 +101,18 @@ class WorkerPool(ClosesOnExit):
         self._stall_timeout_s = float(stall_timeout_s) if stall_timeout_s else None
         # Workers whose error was raised: they end at their next turn.
         self._failed = [False] * worker_count
-        # With error_ends_worker: the worker that died (or stalled and was
-        # stopped), and its error. The rest of its outputs cannot be computed
-        # here, so from then on every next() raises rather than end the
-        # iteration short.
+        # With error_ends_worker: (w, error) of the worker that died or stalled.
         self._dead: Optional[tuple[int, BaseException]] = None
         # For delivered() from other threads: odd while a next() runs, and the
-        # position it started from (the state after the last delivered output).
+        # position it started from.
         self._calls = 0
         self._call_start: tuple = ()
         self._payload, shipped = pickle_task(task)
         self._started = False
         self._released = [collections.deque() for _ in range(worker_count)]
-        # Outputs that came in one message with others ("outs"), not yet returned:
-        # (state, payload) per output, per worker.
+        # Per worker, the pickled (state, output)s of an OUTS message not yet returned.
         self._inbox = [collections.deque() for _ in range(worker_count)]
-        # Per worker, the number of the reset (see reset()) whose RESET_DONE is
-        # still to come: its messages until then are stale. None: none pending.
+        # Per worker, the reset whose RESET_DONE is still to come (its messages until then are stale).
         self._resetting: list = [None] * worker_count
         self._resets = 0
         # Workers started held, and the in-process outputs standing in for them.
@@ -153,11 +137,10 @@ class WorkerPool(ClosesOnExit):
         return self
 
     def start(self, hold: bool = False) -> None:
-        """Starts the workers; ``hold`` starts them held (see the class doc).
+        """Starts the workers; ``hold`` starts them held (see the class doc), from a background thread.
 
-        Held workers are started from a background thread: starting the first
-        workers of a process waits for the forkserver to boot, and the calling
-        process has outputs to compute meanwhile.
+        The first workers of a process may wait for the worker server to boot,
+        and the calling process has held workers' outputs to compute meanwhile.
         """
         self._check_owner()
         if self._started:
@@ -214,11 +197,7 @@ class WorkerPool(ClosesOnExit):
         )
 
     def _recv(self, w: int, read: Optional[Callable[[Any], Any]] = None) -> Any:
-        """Worker ``w``'s next message (or ``read(connection)`` once it is readable).
-
-        Waits with a bound on each step: for ``close()`` from another thread, the
-        worker's exit, and its progress.
-        """
+        """Worker ``w``'s next message (or ``read(connection)``), watching for close(), its exit and its progress."""
         sd = self._shutdown
         conn, proc = sd.results[w], sd.procs[w]
         waiting_since = time.monotonic()
@@ -228,7 +207,7 @@ class WorkerPool(ClosesOnExit):
             try:
                 ready = multiprocessing.connection.wait([conn, proc.sentinel], timeout=POLL_S)
                 if not ready:
-                    self._check_progress(w, waiting_since)
+                    check_progress(sd, w, self._w, self.states[w], self._stall_timeout_s, waiting_since, self._then)
                     continue
                 if conn in ready or conn.poll():
                     try:
@@ -246,10 +225,6 @@ class WorkerPool(ClosesOnExit):
     def _died_error(self, w: int) -> WorkerDiedError:
         """The error for worker ``w``, whose pipe shows that its process is gone."""
         return died_error(self._shutdown.procs[w], w, self._w, self.states[w], self._then())
-
-    def _check_progress(self, w: int, waiting_since: float) -> None:
-        """Raises ``WorkerStalledError`` if worker ``w`` has not moved for the stall timeout."""
-        check_progress(self._shutdown, w, self._w, self.states[w], self._stall_timeout_s, waiting_since, self._then)
 
     def _tick(self, w: int) -> None:
         released = self._released[w]
@@ -275,10 +250,8 @@ class WorkerPool(ClosesOnExit):
     def delivered(self) -> tuple[list, int, list]:
         """``(states, next_worker, exhausted)`` after the last delivered output, from any thread.
 
-        Does not wait for a ``next()`` running in another thread (which may be
-        blocked on a worker): while one runs, the position it started from is
-        returned. Calls of ``next()`` itself must not overlap (their owner
-        serialises them).
+        Does not wait for a ``next()`` running in another thread: while one runs,
+        the position it started from is returned. Calls of ``next()`` must not overlap.
         """
         while True:
             calls = self._calls
@@ -304,9 +277,8 @@ class WorkerPool(ClosesOnExit):
             raise failed.error from None
         except BaseException:
             if not self._closed:
-                # Interrupted (Ctrl-C, or any exception) half way: a message may be
-                # half read, or taken but not returned. Stop the workers; the
-                # owner restarts them from the last output actually returned.
+                # Interrupted half way (a message half read, or taken but not
+                # returned): the owner restarts the workers from the last output returned.
                 self.states, self.next_worker, self.exhausted = before
                 self.close()
             raise
@@ -335,8 +307,7 @@ class WorkerPool(ClosesOnExit):
                 self._release_ready()
             w = self.next_worker
             if self._failed[w]:
-                # As grain: after its error a worker counts as exhausted, at the
-                # state of its last delivered output.
+                # As grain: after its error a worker is exhausted at its last delivered state.
                 self._failed[w] = False
                 self.exhausted[w] = True
             if self.exhausted[w]:
@@ -365,9 +336,7 @@ class WorkerPool(ClosesOnExit):
                 self._advance(w)
                 self._tick(w)
                 return output
-            if kind == OUTS:
-                # Small outputs travel several to a message, each pickled on its
-                # own (main._Outbox): one message, one credit.
+            if kind == OUTS:  # Small outputs, each pickled on its own (main._Outbox): one credit.
                 inbox.extend(msg[1])
                 self._tick(w)
                 continue
@@ -397,19 +366,14 @@ class WorkerPool(ClosesOnExit):
     def _drain_stale(self, w: int) -> None:
         """Drops worker ``w``'s messages from before its latest reset, up to its ``RESET_DONE``.
 
-        They were computed from the state before ``reset()``: outputs are
-        dropped (their segments go back to the worker, and each message's
-        credit too, as if delivered), an end or an error is ignored (the worker
-        starts again from the reset's state). A death or stall meanwhile is
-        reported as at any other time.
+        Outputs are dropped as if delivered (their segments and credits go back),
+        an end or an error is ignored; a death or stall is reported as ever.
         """
         while self._resetting[w] is not None:
             msg = self._message(w)
             kind = msg[0]
             if kind == OUT:
-                # Mapped and let go at once: the segments are released as the
-                # arrays of an output the user dropped.
-                self._shutdown.readers[w].materialize(msg[2])
+                self._shutdown.readers[w].materialize(msg[2])  # Let go at once: the segments are released.
                 self._tick(w)
             elif kind == OUTS:
                 self._tick(w)
@@ -420,9 +384,7 @@ class WorkerPool(ClosesOnExit):
         """Moves the running workers to new states without restarting them (grain's set_state).
 
         Each worker is sent ``RESET`` with its state; what it computed before is
-        dropped as it arrives (``_drain_stale``, at that worker's next turn), so
-        the outputs from here on are those of workers started at ``states``,
-        from the same processes. An exhausted worker idles until a later reset.
+        dropped as it arrives (``_drain_stale``). An exhausted worker idles until a later reset.
 
         Returns:
           True if the workers were reset; False where they cannot be (not
@@ -457,9 +419,7 @@ class WorkerPool(ClosesOnExit):
             for w in range(self._w):
                 try:
                     sd.controls[w].send((RESET, self._resets, position[0][w], position[2][w]))
-                except (OSError, ValueError):
-                    # The worker died meanwhile: the caller starts new workers from
-                    # the new states (as before a reset).
+                except (OSError, ValueError):  # It died: the caller starts new workers.
                     self.close()
                     return False
                 self._resetting[w] = self._resets
@@ -495,10 +455,7 @@ class WorkerPool(ClosesOnExit):
         for w in range(sd.launched):
             if not self._held[w] or self.exhausted[w] or self._failed[w] or not sd.results[w].poll():
                 continue
-            try:
-                msg = self._recv(w)
-            except WorkerDiedError as e:
-                raise self._failure(w, e) from None
+            msg = self._message(w)
             if msg[0] == ERR:  # The task failed to load in the worker.
                 raise self._failure(w, rebuild_error(w, sd.procs[w].pid, msg))
             if msg[0] != READY:
@@ -530,9 +487,7 @@ class WorkerPool(ClosesOnExit):
             self.states[w] = self._task.end_state(w, self._w, self.states[w])
             self._advance(w)
             return False, None
-        except SystemExit as e:
-            # In worker w, sys.exit() would end that process (see main); here
-            # it must not end the caller's.
+        except SystemExit as e:  # It would end worker w's process (see main), not the caller's.
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             raise WorkerDiedError(
                 f"Worker process was terminated unexpectedly with exit code {code}: "
@@ -566,10 +521,7 @@ class WorkerPool(ClosesOnExit):
         self._closed = True
         live_pools.discard(self)
         for local in self._local.values():
-            try:
-                local.close()
-            except Exception:  # Never let cleanup hide what is being raised.
-                pass
+            quietly(local.close)  # Never let cleanup hide what is being raised.
         self._local.clear()
         if self._finalizer.detach() is not None:
             self._shutdown(DROPPED_JOIN_TIMEOUT_S if dropped else JOIN_TIMEOUT_S)

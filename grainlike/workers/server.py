@@ -1,15 +1,10 @@
 """The worker server: where workers start when they cannot fork from the program.
 
-A ``multiprocessing`` forkserver of grainlike's own (not the process-wide one,
-which stays the program's: its preloads, Python 3.14's default start method)
-that has preloaded ``main``, booted when grainlike is imported
-(``start_server_early``) so that it is ready by the first ``iter()``. A worker it
-forks receives preparation data that names no main module, so it never re-runs
-the user's ``__main__``. Importing this module costs the standard library only.
-
-Where there is no server (``server_supported``: no ``os.fork``, or macOS,
-where Python spawns by default), workers are spawned (``SpawnedWorkerProcess``):
-each a fresh interpreter, with the same preparation data naming no main module.
+A ``multiprocessing`` forkserver of grainlike's own (the process-wide one stays
+the program's) that has preloaded ``main``, booted when grainlike is imported
+(``start_server_early``). Workers it forks, or spawns where there is no server
+(``server_supported``), get preparation data naming no main module, so they never
+re-run the user's ``__main__``. Importing this module costs the standard library only.
 """
 
 from __future__ import annotations
@@ -30,13 +25,9 @@ import weakref
 from typing import Any, Callable, Optional
 
 WORKER_MODULE = "grainlike.workers.main"
-# The modules a worker imports before its first output, preloaded by name (the
-# worker layer imports nothing above it): its entry point (``start``), those its
-# task is unpickled with (the DataLoader's stages, mp_prefetch's) and those the
-# stages import when they first run (``read_threads.stage_types``). Nothing
-# else: ``import grainlike`` loads no more of the package (builder, loader,
-# ...), and the server's boot is on the first batch's path when the program's
-# set-up after the import is short (W4c in docs/performance.md).
+# What a worker imports before its first output, preloaded by name (this layer
+# imports nothing above it); nothing more, as the server's boot can be on the
+# first batch's path (W4c in docs/performance.md).
 TASK_MODULES = (
     "grainlike.workers.start",
     "grainlike.loader.stages",
@@ -49,9 +40,8 @@ TASK_MODULES = (
     "grainlike.dataset.mix",
     "grainlike.dataset.slice",
 )
-# Heavy modules the worker server imports too when this process has them loaded:
-# their sources (TFDS, Hugging Face datasets, Parquet, s3fs) need them in every
-# worker, and importing tensorflow_datasets or datasets costs each worker 1-2 s.
+# Preloaded too when this process has them loaded: their sources need them in
+# every worker, and importing tensorflow_datasets or datasets costs each worker 1-2 s.
 PRELOAD_IF_LOADED = ("tensorflow_datasets", "datasets", "pyarrow.parquet", "s3fs", "gcsfs")
 _lock = threading.Lock()
 
@@ -68,11 +58,9 @@ def native_thread_count() -> int:
     return 0
 
 
-# The threads running when grainlike was imported, numpy included
-# (``note_threads_at_import``): numpy's BLAS pool, which survives a fork. Workers
-# fork from the calling process only while no thread has started since
-# (``start.fork_is_safe``); 0 (unknown) when a library that starts threads of its
-# own (OpenCV, ArrayRecord, torch, TensorFlow) was loaded first.
+# The threads running when grainlike was imported (numpy's BLAS pool, which survives
+# a fork), for ``start.fork_is_safe``; 0 (unknown) when a library that starts
+# threads of its own was loaded first.
 _THREAD_STARTERS = ("cv2", "array_record", "torch", "tensorflow")
 THREADS_AT_IMPORT = 0
 
@@ -80,8 +68,7 @@ THREADS_AT_IMPORT = 0
 def note_threads_at_import() -> None:
     """Sets ``THREADS_AT_IMPORT``; ``import grainlike`` calls it once numpy is imported.
 
-    Not at this module's import: grainlike starts the worker server before it
-    imports numpy, so that the server's boot begins that much earlier.
+    Not at this module's import, which comes before numpy's so that the server boots earlier.
     """
     global THREADS_AT_IMPORT
     THREADS_AT_IMPORT = 0 if any(m in sys.modules for m in _THREAD_STARTERS) else native_thread_count()
@@ -106,27 +93,21 @@ class _SpawnWithoutMain(types.ModuleType):
         self.get_preparation_data = lambda name: _strip_main(spawn.get_preparation_data(name))
 
 
+def _rebound(f: Any, module: types.ModuleType, **replaced: Any) -> Any:
+    """The standard library's own function ``f`` run with some of its ``module``'s globals replaced."""
+    return types.FunctionType(f.__code__, {**vars(module), **replaced}, f.__name__, f.__defaults__, f.__closure__)
+
+
 def _rebound_popen(base: type, method: str, module: types.ModuleType, name: str, **replaced: Any) -> type:
-    """A subclass of ``base`` whose ``method`` is the standard library's own code run with some of its module's globals replaced."""
-    function = getattr(base, method)
-    namespace = dict(vars(module))
-    namespace.update(replaced)
-    rebound = types.FunctionType(
-        function.__code__, namespace, function.__name__, function.__defaults__, function.__closure__
-    )
-    return type(name, (base,), {method: rebound, "__module__": __name__})
+    """A subclass of ``base`` whose ``method`` is ``_rebound``."""
+    return type(name, (base,), {method: _rebound(getattr(base, method), module, **replaced), "__module__": __name__})
 
 
 @functools.lru_cache(maxsize=None)
 def _worker_popen(server: Any) -> type:
     """The forkserver ``Popen`` that launches through ``server``, with preparation data naming no main module.
 
-    Its ``_launch`` is the standard library's own code, bound to a ``spawn``
-    module whose ``get_preparation_data`` drops the main-module entries and to
-    ``server`` (a ``multiprocessing.forkserver.ForkServer`` of grainlike's own)
-    in place of the process-wide forkserver; nothing global changes, so other
-    processes the program starts, and its own use of the forkserver (its
-    preloads, Python 3.14's default start method), are unaffected.
+    Nothing global changes, so the program's own use of multiprocessing is unaffected.
     """
     from multiprocessing import forkserver, popen_forkserver
 
@@ -158,8 +139,7 @@ class WorkerProcess(multiprocessing.context.ForkServerProcess):
 
     @staticmethod
     def _Popen(process_obj):
-        # The process object itself is pickled for the server: the server it
-        # goes to is kept beside it, not in it.
+        # The process object is pickled for the server: its server is kept beside it.
         return _worker_popen(server_of.pop(process_obj))(process_obj)
 
 
@@ -175,11 +155,10 @@ class SpawnedWorkerProcess(multiprocessing.context.SpawnProcess):
 
 
 def server_supported() -> bool:
-    """Whether workers can start from a worker server on this platform.
+    """Whether workers can start from a worker server: it needs ``os.fork``, and not macOS.
 
-    The server is a forkserver: it needs ``os.fork`` (Windows has none). On
-    macOS, where forking a process that has used the system's libraries can
-    crash the child and Python spawns by default, workers are spawned too.
+    On macOS forking a process that has used the system's libraries can crash
+    the child, and Python spawns by default.
     """
     return (
         hasattr(os, "fork")
@@ -188,18 +167,14 @@ def server_supported() -> bool:
     )
 
 
-# grainlike's worker servers, by the modules each preloaded. Its own instances of
-# multiprocessing's ForkServer, not the process-wide one: one started when
-# grainlike is imported (``start_server_early``) cannot take modules the program
-# imports later, so a pool whose sources need those (TFDS, datasets) gets a
-# server that preloads them, started then.
+# grainlike's worker servers, by the modules each preloaded: one started at import
+# cannot take modules the program imports later, so a pool whose sources need
+# those (TFDS, datasets) gets a server that preloads them.
 _servers: dict = {}
 
 
 def _server_preload() -> tuple:
-    """The modules a worker server should preload now: the worker loop, the heavy
-    modules this process has loaded that sources need, and the user's own
-    forkserver preloads."""
+    """The modules a worker server should preload now: ours, and the user's forkserver preloads."""
     from multiprocessing import forkserver
 
     user = [m for m in getattr(forkserver._forkserver, "_preload_modules", []) if m != "__main__"]
@@ -224,14 +199,11 @@ def running_server(start: bool = True) -> Any:
     return server
 
 
-# Where Linux's abstract socket namespace exists, a worker server listens at
-# ``\0grainlike-srv-<pid of the program>-<random>``: no file, so nothing is left
-# when the program and its server are killed together, and nothing another user
-# could plant. Abstract sockets have no permissions: the server accepts only
-# peers of its own uid that are the program or a process below it
-# (``_PeerCheckingSocket``, by SO_PEERCRED). Elsewhere the socket is a file in a
-# folder ``$TMPDIR/glsrv-<pid of the program>-<random>``, 0700 (``mkdtemp``);
-# short, as a socket's path is at most 107 bytes.
+# On Linux a worker server listens at the abstract ``\0grainlike-srv-<pid>-<random>``:
+# no file to leave behind or for another user to plant; having no permissions,
+# it accepts only its own program's processes (``_check_peers``). Elsewhere the
+# socket is a file in a 0700 folder ``$TMPDIR/glsrv-<pid>-<random>``, short, as
+# a socket's path is at most 107 bytes.
 _ABSTRACT_PREFIX = "\0grainlike-srv-"
 _FOLDER_PREFIX = "glsrv-"
 _folder: Optional[str] = None
@@ -253,11 +225,9 @@ def _abstract_address(family: str) -> str:
 def _sweep_dead_folders(parent: str) -> None:
     """Removes the socket folders of this user's processes that have gone.
 
-    Where sockets are files (no abstract namespace), a server killed together
-    with its program (SIGKILL of the process group) cannot remove its folder;
-    the next program that starts a server does. Only real folders owned by this
-    user, named for a process that no longer exists, holding nothing but
-    sockets; no link is followed.
+    A server killed together with its program cannot remove its folder; the next
+    program does. Only real folders owned by this user, named for a process
+    that no longer exists, holding nothing but sockets; no link is followed.
     """
     try:
         names = os.listdir(parent)
@@ -265,7 +235,7 @@ def _sweep_dead_folders(parent: str) -> None:
         return
     for name in names:
         found = re.fullmatch(re.escape(_FOLDER_PREFIX) + r"(\d+)-\w+", name)
-        if found is None or _pid_alive(int(found.group(1))):
+        if found is None or pid_alive(int(found.group(1))):
             continue
         folder = os.path.join(parent, name)
         try:
@@ -284,13 +254,14 @@ def _sweep_dead_folders(parent: str) -> None:
             continue
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # Another user's process of that pid: not ours to judge.
+        pass
     return True
 
 
@@ -321,20 +292,15 @@ def _abstract_ensure_running() -> Callable[[Any], None]:
     """``ForkServer.ensure_running``, the standard library's own code, binding an abstract address."""
     from multiprocessing import connection, forkserver
 
-    namespace = dict(vars(forkserver))
-    namespace["connection"] = types.SimpleNamespace(**{**vars(connection), "arbitrary_address": _abstract_address})
-    function = forkserver.ForkServer.ensure_running
-    return types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__, function.__closure__)
+    abstract = types.SimpleNamespace(**{**vars(connection), "arbitrary_address": _abstract_address})
+    return _rebound(forkserver.ForkServer.ensure_running, forkserver, connection=abstract)
 
 
 def _ensure_running(server: Any) -> None:
     """Starts ``server`` if it is not running: at an abstract address, else in this process's own folder.
 
-    multiprocessing puts a server's socket in its per-process ``pymp-*`` folder,
-    which nothing removes if the program and its server are killed together.
-    An abstract socket leaves no file at all; where there are none, grainlike's
-    servers use a folder named for the program's pid, which a later program
-    removes once that pid has gone (``_sweep_dead_folders``).
+    Not multiprocessing's ``pymp-*`` folder, which nothing removes if the program
+    and its server are killed together; ours a later program sweeps.
     """
     if abstract_sockets():
         _abstract_ensure_running()(server)
@@ -362,11 +328,9 @@ def _restore(config: dict, previous: Optional[str]) -> None:
         config["tempdir"] = previous
 
 
-# Signals whose default action ends the process without running exit handlers,
-# which would leave multiprocessing's temporary folder (``$TMPDIR/pymp-*``, with
-# the worker servers' sockets in it) behind. SIGINT raises KeyboardInterrupt,
-# after which exit handlers run anyway.
-_EXIT_SIGNALS = ("SIGTERM", "SIGHUP")
+# Signals whose default action skips exit handlers, leaving multiprocessing's
+# ``$TMPDIR/pymp-*`` folder behind (SIGINT raises KeyboardInterrupt: they run).
+_EXIT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 # The process whose handlers are installed (a forked child inherits them).
 _handlers_pid = None
 # What grainlike closes before multiprocessing's exit handler runs (its pools).
@@ -379,22 +343,33 @@ def install_exit_on_signals() -> None:
     Only where the signal's disposition is the default (a handler the user
     installed is left alone), only from the main thread, once per process. The
     handler closes grainlike's worker pools and runs multiprocessing's exit
-    handler (which removes its temporary folder), then restores the default
-    disposition and sends the signal again, so the exit status is unchanged.
+    handler (which removes its temporary folder), then sends the signal again
+    with the default disposition, so the exit status is unchanged.
     """
     global _handlers_pid
     if _handlers_pid == os.getpid() or threading.current_thread() is not threading.main_thread():
         return
     _handlers_pid = os.getpid()
-    for name in _EXIT_SIGNALS:
-        sig = getattr(signal, name, None)
-        if sig is None:
-            continue
+    _replace_handlers(signal.SIG_DFL, exit_on_signal)
+
+
+def _replace_handlers(old: Any, new: Any) -> None:
+    """Makes ``new`` the handler of each exit signal whose handler is ``old``."""
+    for sig in _EXIT_SIGNALS:
         try:
-            if signal.getsignal(sig) is signal.SIG_DFL:
-                signal.signal(sig, exit_on_signal)
+            if signal.getsignal(sig) is old:
+                signal.signal(sig, new)
         except (OSError, ValueError):
-            pass  # Not settable here (an embedded interpreter): nothing to change.
+            pass  # Not settable here (not the main thread, an embedded interpreter).
+
+
+def default_exit_signals() -> None:
+    """Puts back the default for exit signals handled by ``exit_on_signal`` (in a worker, a forked child).
+
+    A process stuck in C code (a lock another thread of the parent held at fork
+    time) never runs a Python handler: ``Pool.terminate()`` would not end it.
+    """
+    _replace_handlers(exit_on_signal, signal.SIG_DFL)
 
 
 def exit_on_signal(signum: int, frame: Any) -> None:
@@ -424,9 +399,8 @@ def _started_by_multiprocessing() -> bool:
     if multiprocessing.parent_process() is not None:
         return True
     argv = list(getattr(sys, "orig_argv", sys.argv))
-    # The forkserver and spawned children run ``python -c "from multiprocessing.X import ..."``,
-    # spawned ones with ``--multiprocessing-fork`` after it (and import grainlike
-    # while unpickling their process object, before parent_process() is set).
+    # ``python -c "from multiprocessing.X import ..."``, spawned ones with
+    # ``--multiprocessing-fork`` after it (they import grainlike before parent_process() is set).
     if argv and argv[-1] == "--multiprocessing-fork":
         argv.pop()
     return len(argv) >= 2 and argv[-2] == "-c" and argv[-1].startswith("from multiprocessing.")
@@ -435,23 +409,22 @@ def _started_by_multiprocessing() -> bool:
 def start_server_early() -> None:
     """Starts the worker server when grainlike is imported, so that it is ready by the first ``iter()``.
 
-    A training script imports grainlike, then initialises JAX, opens files,
-    imports OpenCV; each of those starts threads, after which workers can no
-    longer fork from the script itself (``fork_is_safe``) and start from the
-    server instead. Booting the server (a fresh interpreter importing numpy and
-    grainlike, ~0.3 s of one core) then overlaps that set-up instead of
-    delaying the first batch. Starting it costs the importing process one
-    ``fork_exec`` (a few ms); the server exits with the process. Not in the
-    server itself nor in processes multiprocessing starts (they would each
-    start another), and nowhere workers do not start from a server
-    (``server_supported``).
+    The program's set-up after the import (JAX, files, OpenCV) starts threads,
+    after which workers start from the server (``fork_is_safe``); its boot
+    (~0.3 s of one core) then overlaps that set-up. It costs the importing
+    process one ``fork_exec``. Not in processes multiprocessing starts (each
+    would start another), nor where there is no server (``server_supported``).
     """
-    if not server_supported() or _started_by_multiprocessing():
-        return
+    if server_supported() and not _started_by_multiprocessing():
+        start_quietly()
+
+
+def start_quietly() -> None:
+    """Starts a worker server if none is running; a failure is reported when workers start."""
     try:
         running_server()
     except Exception:
-        pass  # Starting workers later reports the problem with its context.
+        pass
 
 
 def _own_listener() -> Any:
@@ -472,10 +445,7 @@ def _own_listener() -> Any:
 def _remove_own_socket_at_exit(path: str) -> None:
     """In a worker server listening at the file ``path``: removes it (and its folder, if then empty) at exit.
 
-    The server exits when the process that started it has gone; if that process
-    was killed (SIGKILL), nothing else would remove the ``pymp-*`` folder that
-    holds the socket. A server killed with it (its whole process group) cannot
-    do this either; an abstract socket leaves nothing to remove.
+    If the program was killed (SIGKILL), nothing else would remove the folder.
     """
     import atexit
 
@@ -491,18 +461,24 @@ def _remove_own_socket_at_exit(path: str) -> None:
     atexit.register(remove)
 
 
+def proc_stat(pid: int) -> list:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, ppid, ...); [] if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].decode("ascii", "replace").split()
+    except (OSError, IndexError):
+        return []
+
+
 def _in_tree(pid: int, root: int) -> bool:
     """Whether process ``pid`` is ``root`` or below it (by the parents /proc names)."""
     for _ in range(1024):
         if pid == root:
             return True
-        if pid <= 1:
+        fields = proc_stat(pid) if pid > 1 else []
+        if len(fields) < 2 or not fields[1].isdigit():
             return False
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
+        pid = int(fields[1])
     return False
 
 
@@ -510,14 +486,11 @@ def _check_peers() -> None:
     """In a worker server at an abstract address: accepts only its own program's processes.
 
     An abstract socket has no owner or mode, so any local process could connect
-    and have the server unpickle what it sends. The server's accept loop (the
-    standard library's ``forkserver.main``) uses ``forkserver.socket.socket``:
-    here that is a socket whose ``accept`` closes every connection whose peer
-    (SO_PEERCRED) is not of this uid, or is neither the program that started the
-    server nor a process below it, and reports it as ECONNABORTED, which the loop
-    skips. Installed when the server preloads this module, before it accepts.
+    and have the server unpickle what it sends. ``forkserver.main``'s accept
+    loop gets a socket whose ``accept`` closes every connection whose peer
+    (SO_PEERCRED) is not of this uid and below the program, reporting
+    ECONNABORTED, which the loop skips. Installed when the server preloads this module.
     """
-    import errno
     import socket
     import struct
     from multiprocessing import forkserver
@@ -560,16 +533,7 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     _folder = None  # The parent's; named for the parent's pid.
     _handlers_pid = None  # The child installs its own handlers when it starts workers.
-    # The inherited handler is Python code, which a child stuck in C code (a lock
-    # another thread of the parent held at fork time) never runs: SIGTERM from
-    # ``Pool.terminate()`` would not end it. The child gets the default back.
-    for name in _EXIT_SIGNALS:
-        sig = getattr(signal, name, None)
-        try:
-            if sig is not None and signal.getsignal(sig) is exit_on_signal:
-                signal.signal(sig, signal.SIG_DFL)
-        except (OSError, ValueError):
-            pass  # Forked from a thread other than the main one: nothing to change.
+    default_exit_signals()
     for server in _servers.values():
         alive_fd = getattr(server, "_forkserver_alive_fd", None)
         if alive_fd is not None:

@@ -1,24 +1,15 @@
 """Shared-memory arrays for batches: written once by a worker, mapped by the consumer.
 
 A worker stacks each large batch leaf straight into a segment of anonymous
-shared memory (``memfd_create``) from its ``SegmentPool``. A segment's file
-descriptor travels to the consumer once, over the worker's socket
-(``SCM_RIGHTS``), right after the first message that uses it; each process maps
-the segment and closes the descriptor at once. The memory has no name, so no
-other process can see or delete it, and it ends with its last mapping: even if
-every process is killed at once, nothing is left behind and nothing needs
-sweeping. Mappings are made with ``mmap(2)`` directly, not ``mmap.mmap`` (which
-keeps a descriptor per mapping), so holding any number of batches costs no
-descriptors in either process.
+shared memory (``core.memfd``) from its ``SegmentPool``. A segment's descriptor
+travels to the consumer once (``SCM_RIGHTS``), right after the first message
+that uses it; each process maps it and closes the descriptor. The memory has no
+name and ends with its last mapping, so nothing is ever left behind, and the
+mappings hold no descriptors, so holding any number of batches costs none.
 
-The consumer (``SegmentReader``) maps each segment once. The arrays it hands out
-for one message reference a small lease on that mapping; when the last of them
-(or any view of them) goes, the segment is returned to the worker for reuse, and
-the mapping itself stays until the reader is closed and no array refers to it.
-
-Segments and their fd-free mappings are ``core.memfd``'s, shared with
-``InMemoryDataSource``, whose memory reaches the workers the same way: its
-descriptor travels with the pipeline a pool sends (``memfd.shipping``).
+The consumer (``SegmentReader``) maps each segment once. The arrays of one
+message reference a lease on that mapping; when the last of them goes, the
+segment is returned to the worker for reuse.
 """
 
 from __future__ import annotations
@@ -45,17 +36,6 @@ def available() -> bool:
     return memfd.available() and hasattr(socket, "send_fds")
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def raise_fd_limit() -> None:
     """Raises this process's soft limit of open files to its hard limit (at most 65536).
 
@@ -65,8 +45,7 @@ def raise_fd_limit() -> None:
         import resource
 
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        target = hard if hard != resource.RLIM_INFINITY else 1 << 16
-        target = min(target, 1 << 16)
+        target = 1 << 16 if hard == resource.RLIM_INFINITY else min(hard, 1 << 16)
         if soft < target:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     except (ImportError, ValueError, OSError):
@@ -127,8 +106,11 @@ class _Segment:
         self.seg_id, self.size, self.region = seg_id, size, region
 
 
-def _on(region: Region, nbytes: int, shape: tuple, dtype: np.dtype) -> np.ndarray:
-    return np.asarray(region)[:nbytes].view(dtype).reshape(shape)
+def _on(base: Any, shape: tuple, dtype: Any) -> np.ndarray:
+    """An array of ``shape`` and ``dtype`` at the start of ``base``'s memory."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return np.asarray(base)[:nbytes].view(dtype).reshape(shape)
 
 
 class SegmentPool:
@@ -174,7 +156,7 @@ class SegmentPool:
         if nbytes < INLINE_LIMIT or dtype.hasobject:
             return np.empty(shape, dtype)
         seg = self._take(nbytes)
-        arr = _on(seg.region, nbytes, shape, dtype)
+        arr = _on(seg.region, shape, dtype)
         self._pending[id(arr)] = (arr, seg)
         return arr
 
@@ -189,7 +171,7 @@ class SegmentPool:
                 seg = hit[1]
             elif x.nbytes >= INLINE_LIMIT and not x.dtype.hasobject:
                 seg = self._take(x.nbytes)
-                np.copyto(_on(seg.region, x.nbytes, x.shape, x.dtype), x)
+                np.copyto(_on(seg.region, x.shape, x.dtype), x)
             else:
                 return x
             self._lent[seg.seg_id] = seg
@@ -197,7 +179,7 @@ class SegmentPool:
 
         out = tree.map_structure(leaf, batch)
         # Leaves allocated but not part of the output (a batch_fn dropped them).
-        for arr, seg in self._pending.values():
+        for _, seg in self._pending.values():
             self._free[seg.size].append(seg)
         self._pending.clear()
         return out
@@ -249,9 +231,7 @@ class SegmentReader:
         region = self._regions[leaf.seg_id]
         lease = _Lease(region)
         weakref.finalize(lease, self._on_release, leaf.seg_id).atexit = False
-        dtype = np.dtype(leaf.dtype)
-        nbytes = int(np.prod(leaf.shape, dtype=np.int64)) * dtype.itemsize
-        return np.asarray(lease)[:nbytes].view(dtype).reshape(leaf.shape)
+        return _on(lease, leaf.shape, leaf.dtype)
 
     def materialize(self, batch: Any) -> Any:
         """``batch`` with every ``ShmLeaf`` replaced by its array."""

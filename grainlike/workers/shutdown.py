@@ -1,8 +1,7 @@
 """Stopping workers: one owner releases a pool's processes, pipes and memory, once.
 
-``Shutdown`` holds everything a pool must release and is called once, from
-``close()``, garbage collection or exit (``live_pools``, on SIGTERM / SIGHUP
-too). A forked child drops its copies of its parent's pools
+``Shutdown`` is called once, from ``close()``, garbage collection or exit (on
+SIGTERM / SIGHUP too). A forked child drops its copies of its parent's pools
 (``_after_fork_in_child``) and never stops the parent's workers.
 """
 
@@ -14,7 +13,7 @@ import signal
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from grainlike.core import memfd
 from grainlike.workers import server
@@ -24,17 +23,22 @@ from grainlike.workers.messages import STOP
 if TYPE_CHECKING:
     from grainlike.workers.pool import WorkerPool
 
-# How long close() waits for the workers to exit by themselves before terminating
-# them; and when the pool's owner was dropped (nothing will read what they compute).
+# How long close() waits for the workers to exit before terminating them; and
+# when the pool's owner was dropped (nothing will read what they compute).
 JOIN_TIMEOUT_S = 2.0
 DROPPED_JOIN_TIMEOUT_S = 0.1
 
 
-def ask_to_stop(control: Any) -> None:
+def quietly(close: Callable, *args: Any) -> None:
+    """Calls ``close(*args)``, ignoring its failure (the thing is gone already; cleanup goes on)."""
     try:
-        control.send((STOP,))
+        close(*args)
     except Exception:
-        pass  # Already gone.
+        pass
+
+
+def ask_to_stop(control: Any) -> None:
+    quietly(control.send, (STOP,))
 
 
 def force_exit(proc: Any) -> None:
@@ -110,21 +114,12 @@ class Shutdown:
     def close_ends(self) -> None:
         """Closes this process's ends of the workers' pipes and sockets."""
         for conn in self.controls + self.results:
-            try:
-                conn.close()
-            except Exception:
-                pass
+            quietly(conn.close)
         stacks, self.stacks = self.stacks, []
         for fd in stacks:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            quietly(os.close, fd)
         for p in self.procs:
-            try:
-                p.close()
-            except Exception:
-                pass
+            quietly(p.close)
 
 
 live_pools: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
@@ -145,10 +140,8 @@ def _after_fork_in_child() -> None:
     """Makes a forked child independent of its parent's workers.
 
     The child keeps copies of the parent's pools (using one raises
-    ``ForeignWorkersError``); here it drops what would let it touch the parent's
-    workers: its copies of their pipes, and multiprocessing's record of them as
-    children (whose exit handler would terminate them). The worker server is
-    forgotten too (``server``), so the child starts workers of its own.
+    ``ForeignWorkersError``), less its copies of their pipes and multiprocessing's
+    record of them as children (whose exit handler would terminate them).
     """
     from multiprocessing import process
 

@@ -1,14 +1,10 @@
 """Process start: workers fork from the calling process, from the worker server, or are spawned.
 
-Workers fork from the calling process while that is safe (``fork_is_safe``: no
-other thread, no JAX backend), as torch's do; otherwise from the worker server
-(``server``), booted when grainlike is imported, so a worker starts in
-milliseconds either way and never re-runs the user's ``__main__``. Where there
-is no server (``server.server_supported``: no ``os.fork``, or macOS) workers
-are spawned, each a fresh interpreter that does not re-run ``__main__`` either
-(docs/platforms.md: its start cost). The task travels as cloudpickle bytes
-(``pickle_task``), so lambdas and classes defined in a notebook or an
-unguarded script work.
+Workers fork from the calling process while that is safe (``fork_is_safe``), as
+torch's do; otherwise from the worker server (``server``), so a worker starts in
+milliseconds either way; where there is no server they are spawned
+(docs/platforms.md). None re-runs the user's ``__main__``, and the task travels
+as cloudpickle bytes (``pickle_task``), so lambdas and notebook classes work.
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ import sys
 import threading
 from typing import Any
 
-
 from grainlike.core import memfd, pickling
 from grainlike.workers import server, shm
 from grainlike.workers.messages import WorkerTask
@@ -28,11 +23,7 @@ from grainlike.workers.shutdown import Shutdown
 
 
 class PassedFd:
-    """A file descriptor handed to a worker as it starts (duplicated into it).
-
-    Pickle it only as part of a worker's start arguments; in the worker it turns
-    into the plain int of its own copy.
-    """
+    """A file descriptor handed to a worker as it starts: in the worker, the int of its own copy."""
 
     def __init__(self, fd: int):
         self.fd = fd
@@ -57,11 +48,9 @@ def _jax_backend_initialised() -> bool:
     return not isinstance(backends, dict) or bool(backends)
 
 
-# The modules whose threads a fork may leave behind: a Jupyter (IPython) kernel's
-# own threads (its sockets' pollers, heartbeat, history writer, output
-# watchers) wait on sockets and pipes and hold no lock a worker takes; ipykernel
-# itself supports forked children, routing their output back over a pipe of its
-# own. Without them no notebook could fork its workers.
+# The modules whose threads a fork may leave behind: a Jupyter kernel's threads
+# wait on sockets and pipes and hold no lock a worker takes, and ipykernel
+# supports forked children. Without them no notebook could fork its workers.
 _FORK_TOLERANT = ("ipykernel.", "IPython.")
 
 
@@ -79,14 +68,10 @@ def fork_is_safe() -> bool:
     """Whether workers may be forked from this process directly, as torch does.
 
     Forking copies only the calling thread: a lock another thread holds (in
-    logging, in an allocator, in JAX's runtime) stays locked forever in the
-    child. So this process must run no other thread (Python or native) than
-    those it ran when grainlike was imported (numpy's BLAS pool, a Jupyter
-    kernel's own threads: ``_FORK_TOLERANT``), and no JAX backend (importing
-    jax starts none; its first computation does). Then a fork is what the
-    worker server would do, minus the round trip (W4: the first batch with 2
-    workers in a fresh process; W4k in a notebook). Otherwise workers fork from
-    the worker server, which never has either.
+    logging, an allocator, JAX's runtime) stays locked forever in the child. So
+    this process must run no thread (Python or native) but those it ran when
+    grainlike was imported (and ``_FORK_TOLERANT`` ones), and no JAX backend.
+    Then a fork is the worker server's, minus the round trip (W4, W4k).
     """
     if sys.platform != "linux" or not hasattr(os, "fork"):
         return False
@@ -100,14 +85,9 @@ def fork_is_safe() -> bool:
     return 0 < server.native_thread_count() <= server.THREADS_AT_IMPORT
 
 
-class _ForkedWorkerProcess(multiprocessing.context.ForkProcess):
-    """A worker forked from the calling process (``fork_is_safe()``)."""
-
-
 def _forked_entry(parent_ends: list, *args) -> None:
-    # The child's copies of the consumer's ends of its own pipes: only the
-    # consumer may hold them, so that each side sees EOF when the other exits.
-    # (The ends of earlier workers were closed by _after_fork_in_child.)
+    # Only the consumer may hold its ends of this worker's pipes, so that each
+    # side sees EOF when the other exits (earlier workers': _after_fork_in_child).
     for fd in parent_ends:
         try:
             os.close(fd)
@@ -128,20 +108,9 @@ def _as_inherited(arg: Any) -> Any:
 
 
 def prestart() -> None:
-    """Starts the forkserver now so the first workers fork at once.
-
-    Called when a loader with workers is built: booting the server (a fresh
-    interpreter importing numpy and grainlike) then overlaps whatever the program
-    does before its first ``next()``. Later pools in the process reuse it. The
-    server imports the main module only if the user preloads ``"__main__"``.
-    Not while workers would fork from this process directly (``fork_is_safe``).
-    """
-    if fork_is_safe() or not server.server_supported():
-        return
-    try:
-        server.running_server()
-    except Exception:
-        pass  # Starting workers later reports the problem with its context.
+    """Starts the worker server now (when a loader with workers is built), unless workers would fork from here."""
+    if not fork_is_safe() and server.server_supported():
+        server.start_quietly()
 
 
 def pickle_task(task: WorkerTask) -> tuple[bytes, dict]:
@@ -172,28 +141,23 @@ def launch(
 ) -> None:
     """Starts the worker processes, registering each with ``sd`` once it runs.
 
-    An exhausted worker's process only waits to be stopped.
-    Stops early if ``sd`` is shutting down; a failure is kept in
-    ``sd.launch_error`` for the consumer to raise (it may run in a thread).
+    An exhausted worker's process only waits to be stopped. Stops early if
+    ``sd`` is shutting down; a failure is kept in ``sd.launch_error`` for the
+    consumer to raise (it may run in a thread).
     """
     forked = not hold and fork_is_safe()
     served = not forked and server.server_supported()
     if forked:
         from grainlike.workers import main  # noqa: F401  (imported once, here, not in each child)
-
-        ctx = multiprocessing.get_context("fork")
     elif served:
-        ctx = multiprocessing.get_context("forkserver")
         serving = server.running_server()
-    else:
-        ctx = multiprocessing.get_context("spawn")
     try:
         for w in range(worker_count):
             if sd.done:
                 return
             # A socket: segment descriptors travel with the outputs (SCM_RIGHTS).
-            result_r, result_w = ctx.Pipe(duplex=True)
-            control_r, control_w = ctx.Pipe(duplex=False)
+            result_r, result_w = multiprocessing.Pipe(duplex=True)
+            control_r, control_w = multiprocessing.Pipe(duplex=False)
             stack_r, stack_w = os.pipe()
             os.set_inheritable(stack_r, False)
             progress = None if sd.progress is None else PassedFd(sd.progress.fd)
@@ -204,21 +168,13 @@ def launch(
                 exhausted[w], (progress, w, PassedFd(stack_w)), shipped,
             )
             if forked:
-                proc = _ForkedWorkerProcess(
-                    target=_forked_entry,
-                    args=([result_r.fileno(), control_w.fileno(), stack_r], *_as_inherited(args)),
-                    name=f"grainlike-worker-{w}",
-                    daemon=True,
-                )
-            elif served:
-                proc = server.WorkerProcess(
-                    target=_worker_entry, args=args, name=f"grainlike-worker-{w}", daemon=True
-                )
-                server.server_of[proc] = serving
+                cls, target = multiprocessing.context.ForkProcess, _forked_entry
+                args = ([result_r.fileno(), control_w.fileno(), stack_r], *_as_inherited(args))
             else:
-                proc = server.SpawnedWorkerProcess(
-                    target=_worker_entry, args=args, name=f"grainlike-worker-{w}", daemon=True
-                )
+                cls, target = (server.WorkerProcess if served else server.SpawnedWorkerProcess), _worker_entry
+            proc = cls(target=target, args=args, name=f"grainlike-worker-{w}", daemon=True)
+            if served:
+                server.server_of[proc] = serving
             try:
                 proc.start()
             except BaseException:
