@@ -29,16 +29,6 @@ from grainlike.dataset.options import ReadOptions
 __all__ = ["element_spec", "first_output", "zeros_batch"]
 
 
-def _device_dtype() -> Callable[[np.dtype], np.dtype]:
-    """JAX's canonical dtype function, or ``np.dtype`` where jax is not installed."""
-    # find_spec answers from sys.modules when jax is imported (or blocked by None).
-    if importlib.util.find_spec("jax") is None:
-        return np.dtype
-    import jax
-
-    return jax.dtypes.canonicalize_dtype
-
-
 def _first(loader: Any, operations: list) -> Any:
     """Worker 0's first output of ``operations`` over the loader's records, in process."""
     options = ReadOptions(num_threads=0, prefetch_buffer_size=loader.read_options.prefetch_buffer_size)
@@ -132,14 +122,8 @@ def element_spec(loader: Any, batch_size: Optional[int] = None, *, sharding: Any
     """
     import jax
 
-    device_dtype = _device_dtype()
-
-    def spec(x: np.ndarray) -> Any:
-        if x.dtype.kind not in tree.DEVICE_KINDS:
-            return None
-        return jax.ShapeDtypeStruct(x.shape, device_dtype(x.dtype), sharding=sharding)
-
-    return tree.map_structure(lambda x: spec(np.asarray(x)), example_batch(loader, batch_size))
+    return _described(loader, batch_size, lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding),
+                      lambda x: None)
 
 
 def zeros_batch(loader: Any, batch_size: Optional[int] = None) -> Any:
@@ -150,12 +134,21 @@ def zeros_batch(loader: Any, batch_size: Optional[int] = None) -> Any:
     (empty strings). A padded loader's ``mask`` is all False. See ``element_spec``
     for ``batch_size``.
     """
-    device_dtype = _device_dtype()
+    return _described(loader, batch_size, np.zeros, np.zeros_like)
 
-    def zeros(x: Any) -> np.ndarray:
+
+def _described(loader: Any, batch_size: Optional[int], numeric: Callable, other: Callable) -> Any:
+    """``example_batch`` with each numeric leaf as ``numeric(shape, device dtype)``, each other as ``other(leaf)``."""
+    # JAX's canonical dtype, or the host's where jax is not installed. find_spec
+    # answers from sys.modules when jax is imported (or blocked by None).
+    device_dtype = np.dtype
+    if importlib.util.find_spec("jax") is not None:
+        import jax
+
+        device_dtype = jax.dtypes.canonicalize_dtype
+
+    def leaf(x: Any) -> Any:
         x = np.asarray(x)
-        if x.dtype.kind not in tree.DEVICE_KINDS:
-            return np.zeros_like(x)
-        return np.zeros(x.shape, device_dtype(x.dtype))
+        return numeric(x.shape, device_dtype(x.dtype)) if x.dtype.kind in tree.DEVICE_KINDS else other(x)
 
-    return tree.map_structure(zeros, example_batch(loader, batch_size))
+    return tree.map_structure(leaf, example_batch(loader, batch_size))

@@ -35,12 +35,6 @@ def _host_leaf(x: Any, copy: Optional[bool]) -> Any:
     return x
 
 
-def _is_device_leaf(x: Any, jax_array_type: type) -> bool:
-    if isinstance(x, (np.ndarray, np.generic)):
-        return x.dtype.kind in DEVICE_KINDS
-    return isinstance(x, jax_array_type)
-
-
 def _batch_sharding(sharding: Any) -> Any:
     """A Sharding for batches; a Mesh splits the leading axis over all its axes."""
     import jax
@@ -133,7 +127,8 @@ def _to_device(batch: Any, sharding: Any, copy: Optional[bool], global_batch: bo
     # jax.tree, not grainlike.core.tree: the batch may already hold jax.Arrays or
     # pytree nodes registered with JAX, and what comes back is JAX's to consume.
     leaves, treedef = jax.tree.flatten(batch)
-    where = [i for i, x in enumerate(leaves) if _is_device_leaf(x, jax.Array)]
+    where = [i for i, x in enumerate(leaves)
+             if (x.dtype.kind in DEVICE_KINDS if isinstance(x, (np.ndarray, np.generic)) else isinstance(x, jax.Array))]
     host = [
         leaves[i] if isinstance(leaves[i], jax.Array) else _host_leaf(leaves[i], copy)
         for i in where

@@ -159,9 +159,7 @@ def evaluate(
         if acc is None:
             raise ValueError("evaluate: the data source produced no records")
         sums, count = jax.device_get(acc)
-        if reduce == "sum":
-            return sums
-        return jax.tree.map(lambda s: np.asarray(s) / count, sums)
+        return sums if reduce == "sum" else jax.tree.map(lambda s: np.asarray(s) / count, sums)
     if not parts:
         raise ValueError("evaluate: the data source produced no records")
     order = np.argsort(np.concatenate(indices), kind="stable")
@@ -181,9 +179,7 @@ def _evaluate_traced(loader: DataLoader, per_record: Callable[[Any], Any],
     state = full.init()
     if reduce in ("mean", "sum"):
         def add(batch: Any, mask: Any, acc: Any) -> tuple:
-            sums = masked_sums(batch["element"], mask)
-            acc = sums if acc is None else jax.tree.map(jnp.add, acc, sums)
-            return None, acc
+            return None, jax.tree.map(jnp.add, acc, masked_sums(batch["element"], mask))
 
         # The sums of a zero batch set the accumulator's structure.
         cache_spec, mask_spec = full._specs_of()
@@ -191,9 +187,7 @@ def _evaluate_traced(loader: DataLoader, per_record: Callable[[Any], Any],
         zero = jax.eval_shape(masked_sums, jax.tree.map(one, cache_spec)["element"], one(mask_spec))
         acc0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero)
         _, (_, (sums, count)) = full.map(add, state, acc0, masking=True)
-        if reduce == "sum":
-            return sums
-        return jax.tree.map(lambda x: x / count, sums)
+        return sums if reduce == "sum" else jax.tree.map(lambda x: x / count, sums)
 
     def results(batch: Any, mask: Any, carry: Any) -> tuple:
         return (per_record(batch["element"]), batch["index"], mask), carry

@@ -76,8 +76,7 @@ class FullReferenceData:
     def _read(self, fill: int) -> tuple:
         """Batches ``fill * cache_size ...`` of a pass: (cache, mask)."""
         if fill == 0 or self._iterator is None or fill != self._next_fill:
-            if self._iterator is not None:
-                self._iterator.close()
+            self._close_pass()
             self._iterator = iter(self._loader)
             for _ in range(fill * self._cache_size):  # only after an interrupted pass
                 next(self._iterator)
@@ -86,18 +85,14 @@ class FullReferenceData:
             raise EOFError(f"full reference data: the pass ended before fill {fill}")
         self._next_fill = fill + 1
         if self._next_fill * self._cache_size >= self._num_batches:
-            # The pass is complete: its workers (if any) stop now, not at exit.
-            self._iterator.close()
-            self._iterator = None
+            self._close_pass()  # the pass is complete: its workers stop now
         return out[:2]
 
     def _specs_of(self) -> Any:
         with self._lock:
             if self._specs is None:
                 self._specs = tuple(_device_specs(x) for x in self._read(0))
-                if self._iterator is not None:
-                    self._iterator.close()
-                    self._iterator = None
+                self._close_pass()
             return self._specs
 
     def _host_fill(self, fill: Any) -> tuple:
@@ -173,13 +168,16 @@ class FullReferenceData:
         self._errors.check(ok)
         return FullDataState(passes=state.passes + 1, ok=jnp.asarray(state.ok, jnp.bool_) & ok), (results, carry)
 
+    def _close_pass(self) -> None:
+        if self._iterator is not None:
+            self._iterator.close()
+            self._iterator = None
+
     def release(self) -> None:
         """Closes the loader iterator of the last pass; forgets an exception no one raised."""
         self._errors.clear()
         with self._lock:
-            if self._iterator is not None:
-                self._iterator.close()
-                self._iterator = None
+            self._close_pass()
 
 
 def full_reference_data(data: Any, cache_size: int = 100, batch_size: Optional[int] = None, *,

@@ -130,23 +130,6 @@ class CallbackErrors:
                 "call on the feed)"
             )
 
-    def guard(self, fn: Callable[..., Any], specs: Any) -> Callable[..., tuple]:
-        """``fn`` as a host callback returning ``(ok, outputs conformed to specs)``, or zeros of ``specs``."""
-
-        def callback(*args: Any) -> tuple:
-            if self._pending is None:
-                try:
-                    return np.bool_(True), _conform(fn(*args), specs, self._owner)
-                except BaseException as e:  # reported as data, raised on the host
-                    self.record(e)
-            else:
-                _REGISTRY.add(self)  # for a host_errors context around this computation
-            import jax
-
-            return np.bool_(False), jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), specs)
-
-        return callback
-
 
 def _conform(out: Any, specs: Any, owner: str) -> Any:
     """``out`` with ``specs``' structure, shapes and dtypes, or a ValueError naming the difference."""
@@ -176,7 +159,8 @@ def host_callback(errors: CallbackErrors, fn: Callable[..., Any], specs: Any, *a
     """``(ok, outputs)`` of ``fn(*args)`` run on the host by an ordered ``io_callback``.
 
     ``ok`` is a bool scalar, False when ``fn`` raised (kept in ``errors``) or an
-    exception was pending; ``outputs`` are then zeros of ``specs``.
+    exception was pending; ``outputs`` are then zeros of ``specs``, else ``fn``'s
+    conformed to ``specs``.
 
     Raises:
       RuntimeError: JAX has no ``cpu`` backend to run host callbacks with.
@@ -186,8 +170,18 @@ def host_callback(errors: CallbackErrors, fn: Callable[..., Any], specs: Any, *a
     from jax.experimental import io_callback
 
     _require_cpu_backend()
-    ok_spec = jax.ShapeDtypeStruct((), jnp.bool_)
-    return io_callback(errors.guard(fn, specs), (ok_spec, specs), *args, ordered=True)
+
+    def callback(*args: Any) -> tuple:
+        if errors._pending is None:
+            try:
+                return np.bool_(True), _conform(fn(*args), specs, errors._owner)
+            except BaseException as e:  # reported as data, raised on the host
+                errors.record(e)
+        else:
+            _REGISTRY.add(errors)  # for a host_errors context around this computation
+        return np.bool_(False), jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), specs)
+
+    return io_callback(callback, (jax.ShapeDtypeStruct((), jnp.bool_), specs), *args, ordered=True)
 
 
 _CPU_BACKEND: list = []  # [True] once the cpu backend was found

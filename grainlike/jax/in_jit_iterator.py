@@ -188,16 +188,13 @@ class InJitIterator(_ReadAheadFeed):
         the leading axis), or call ``next()`` for one batch at a time.
 
         Args:
-          with_ok: also return ``ok``, a bool scalar that is False when the
-            draw failed (the end of the data, ...) and the stack is zeros.
-
-        Returns:
-          The stack, or ``(stack, ok)`` with ``with_ok=True``.
+          with_ok: also return ``ok``, a bool scalar, False when the draw failed
+            (the end of the data, ...) and the stack is zeros.
 
         Raises:
           ValueError: ``batches_per_call`` was not given.
-          Exception: an exception a callback of this feed caught and no one
-            raised yet; called eagerly, the exception of this draw.
+          Exception: one a callback of this feed caught and no one raised yet
+            (called eagerly, this draw's).
         """
         if not self._explicit_k:
             raise ValueError(
@@ -223,21 +220,15 @@ class InJitIterator(_ReadAheadFeed):
         return ok, out
 
     def next(self, *, with_ok: bool = False) -> Any:
-        """The next batch (one ordered host callback per call).
-
-        Call inside jitted code (or eagerly). A background thread reads ahead
-        (``prefetch`` batches).
+        """The next batch (one ordered host callback per call), inside jitted code or eagerly.
 
         Args:
-          with_ok: also return ``ok``, a bool scalar that is False when no
-            batch was delivered (the end of the data, ...) and the batch is zeros.
-
-        Returns:
-          The batch, or ``(batch, ok)`` with ``with_ok=True``.
+          with_ok: also return ``ok``, a bool scalar, False when no batch was
+            delivered (the end of the data, ...) and the batch is zeros.
 
         Raises:
-          Exception: an exception a callback of this feed caught and no one
-            raised yet; called eagerly, the exception of this call.
+          Exception: one a callback of this feed caught and no one raised yet
+            (called eagerly, this call's).
         """
         ok, batch = self._callback("next")
         return (batch, ok) if with_ok else batch
@@ -258,8 +249,7 @@ class InJitIterator(_ReadAheadFeed):
 
         Raises:
           ValueError: num_steps is not a positive multiple of batches_per_call.
-          Exception: an exception a callback of this feed caught and no one
-            raised yet.
+          Exception: one a callback of this feed caught and no one raised yet.
         """
         import jax
         import jax.numpy as jnp
@@ -294,8 +284,8 @@ class InJitIterator(_ReadAheadFeed):
         """The wrapped iterator's state after the last batch delivered to jitted code.
 
         Raises:
-          Exception: an exception a callback of this feed caught and no one
-            raised yet (raised once; the next call returns the state).
+          Exception: one a callback of this feed caught and no one raised yet
+            (raised once; the next call returns the state).
         """
         self._errors.raise_pending()
         with self._lock:

@@ -114,9 +114,8 @@ class ReferenceData:
     """
 
     def __init__(self, make_reader: Callable[[dict], Any], cache_size: int,
-                 observation_count: int, default_config: dict, read_ahead: bool = True):
+                 observation_count: int, default_config: dict):
         self._make_reader = make_reader
-        self._read_ahead = read_ahead
         self._cache_size = check_int("cache_size", cache_size, 1)
         self._observation_count = int(observation_count)
         self._default_config = dict(default_config)
@@ -156,7 +155,7 @@ class ReferenceData:
         chain.next_fill = fill + 1
         for old in [k for k in chain.fill_states if k <= fill - _KEPT_FILLS]:
             del chain.fill_states[old]
-        if out is not None and self._read_ahead:
+        if out is not None:
             # The state before the next fill is known now; the reading itself overlaps
             # with the device working through this fill.
             chain.fill_states[fill + 1] = chain.reader.get_state()

@@ -50,7 +50,37 @@ class DataCollector(abc.ABC):
         """Called after the run; returns what ``postprocess_save`` reports as ``samples``."""
 
 
-class MemoryCollector(DataCollector):
+class _ArraysCollector(DataCollector):
+    """Each chain's samples in one array per leaf, leading axis ``samples_collected`` (``_allocate`` makes them)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._arrays: list = []
+        self._templates: list = []
+
+    def register_chain(self, init_sample: Any, samples_collected: int) -> int:
+        n = samples_to_collect(samples_collected)
+        with self._lock:
+            chain_id = len(self._arrays)
+            self._arrays.append(self._allocate(chain_id, init_sample, n))
+            self._templates.append(init_sample)
+            return chain_id
+
+    def _allocate(self, chain_id: int, init_sample: Any, n: int) -> list:
+        raise NotImplementedError
+
+    def save(self, chain_id: int, index: int, leaves: list) -> None:
+        arrays = self._arrays[chain_id]
+        if arrays and index >= arrays[0].shape[0]:
+            raise IndexError(
+                f"{type(self).__name__}: chain {chain_id} got sample {index + 1}, more than the "
+                f"samples_collected={arrays[0].shape[0]} made room for"
+            )
+        for array, leaf in zip(arrays, leaves):
+            array[index] = leaf
+
+
+class MemoryCollector(_ArraysCollector):
     """Samples in numpy arrays in RAM; with ``save_dir``, also ``chain_<id>.npz`` files.
 
     The arrays are allocated for ``samples_collected`` samples up front; rows after
@@ -58,40 +88,24 @@ class MemoryCollector(DataCollector):
     """
 
     def __init__(self, save_dir: Optional[str] = None):
+        super().__init__()
         self._dir = save_dir
-        self._lock = threading.Lock()
-        self._samples: list = []
-        self._templates: list = []
 
-    def register_chain(self, init_sample: Any, samples_collected: int) -> int:
-        n = samples_to_collect(samples_collected)
-        with self._lock:
-            self._samples.append([np.zeros((n,) + np.shape(x), np.asarray(x).dtype) for x in pytree_dict_leaves(init_sample)])
-            self._templates.append(init_sample)
-            return len(self._samples) - 1
-
-    def save(self, chain_id: int, index: int, leaves: list) -> None:
-        arrays = self._samples[chain_id]
-        if index >= len(arrays[0]) if arrays else False:
-            raise IndexError(
-                f"MemoryCollector: chain {chain_id} got sample {index + 1}, more than the "
-                f"samples_collected={len(arrays[0])} made room for"
-            )
-        for array, leaf in zip(arrays, leaves):
-            array[index] = leaf
+    def _allocate(self, chain_id: int, init_sample: Any, n: int) -> list:
+        return [np.zeros((n,) + np.shape(x), np.asarray(x).dtype) for x in pytree_dict_leaves(init_sample)]
 
     def _names(self, chain_id: int) -> list:
         return ["/".join(k) or "sample" for k in pytree_dict_keys(self._templates[chain_id])]
 
     def checkpoint(self, chain_id: int, count: int) -> dict:
-        return {f"sample:{name}": a[:count] for name, a in zip(self._names(chain_id), self._samples[chain_id])}
+        return {f"sample:{name}": a[:count] for name, a in zip(self._names(chain_id), self._arrays[chain_id])}
 
     def resume(self, chain_id: int, count: int, arrays: dict) -> None:
-        for name, a in zip(self._names(chain_id), self._samples[chain_id]):
+        for name, a in zip(self._names(chain_id), self._arrays[chain_id]):
             a[:count] = arrays[f"sample:{name}"]
 
     def finished(self, chain_id: int) -> Any:
-        samples = self._samples[chain_id]
+        samples = self._arrays[chain_id]
         if self._dir:
             os.makedirs(self._dir, exist_ok=True)
             np.savez(os.path.join(self._dir, f"chain_{chain_id}.npz"),
@@ -99,7 +113,7 @@ class MemoryCollector(DataCollector):
         return unflatten_dict_leaves(self._templates[chain_id], samples)
 
 
-class HDF5Collector(DataCollector):
+class HDF5Collector(_ArraysCollector):
     """Samples written into an open ``h5py.File``, one dataset per leaf.
 
     Datasets are named ``/chain~<id>/<key path>`` (the keys of ``pytree_to_dict``)
@@ -113,32 +127,13 @@ class HDF5Collector(DataCollector):
             import h5py  # noqa: F401
         except ImportError as e:  # pragma: no cover - the hdf5 extra installs it
             raise ImportError("HDF5Collector needs h5py: pip install 'grainlike[hdf5]'") from e
+        super().__init__()
         self._file = file
-        self._lock = threading.Lock()
-        self._names: list = []
-        self._templates: list = []
 
-    def register_chain(self, init_sample: Any, samples_collected: int) -> int:
-        n = samples_to_collect(samples_collected)
-        with self._lock:
-            chain_id = len(self._names)
-            names = ["/".join((f"/chain~{chain_id}",) + k) for k in pytree_dict_keys(init_sample)]
-            for name, leaf in zip(names, pytree_dict_leaves(init_sample)):
-                shape = (n,) + np.shape(leaf)
-                self._file.require_dataset(name, shape=shape, dtype=np.asarray(leaf).dtype)
-            self._names.append(names)
-            self._templates.append(init_sample)
-            return chain_id
-
-    def save(self, chain_id: int, index: int, leaves: list) -> None:
-        for name, leaf in zip(self._names[chain_id], leaves):
-            dataset = self._file[name]
-            if index >= dataset.shape[0]:
-                raise IndexError(
-                    f"HDF5Collector: chain {chain_id} got sample {index + 1}, more than the "
-                    f"samples_collected={dataset.shape[0]} made room for"
-                )
-            dataset[index] = leaf
+    def _allocate(self, chain_id: int, init_sample: Any, n: int) -> list:
+        names = ["/".join((f"/chain~{chain_id}",) + k) for k in pytree_dict_keys(init_sample)]
+        return [self._file.require_dataset(name, shape=(n,) + np.shape(leaf), dtype=np.asarray(leaf).dtype)
+                for name, leaf in zip(names, pytree_dict_leaves(init_sample))]
 
     def checkpoint(self, chain_id: int, count: int) -> dict:
         self._file.flush()
@@ -149,4 +144,4 @@ class HDF5Collector(DataCollector):
 
     def finished(self, chain_id: int) -> Any:
         self._file.flush()
-        return unflatten_dict_leaves(self._templates[chain_id], [self._file[n] for n in self._names[chain_id]])
+        return unflatten_dict_leaves(self._templates[chain_id], self._arrays[chain_id])
