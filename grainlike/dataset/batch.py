@@ -120,11 +120,7 @@ def discarding_stage(ds: MapDataset) -> Optional[MapDataset]:
 
 
 class _Batcher:
-    """Turns a list of elements into a batch: ``batch_fn`` or stacking.
-
-    ``alloc`` (set by a worker before iterating) allocates the stacked leaves, so a
-    batch can be written once into shared memory.
-    """
+    """Turns a list of elements into a batch: ``batch_fn``, or stacking into ``alloc``'s arrays."""
 
     def __init__(self, batch_fn: Optional[Callable[[Sequence[Any]], Any]]):
         # make_batch is the default: it keeps the stacking fast path and element_spec.
@@ -174,13 +170,10 @@ class _BatchingStage:
         self._batcher.alloc = alloc
 
     def enable_shared_memory_output(self) -> None:
-        """Makes batches of ``SharedMemoryArray``s, as grain's method of this name.
+        """Makes batches of ``SharedMemoryArray``s (grain's method), asking a custom ``batch_fn`` too.
 
-        For code that sends batches to another process by their ``metadata``
-        (``make_batch(..., output_to_shared_memory=True)``); a custom
-        ``batch_fn`` is asked to do the same if it has this method. grainlike's
-        own workers need none of this: they hand batches over in anonymous
-        shared memory.
+        grainlike's own workers need none of this: they hand batches over in
+        anonymous shared memory.
         """
         self._batcher.enable_shared_memory_output()
 

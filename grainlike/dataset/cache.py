@@ -113,11 +113,5 @@ class CacheIterDataset(IterDataset):
     def __iter__(self) -> DatasetIterator:
         return _InMemoryCacheDatasetIterator(self._parent.__iter__())
 
-    @property
-    def _element_spec(self) -> Any:
-        from grainlike.dataset.element_spec import get_element_spec
-
-        return get_element_spec(self._parent)
-
     def __str__(self) -> str:
         return f"CacheIterDataset(parent={self._parent})"

@@ -100,26 +100,22 @@ def assert_equal_output_after_checkpoint(ds: Any, *, check_states_after_restore:
     iterator = _iterator(ds)
     try:
         state_spec = None
-        step = 0
         while True:
             state = iterator.get_state()
             spec = _spec(state)
-            if state_spec is None:
-                state_spec = spec
-            else:
-                np.testing.assert_equal(
-                    state_spec,
-                    spec,
-                    f"State spec does not match the original state spec at step {step}."
-                    f" Expected: {state_spec}, Actual: {spec}",
-                )
+            state_spec = spec if state_spec is None else state_spec
+            np.testing.assert_equal(
+                state_spec,
+                spec,
+                f"State spec does not match the original state spec at step {len(checkpoints)}."
+                f" Expected: {state_spec}, Actual: {spec}",
+            )
             try:
                 value = next(iterator)
             except StopIteration:
                 break
             checkpoints.append(state)
             expected.append(_comparable(value))
-            step += 1
         final_state = state
     finally:
         close_if_closeable(iterator)

@@ -57,10 +57,6 @@ def map_specs(fn: Any, spec: Any) -> Any:
     return tree.map_structure(fn, spec, is_leaf=_is_spec)
 
 
-def _unknown(ds: Any) -> NotImplementedError:
-    return NotImplementedError(f"`element_spec` inference is not implemented for {type(ds).__name__}")
-
-
 def _map_spec(ds: Any) -> Any:
     from grainlike.core.transforms import transform_name
 
@@ -90,14 +86,10 @@ def _batch_spec(ds: Any) -> Any:
     return map_specs(lambda x: ShapeDtypeStruct(shape=(size,) + tuple(x.shape), dtype=x.dtype), input_spec)
 
 
-def _first_parent_spec(ds: Any) -> Any:
-    # Mixed datasets are assumed to share one element spec (as grain).
-    return get_element_spec(ds._parents[0])
-
-
 def _rules() -> list:
     """(stage classes, how their spec follows), most specific first."""
-    from grainlike.dataset import batch, filter, limit, map, mix, prefetch, repeat, seed, shuffle, slice, source, zip
+    from grainlike.dataset import batch, cache, filter, limit, map, mix, multithread, prefetch, repeat, seed, shuffle
+    from grainlike.dataset import slice, source, zip
     from grainlike.dataset.mp_prefetch import MultiprocessPrefetchIterDataset
     from grainlike.dataset.thread_prefetch import ThreadPrefetchIterDataset
 
@@ -117,6 +109,8 @@ def _rules() -> list:
         prefetch.PrefetchIterDataset,
         ThreadPrefetchIterDataset,
         MultiprocessPrefetchIterDataset,
+        cache.CacheIterDataset,
+        multithread._MpContextIterDataset,
     )
     return [
         (same_as_parent, lambda ds: get_element_spec(ds._parent)),
@@ -124,7 +118,8 @@ def _rules() -> list:
         ((map.ElementwiseMapDataset, map.TransformIterDataset), _map_spec),
         ((batch.BatchMapDataset, batch.BatchIterDataset), _batch_spec),
         ((zip.ZipMapDataset, zip.ZipIterDataset), lambda ds: tuple(get_element_spec(p) for p in ds._parents)),
-        ((mix.MixedMapDataset, mix.MixedIterDataset), _first_parent_spec),
+        # Mixed datasets are assumed to share one element spec (as grain).
+        ((mix.MixedMapDataset, mix.MixedIterDataset), lambda ds: get_element_spec(ds._parents[0])),
     ]
 
 
@@ -164,4 +159,4 @@ def inferred_element_spec(ds: Any) -> Any:
     for classes, rule in _rules():
         if isinstance(ds, classes):
             return rule(ds)
-    raise _unknown(ds)
+    raise NotImplementedError(f"`element_spec` inference is not implemented for {type(ds).__name__}")

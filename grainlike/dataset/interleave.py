@@ -45,8 +45,7 @@ def _make_iterator(
 ) -> DatasetIterator:
     """An iterator of one interleaved dataset, computing ahead as grain's does.
 
-    ``interleave`` is a weak reference: the interleave iterator owns the thread
-    that calls this, and must not be kept alive by it.
+    ``interleave`` is weak: the interleave iterator owns the thread that calls this.
     """
     owner = interleave()
     if owner is None:

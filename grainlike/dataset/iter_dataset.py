@@ -115,17 +115,15 @@ class IterDataset(_Dataset, Iterable[T], metaclass=IterDatasetMeta):
           worker_init_fn: called in each worker as ``fn(worker_index, worker_count)``
             before it computes anything.
           sequential_slice: grain's experimental option: worker ``w`` of ``W``
-            reads a contiguous range of each source (``MapDataset.source``,
-            ``MapDataset.range``: grain's even split) instead of the elements
+            reads a contiguous range of each source instead of the elements
             ``w, w + W, ...`` of ``to_iter_dataset()``; a shuffle above a source
             then shuffles within each worker's range, and a state restores only
-            on the same number of workers. See ``grainlike.dataset.worker_slice``.
+            on the same number of workers.
 
         Warns:
           WorkersDropRemaindersWarning: a ``batch(..., drop_remainder=True)``
             below makes the workers, each batching its own slice, deliver fewer
-            elements than the pipeline without workers (known from the lengths;
-            the output is grain's either way). Batch after ``mp_prefetch`` instead.
+            elements than without workers (as grain). Batch after ``mp_prefetch``.
         """
         from grainlike.dataset.options import MultiprocessingOptions
 

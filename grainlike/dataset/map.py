@@ -28,10 +28,7 @@ from grainlike.dataset.state import non_negative_int, require_keys
 
 
 def user_function(transform: Any, cls: type, method: str, stage: str) -> Callable:
-    """``transform.<method>`` for an instance of ``cls``, else ``transform`` itself.
-
-    A non-callable object with that method (grain's own transform classes) counts
-    as a ``cls``.
+    """``transform.<method>`` for a ``cls`` (or a non-callable with that method), else the callable ``transform``.
 
     Raises:
       TypeError: ``transform`` is neither a ``cls`` nor callable.
@@ -136,19 +133,15 @@ class ElementwiseMapDataset(UserTransformStage, MapDataset):
 
     def _iter_items(self, indices: Sequence[int]) -> Iterator[Any]:
         # The parent's chunk (one batched read at the source), then element by element.
-        elements = self._parent._iter_items(indices)
         apply = self._apply
-        for i in indices:
-            x = next(elements)
-            if x is None:
-                yield None
-                continue
-            try:
-                y = apply(i, x)
-            except Exception as e:
-                note_element(e, self, f"index {i}")
-                raise
-            yield y
+        for i, x in zip(indices, self._parent._iter_items(indices)):
+            if x is not None:
+                try:
+                    x = apply(i, x)
+                except Exception as e:
+                    note_element(e, self, f"index {i}")
+                    raise
+            yield x
 
     def _getitems(self, indices: Sequence[int]) -> list:
         elements = self._parent._getitems(indices)

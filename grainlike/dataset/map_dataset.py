@@ -121,21 +121,14 @@ class MapDataset(_Dataset, Generic[T], metaclass=MapDatasetMeta):
         """Returns the element at ``index`` (``None`` if absent), or a sliced dataset."""
 
     def _getitems(self, indices: Sequence[int]) -> Sequence[Optional[T]]:
-        """Returns the elements at ``indices`` (``None`` where absent), in order.
-
-        Stages override it to move whole chunks at once; this default reads one
-        index at a time.
-        """
+        """Returns the elements at ``indices`` (``None`` where absent); stages move whole chunks."""
         return [self.__getitem__(i) for i in indices]
 
     def _iter_items(self, indices: Sequence[int]) -> Iterator[Optional[T]]:
-        """The elements of ``_getitems(indices)``, each as soon as it is computed.
+        """The elements of ``_getitems(indices)``, each as soon as it is computed (the maps' override).
 
-        A reader in another thread may take the first elements of a chunk while
-        the rest are computed (as grain, which computes one element at a time,
-        delivers an element whose successor never finishes). This default
-        computes the whole chunk first; stages that compute element by element
-        (the maps) override it.
+        A reader in another thread may take the first elements of a chunk while the
+        rest are computed, as grain delivers an element whose successor never finishes.
         """
         return iter(self._getitems(indices))
 

@@ -1,10 +1,7 @@
 """Mixing datasets: by weights (Map and Iter), by a selection map, and concatenation.
 
-Weights become integer proportions (the smallest scaled to 100, as grain does), and
-element ``k`` of the mixture comes from the dataset whose running count of
-``floor(k * p_i / sum)``-style shares increases at ``k`` (grain's
-``_dataset_and_key_of_next_element``), so the mixture interleaves evenly and gives
-grain's order.
+Weights become grain's integer proportions, and element ``k`` comes from the
+dataset grain's ``_dataset_and_key_of_next_element`` picks, so the order is grain's.
 """
 
 from __future__ import annotations

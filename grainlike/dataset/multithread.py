@@ -28,12 +28,6 @@ class _MpContextIterDataset(IterDataset):
         it._ctx.mp_context = self._mp_context
         return it
 
-    @property
-    def _element_spec(self) -> Any:
-        from grainlike.dataset.element_spec import get_element_spec
-
-        return get_element_spec(self._parent)
-
     def __str__(self) -> str:
         return f"_MpContextIterDataset(mp_context={self._mp_context})"
 

@@ -73,24 +73,15 @@ class MultiprocessingOptions:
         states), so the first batch does not wait for a worker to start. Off by
         default: with workers, transforms run only in the workers. grainlike
         only.
-      stall_timeout_s: a worker that makes no progress for this many seconds
-        while its next output is awaited raises ``WorkerStalledError`` naming the
-        worker, its pid, its state and its Python stack, instead of waiting
-        forever. Progress is any change of the line the worker executes, so only
-        a worker stuck in one place (a deadlock, a hung read, a stopped process)
-        is reported, never a slow one that keeps moving. The default, 300 s, is
-        far longer than any single step of a healthy pipeline and short enough
-        that a stuck job fails before a scheduler's usual time limits. A worker
-        still starting (no progress reported since its process began) is given
-        at least 60 s, so a short timeout does not report a slow start on a
-        loaded host. ``None`` or 0 turns the check off. grainlike only.
-      restart_dead_workers: ``mp_prefetch`` only: when a worker process dies
-        (killed, crashed, out of memory), start the workers again from the
-        state after the last delivered element and go on, each element still
-        delivered exactly once; up to 3 times in a row without an element
-        delivered in between, then ``WorkerDiedError`` is raised. Off (the
-        default), the death is raised by every later ``next()``. (The
-        DataLoader always restarts its workers at the next call.) grainlike only.
+      stall_timeout_s: a worker whose executing line does not change for this
+        many seconds while its output is awaited raises ``WorkerStalledError``
+        naming the worker, its pid, state and stack; a slow worker that keeps
+        moving is never reported, and one still starting gets at least 60 s.
+        ``None`` or 0 turns the check off. grainlike only.
+      restart_dead_workers: ``mp_prefetch`` only: restart workers that died from
+        the state after the last delivered element (up to 3 times in a row
+        without an element in between, then ``WorkerDiedError``); off, the death
+        is raised by every later ``next()``. grainlike only.
     """
 
     num_workers: int = 0

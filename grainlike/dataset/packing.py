@@ -17,6 +17,7 @@ shuffle of each batch). A restore re-reads and re-packs that batch.
 
 from __future__ import annotations
 
+import functools
 import numbers
 from typing import Any, Optional, Sequence
 
@@ -211,10 +212,7 @@ class _Bins:
                     "Inputs to PackedBatch must be truncated to max length. "
                     f"Exceeds: (feature, feature_length, max_length) = {details}"
                 )
-        if self.best_fit:
-            row = self._best_fit_row(lengths)
-        else:
-            row = self._first_fit_row(lengths)
+        row = self._best_fit_row(lengths) if self.best_fit else self._first_fit_row(lengths)
         if row < 0:
             return False
         self._add(element, leaves, lengths, row)
@@ -319,11 +317,12 @@ class PackingDatasetIterator(DatasetIterator):
         self._seed = seed
         self._shuffle_bins = shuffle_bins
         self._group_by = shuffle_bins_group_by_feature
-        self._meta_features = tuple(meta_features)
-        self._alignment_struct = pack_alignment_struct
-        self._padding_struct = padding_struct
         self._max_per_bin = max_sequences_per_bin
         self._name = name
+        # Built at the first element: a bad length_struct fails there, as in grain.
+        self._make_layout = functools.partial(
+            _Layout, length_struct, tuple(meta_features), pack_alignment_struct, padding_struct
+        )
         self._layout: Optional[_Layout] = None
         self._reset()
 
@@ -342,9 +341,7 @@ class PackingDatasetIterator(DatasetIterator):
 
     def _get_layout(self) -> _Layout:
         if self._layout is None:
-            self._layout = _Layout(
-                self._length_struct, self._meta_features, self._alignment_struct, self._padding_struct
-            )
+            self._layout = self._make_layout()
         return self._layout
 
     def get_state(self) -> dict:
@@ -382,12 +379,7 @@ class PackingDatasetIterator(DatasetIterator):
         """Makes ``bins`` the batch being emitted, in shuffled order if asked."""
         packed = bins.packed()
         self._num_rows = n = max(len(v) for v in packed.values())
-        flat = self._get_layout().all_flat
-        items = list(packed.items())
-        if flat:
-            self._rows = items
-        else:
-            self._rows = packed
+        self._rows = list(packed.items()) if self._get_layout().all_flat else packed
         if self._shuffle_bins:
             seed = self._seed + self._counter - self._next_row
             order = np.random.default_rng(seed).permuted(range(n))

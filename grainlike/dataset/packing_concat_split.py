@@ -201,10 +201,7 @@ class _ConcatThenSplitDatasetIterator(DatasetIterator):
             else:
                 points[key] = n
                 new_tokens[key] = n
-        if split:
-            piece, rest = piece.split(points)
-        else:
-            rest = None
+        piece, rest = piece.split(points) if split else (piece, None)
         if piece is not None:
             buffer.append(piece)
         for key, n in new_tokens.items():

@@ -66,10 +66,7 @@ def _own_work_waits(node: MapDataset) -> bool:
             batch_fn = node._batcher.batch_fn
             return batch_fn is not None and _code_waits(batch_fn)
         return _code_waits(node._transform)  # maps, filters and flat maps
-    if isinstance(node, none_of_their_own):
-        return False
-    declared = declared_waits(node)
-    return True if declared is None else declared
+    return not isinstance(node, none_of_their_own) and _code_waits(node)
 
 
 def _inputs(node: MapDataset) -> list:

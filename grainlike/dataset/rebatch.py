@@ -1,10 +1,7 @@
 """``RebatchIterDataset``: batches of another size cut from a stream of batches.
 
-Each output takes ``batch_size`` rows (the first axis of every leaf) from the
-parent's batches in order, slicing a batch and concatenating pieces of
-consecutive batches as needed; the last output may be shorter unless
-``drop_remainder``. The state is grain's: ``{"parent": the parent's state before
-the batch being cut, "batch_idx": the next row of that batch}``.
+The state is grain's: ``{"parent": the parent's state before the batch being cut,
+"batch_idx": the next row of that batch}``.
 """
 
 from __future__ import annotations

@@ -71,13 +71,6 @@ class ShuffleMapDataset(MapDataset):
         return self._parent._getitems(out.tolist())
 
 
-def _window_order(length: int, seed: int) -> list:
-    """Positions of a window of ``length`` elements in grain's window order."""
-    if length == 0:
-        return []
-    return index_shuffle(np.arange(length, dtype=np.int64), length - 1, seed, 4).tolist()
-
-
 class WindowShuffleMapDataset(MapDataset):
     """Shuffles within consecutive windows of ``window_size`` indices.
 
@@ -130,7 +123,9 @@ class _WindowShuffleDatasetIterator(DatasetIterator):
         except StopIteration:
             self._exhausted = True
         # Elements leave from the end of the shuffled list.
-        self._window = [window[i] for i in _window_order(len(window), self._seed + self._window_index)]
+        n = len(window)
+        order = index_shuffle(np.arange(n, dtype=np.int64), n - 1, self._seed + self._window_index, 4) if n else []
+        self._window = [window[i] for i in order]
 
     def __next__(self):
         if not self._window:

@@ -52,9 +52,7 @@ def non_negative_int(state: dict, key: str, stage: Any, upper: Any = None) -> in
 
 
 def state_list(state: dict, key: str, stage: Any, length: Any = None, why: str = "") -> list:
-    """``state[key]`` after checking it is a list (or tuple) of ``length`` entries.
-
-    ``why`` says where ``length`` comes from, for the message.
+    """``state[key]`` after checking it is a list (or tuple) of ``length`` entries (``why``: whence).
 
     Raises:
       StateTypeError: the value is not a list, or not of ``length`` entries.
@@ -67,13 +65,9 @@ def state_list(state: dict, key: str, stage: Any, length: Any = None, why: str =
 
 
 def interleave_state(state: Any, stage: Any, keys: Sequence[str], slots: Any = None) -> dict:
-    """Checks the types of an interleave-shaped state (interleave, mp_prefetch).
+    """Checks the types of an interleave-shaped state (interleave, mp_prefetch), not what they mean.
 
-    The fields are ``next_index_in_cycle``, ``next_index_in_datasets`` (ints in
-    ``[0, 2**63)``), ``iterators_in_use_indices`` (ints), ``iterators_in_use_states``
-    (dicts or None), ``exhausted`` (0 or 1) with one entry per slot (``slots`` of
-    them, any number for None) and ``future_states`` (a dict). Each stage checks
-    what the values mean for it.
+    The three per-slot lists have ``slots`` entries (any number for None).
 
     Raises:
       StateTypeError / StateKeyError / StateIndexError (all ``InvalidStateError``).

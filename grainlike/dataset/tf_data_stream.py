@@ -22,12 +22,6 @@ from grainlike.sources.tf_data import is_tf_dataset
 __all__ = ["TfDataIterDataset"]
 
 
-def _check_dataset(value: Any, where: str) -> Any:
-    if not is_tf_dataset(value):
-        raise TypeError(f"{where} must be a tf.data.Dataset, got {type(value).__name__}: {value!r:.100}")
-    return value
-
-
 class _TfDataDatasetIterator(DatasetIterator):
     """Reads one ``as_numpy_iterator()``; the state counts the elements it returned."""
 
@@ -103,7 +97,13 @@ class TfDataIterDataset(IterDataset):
     def _built(self) -> Any:
         if self._make is None:
             return self._dataset
-        return _check_dataset(self._make(), f"TfDataIterDataset: the result of {getattr(self._make, '__name__', self._make)}()")
+        value = self._make()
+        if not is_tf_dataset(value):
+            raise TypeError(
+                f"TfDataIterDataset: the result of {getattr(self._make, '__name__', self._make)}() must be a "
+                f"tf.data.Dataset, got {type(value).__name__}: {value!r:.100}"
+            )
+        return value
 
     def _sliced_dataset(self) -> Any:
         dataset = self._built()

@@ -1,9 +1,6 @@
-"""``TFRecordIterDataset``: the records of a TFRecord file, read without TensorFlow.
+"""``TFRecordIterDataset``: the records of a TFRecord file as ``bytes``, read without TensorFlow.
 
-The iterator yields each record's data as ``bytes``, both checksums verified
-(the file format is read by ``grainlike.sources.formats.tfrecord_files``). Its
-state is grain's: ``{"reader_offset": byte offset of the next record}``.
-``write_tfrecords`` writes such a file.
+The state is grain's: ``{"reader_offset": byte offset of the next record}``.
 """
 
 from __future__ import annotations
@@ -22,14 +19,9 @@ __all__ = ["CorruptRecordError", "TFRecordIterDataset", "write_tfrecords"]
 
 
 class _TFRecordDatasetIterator(DatasetIterator):
-    """grain's TFRecord iterator protocol: reads through ``self._reader``.
+    """grain's TFRecord iterator protocol: reads through ``self._reader`` (``__next__``, ``seek``, ``tell``).
 
-    ``self._reader`` has ``__next__``, ``seek`` and ``tell`` (a ``_TFRecordReader``,
-    or what a subclass sets: MaxText's GCS iterator calls
-    ``DatasetIterator.__init__(self)`` and sets its own reader). The state is
-    ``{"reader_offset": self._reader.tell()}``, as in grain.
-    ``TFRecordIterDataset`` iterates with ``_PreadTFRecordDatasetIterator``, a
-    faster reader of local files with the same records and states.
+    Subclasses may set their own reader (MaxText's GCS iterator does).
     """
 
     def __init__(self, path: Union[str, os.PathLike]):
