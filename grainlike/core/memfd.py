@@ -97,6 +97,16 @@ class Region:
         weakref.finalize(self, lib.munmap, address, size).atexit = False
 
 
+@contextlib.contextmanager
+def _closed_on_error(fd: int) -> Iterator[None]:
+    """Closes ``fd`` if the block raises."""
+    try:
+        yield
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _unlinked_object(read_only_too: bool) -> tuple[int, Optional[int]]:
     """A new, empty POSIX shared-memory object whose name is already gone.
 
@@ -110,13 +120,9 @@ def _unlinked_object(read_only_too: bool) -> tuple[int, Optional[int]]:
             fd = _posixshmem.shm_open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             continue
-        read_only = None
         try:
-            if read_only_too:
-                read_only = _posixshmem.shm_open(path, os.O_RDONLY, 0o600)
-        except BaseException:
-            os.close(fd)
-            raise
+            with _closed_on_error(fd):
+                read_only = _posixshmem.shm_open(path, os.O_RDONLY, 0o600) if read_only_too else None
         finally:
             _posixshmem.shm_unlink(path)
         for d in (fd, read_only):
@@ -136,22 +142,16 @@ def new_fd(size: int, name: str) -> int:
         fd = os.memfd_create(name, os.MFD_CLOEXEC)
     else:
         fd, _ = _unlinked_object(read_only_too=False)
-    try:
+    with _closed_on_error(fd):
         os.ftruncate(fd, size)
-    except BaseException:
-        os.close(fd)
-        raise
     return fd
 
 
 def new_segment(size: int, name: str = "grainlike-batch") -> tuple[int, Region]:
     """A new anonymous segment of ``size`` bytes: ``(its descriptor, a writable mapping of it)``."""
     fd = new_fd(size, name)
-    try:
+    with _closed_on_error(fd):
         return fd, Region(fd, size)
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def sealed_segment(size: int, fill: Callable[[np.ndarray], None], name: str) -> tuple[int, Region]:
@@ -166,7 +166,7 @@ def sealed_segment(size: int, fill: Callable[[np.ndarray], None], name: str) -> 
     if not hasattr(os, "memfd_create"):
         return _sealed_unlinked_object(size, fill)
     fd = os.memfd_create(name, os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 0))
-    try:
+    with _closed_on_error(fd):
         _fill(fd, size, fill)
         try:
             import fcntl
@@ -175,9 +175,6 @@ def sealed_segment(size: int, fill: Callable[[np.ndarray], None], name: str) -> 
         except OSError:
             pass  # No sealing (old kernel): the read-only mappings still protect it.
         return fd, Region(fd, size, writable=False)
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def _fill(fd: int, size: int, fill: Callable[[np.ndarray], None]) -> None:
@@ -197,15 +194,12 @@ def _fill(fd: int, size: int, fill: Callable[[np.ndarray], None]) -> None:
 def _sealed_unlinked_object(size: int, fill: Callable[[np.ndarray], None]) -> tuple[int, Region]:
     """``sealed_segment`` where there is no memfd_create (see there)."""
     fd, read_only = _unlinked_object(read_only_too=True)
-    try:
+    with _closed_on_error(read_only):
         try:
             _fill(fd, size, fill)
         finally:
             os.close(fd)
         return read_only, Region(read_only, size, writable=False)
-    except BaseException:
-        os.close(read_only)
-        raise
 
 
 # ---------------------------------------------------------------------------

@@ -102,11 +102,7 @@ class OrbaxCheckpointable:
 
 
 def missing_state_methods(obj: Any, methods: tuple = ("get_state", "set_state")) -> str:
-    """``""`` when ``obj`` has ``methods``, else what errors name as missing, e.g. ``"get_state()/set_state()"``.
-
-    Saving asks for ``("get_state",)`` only and restoring for ``("set_state",)``, as
-    grain's handler calls only the one it needs.
-    """
+    """``""`` when ``obj`` has ``methods``, else what errors name as missing, e.g. ``"get_state()/set_state()"``."""
     if methods == ("get_state", "set_state") and isinstance(obj, Checkpointable):
         return ""
     return "/".join(f"{m}()" for m in methods if not callable(getattr(obj, m, None)))

@@ -97,11 +97,8 @@ class Prefetcher:
 def stop_holder(holder: list, wait: bool = True) -> None:
     """Stops and forgets the prefetcher in ``holder[0]``, if any.
 
-    Args:
-      holder: the owner's one-element list.
-      wait: wait until the thread no longer uses the wrapped iterator (before
-        the owner restores or closes it). A finalizer passes False: it must not
-        block, and nothing uses the wrapped iterator after it.
+    ``wait``: until the thread no longer uses the wrapped iterator (before the owner
+    restores or closes it); a finalizer passes False, as it must not block.
     """
     prefetcher, holder[0] = holder[0], None
     if prefetcher is not None:

@@ -162,14 +162,7 @@ class BaseSampler(abc.ABC):
 
     @abc.abstractmethod
     def locate(self, indices: np.ndarray) -> SampledIndices:
-        """Record keys, rng keys and padding flags of many global indices.
-
-        Args:
-          indices: int64 array of global indices, each in ``[0, len(self))``.
-
-        Returns:
-          A ``SampledIndices`` whose arrays have the shape of ``indices``.
-        """
+        """A ``SampledIndices`` of the int64 global ``indices`` (each in ``[0, len(self))``), of their shape."""
 
     def __getitem__(self, index: int) -> RecordMetadata:
         """The ``RecordMetadata`` of global ``index`` (grain's ``Sampler`` protocol).
@@ -232,10 +225,9 @@ def _size_by_probing(sampler: Any) -> int:
 def as_sampler(sampler: Any) -> BaseSampler:
     """``sampler`` as the loader uses it: a ``BaseSampler``, wrapped once if needed.
 
-    grainlike's samplers are returned as they are. Any other object with grain's
-    ``__getitem__(index) -> RecordMetadata`` (and optionally ``__len__``) is
-    wrapped so that ``locate`` asks it one index at a time and uses its metadata
-    (record key, rng and index) unchanged.
+    Any object with grain's ``__getitem__(index) -> RecordMetadata`` (and optionally
+    ``__len__``) is wrapped; ``locate`` then asks it one index at a time and uses its
+    metadata unchanged.
 
     Raises:
       TypeError: ``sampler`` has no ``__getitem__``.
@@ -406,10 +398,7 @@ class IndexSampler(_ShardSampler):
         return RecordMetadata(index=index, record_key=self._start + i, rng=rng)
 
     def locate(self, indices: np.ndarray) -> SampledIndices:
-        """Record keys and rng keys of many global indices at once (vectorised).
-
-        ``locate(i).keys[0] == self[i].record_key`` for every ``i``.
-        """
+        """Record keys and rng keys of many global indices at once: ``locate(i).keys[0] == self[i].record_key``."""
         indices = np.asarray(indices, dtype=np.int64)
         if indices.size == 0:
             return SampledIndices(indices.copy(), _seeds(self._seed, indices))

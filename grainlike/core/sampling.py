@@ -192,11 +192,7 @@ class PaddedEpochSampler(_ShardSampler):
                               "shard_options", "shuffle", "num_epochs", "seed")
 
     def locate(self, indices: np.ndarray) -> SampledIndices:
-        """Record keys, rng keys and padding flags of many global indices (vectorised).
-
-        A padding position re-reads a real record of its epoch (so transforms see
-        valid input) and is flagged in ``padding``.
-        """
+        """Record keys, rng keys and padding flags of many global indices (vectorised)."""
         indices = np.asarray(indices, dtype=np.int64)
         n = self._check_not_empty()
         epochs, pos = np.divmod(indices // self._shard_options.shard_count, self._epoch_length)

@@ -42,9 +42,7 @@ def _stack_leaf(leaves: Sequence[Any], alloc: Optional[Allocator]) -> np.ndarray
     scalar = _SCALARS.get(type(first))
     if scalar is not None and type(leaves[-1]) is type(first):
         # Python scalars: one conversion of the list, not one array per leaf (ten
-        # times faster for a batch of ints). Where that gives np.stack's result (a
-        # vector of the scalars' own dtype) it is used; anything else (ints beyond
-        # int64, nested leaves, strings) takes the general path below.
+        # times faster for a batch of ints), used where it gives np.stack's result.
         try:
             out = np.asarray(leaves)
         except (ValueError, TypeError):
@@ -66,11 +64,7 @@ def _stack_leaf(leaves: Sequence[Any], alloc: Optional[Allocator]) -> np.ndarray
 
 
 def _walk(x: Any, leaves: list) -> Any:
-    """Appends ``x``'s leaves to ``leaves`` (``flatten``'s order); returns its node layout.
-
-    Two trees with equal layouts have the same nodes (types, dict keys in order,
-    lengths) and leaves at the same places.
-    """
+    """Appends ``x``'s leaves to ``leaves`` (``flatten``'s order); returns its node layout (equal for equal nodes)."""
     kind = _kind(x)
     if kind == _LEAF:
         leaves.append(x)
