@@ -187,12 +187,9 @@ class BatchOperation(Generic[_IN, _OUT]):
 def loader_operation(op: Any, position: int) -> Any:
     """What the DataLoader runs for ``operations[position]``, as grain's DataLoader does.
 
-    Returns the transform itself for grainlike's transform classes and for flat
-    maps (grainlike's or grain's ``FlatMapTransform``); a ``Batch``
-    for ``BatchOperation`` (and for grain's own ``Batch`` / ``BatchOperation``
-    objects); a ``RandomMap`` calling ``np_random_map`` for a ``TfRandomMap``;
-    and any other callable as it is, to be applied to the stream of records as a
-    legacy ``Operation``.
+    A transform or flat map as it is; a ``Batch`` for a (grain's or grainlike's)
+    ``BatchOperation`` or grain's ``Batch``; a ``RandomMap`` for a ``TfRandomMap``;
+    any other callable as it is, as a legacy ``Operation``.
 
     Raises:
       TypeError: ``op`` is none of these (named, with its position).
