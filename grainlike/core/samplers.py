@@ -254,6 +254,9 @@ class _ShardSampler(BaseSampler):
         self._shard_options = shard_options
         self._start, end = sharding.even_split(self._num_records, shard_options)
         self._shard_size = end - self._start
+        # The records all shards read per epoch: drop_remainder drops the rest.
+        kept = self._shard_size * shard_options.shard_count
+        self._epoch_records = kept if shard_options.drop_remainder else self._num_records
 
     @property
     def seed(self) -> Optional[int]:
@@ -305,9 +308,7 @@ class SequentialSampler(_ShardSampler):
         seed: Optional[int] = None,
     ):
         super().__init__(num_records, shard_options)
-        self._max_index = self._num_records
-        if shard_options.drop_remainder:
-            self._max_index -= self._num_records % shard_options.shard_count
+        self._max_index = self._epoch_records
         self._seed = seed
 
     def __len__(self) -> int:
@@ -363,15 +364,7 @@ class IndexSampler(_ShardSampler):
         self._seed = _check_epochs_and_seed(num_epochs, shuffle, seed)
         self._shuffle = shuffle
         self._num_epochs = num_epochs
-        self._max_index = None if num_epochs is None else num_epochs * self._num_records
-        if (
-            self._max_index is not None
-            and shard_options.drop_remainder
-            and not isinstance(shard_options, sharding.NoSharding)
-        ):
-            self._max_index = min(
-                self._max_index, self._shard_size * shard_options.shard_count * num_epochs
-            )
+        self._max_index = None if num_epochs is None else num_epochs * self._epoch_records
 
     @property
     def shuffle(self) -> bool:
