@@ -23,12 +23,7 @@ T = TypeVar("T")
 
 
 class BatchFn(Protocol[S, T]):
-    """A ``batch_fn`` that also says what its batches look like, as grain's ``BatchFn``.
-
-    A plain function works as ``batch_fn`` too; implementing ``output_spec``
-    as well lets ``element_spec`` describe the batched dataset (otherwise it
-    raises ``NotImplementedError``).
-    """
+    """A ``batch_fn`` whose ``output_spec`` lets ``element_spec`` describe its batches (grain's ``BatchFn``)."""
 
     def __call__(self, elements: Sequence[S]) -> T:
         """Batches ``elements``."""
@@ -53,23 +48,14 @@ def _shared_memory_alloc(shape: tuple, dtype: np.dtype) -> np.ndarray:
 def make_batch(values: Sequence[T], *, output_to_shared_memory: bool = False) -> T:
     """Stacks ``values`` leaf by leaf along a new first axis: what ``batch`` does by default.
 
-    grain's name for the default batching function; ``ds.batch(n)`` and
-    ``ds.batch(n, batch_fn=make_batch)`` batch the same way. Custom ``batch_fn``s
-    can call it on their elements.
-
     Args:
       values: one or more elements of the same structure and leaf shapes
         (differing dtypes are promoted, as ``np.stack`` does).
-      output_to_shared_memory: stack into ``SharedMemoryArray``s (named
-        segments another process can map from their ``metadata``); leaves
-        holding Python objects, and empty ones, stay plain arrays.
-
-    Returns:
-      One element of the same structure whose leaves have a new first axis.
+      output_to_shared_memory: stack into ``SharedMemoryArray``s (named segments
+        another process can map); object and empty leaves stay plain arrays.
 
     Raises:
-      ValueError: no values, or elements that differ in structure or shape
-        (the message shows each element's structure).
+      ValueError: no values, or elements that differ in structure or shape.
 
     Example:
       >>> make_batch([{"x": 1}, {"x": 2}])["x"].tolist()

@@ -56,12 +56,7 @@ class _InMemoryCacheDatasetIterator(DatasetIterator):
     def _fill(self, parent_state: Any) -> None:
         """Reads the whole parent into the cache, then restores ``parent_state``."""
         self._parent.set_state(self._starting_state)
-        cache = []
-        while True:
-            try:
-                cache.append(next(self._parent))
-            except StopIteration:
-                break
+        cache = list(self._parent)
         self._parent.set_state(parent_state)
         self._cache = cache
         self._cache_filled = True

@@ -1,12 +1,7 @@
 """Element specs: the shapes and dtypes of a dataset's elements, without reading any.
 
-``get_element_spec(ds)`` is grain's: a source says its spec (``MapDataset.range``
-gives int64 scalars; a dataset class of your own defines an ``_element_spec``
-property), each stage derives its own from its parent's, and a map derives it
-from its transform's ``output_spec(input_spec)``. Nothing is iterated, read or
-computed. Stages that cannot know their spec (a map whose transform has no
-``output_spec``, a custom ``batch_fn``, a source that does not say) raise as grain
-does.
+``get_element_spec(ds)`` is grain's: each stage derives its spec from its parent's
+(a map with its transform's ``output_spec``), and raises as grain where it cannot.
 """
 
 from __future__ import annotations

@@ -17,11 +17,7 @@ from grainlike.dataset.map import (
 
 
 def filter_name(transform: Any) -> str:
-    """The filter as grain's ``str`` of a filter stage names it.
-
-    A ``FilterTransform``'s class name (its own ``repr`` is not used), else the
-    function's name with its file and line.
-    """
+    """The filter as grain's ``str`` of a filter stage names it: a ``FilterTransform`` by its class."""
     if isinstance(transform, FilterTransform):
         return type(transform).__name__
     return get_pretty_transform_name(transform)
@@ -93,10 +89,7 @@ class FilterThresholdChecker:
     def for_iterator(
         cls, it: DatasetIterator, transform_name: Optional[str] = None, where: Optional[str] = None
     ) -> Optional["FilterThresholdChecker"]:
-        """The checker the iterator's options ask for; None when both are off.
-
-        ``transform_name`` defaults to ``str(it)``.
-        """
+        """The checker the iterator's options ask for (naming ``str(it)`` by default); None if both are off."""
         options = it._ctx.dataset_options
         warn, raise_ = options.filter_warn_threshold_ratio, options.filter_raise_threshold_ratio
         if not (warn or raise_):

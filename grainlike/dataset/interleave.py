@@ -1,12 +1,9 @@
 """``InterleaveIterDataset``: the elements of up to ``cycle_length`` datasets in turn.
 
-The cycle holds ``cycle_length`` slots, each iterating one dataset. ``next()`` asks
-the slot at ``next_index_in_cycle`` for an element and moves to the next slot. A
-slot whose iterator ends keeps that iterator's last state (``exhausted``) until its
-next turn, when it takes the next dataset not yet started; once no dataset is left,
-empty slots are passed over, and the iteration ends when every slot is empty. The
-order depends only on the datasets, never on timing: threads only build iterators
-and compute elements ahead of their turn.
+Each of the ``cycle_length`` slots iterates one dataset; ``next()`` asks the slots in
+turn. A slot whose iterator ended takes the next dataset not yet started at its next
+turn. The order never depends on timing: threads only build iterators and compute
+elements ahead of their turn.
 
 The state is grain's::
 

@@ -67,11 +67,7 @@ def seed_key(seed: Any, stage: str) -> np.ndarray:
 
 
 class UserTransformStage:
-    """A dataset stage applying one user transform (a mixin of Map and Iter datasets).
-
-    Subclasses name the transform class and method they accept (``_accepts``,
-    ``_method``); ``None`` accepts any transform and resolves no ``_fn``.
-    """
+    """A dataset stage applying one user transform, a ``_accepts`` (``None``: any) or a callable."""
 
     _accepts: Optional[type] = MapTransform
     _method = "map"
@@ -229,10 +225,7 @@ class _MapDatasetIterator(PassThroughStateIterator):
 
 
 class _CountingIterator(DatasetIterator):
-    """Applies ``_apply(count, element)`` to present elements; counts every element.
-
-    The state is ``{"parent": ..., <_counter_key>: count}``.
-    """
+    """Applies ``_apply(count, element)`` to present elements; the state counts every element."""
 
     _counter_key = "counter"
     _label = "MapWithIndexDatasetIterator"

@@ -23,12 +23,9 @@ def _check_non_negative_int(name: str, value: object) -> None:
 class ReadOptions:
     """How each process reads records from the data source.
 
-    A given ``ReadOptions`` is used as it is, as in grain. Without one (the
-    DataLoader's ``read_options``, ``to_iter_dataset()``), these defaults apply
-    where some of the work waits (a source of the user's own type, remote files,
-    user maps in a ``MapDataset``), and work known to be local and CPU-bound is
-    read in the calling thread; sources and transforms declare ``waits`` to say
-    which they are (``grainlike.sources.DeclaresWaiting``).
+    A given ``ReadOptions`` is used as it is, as in grain. Without one, these
+    defaults apply where some of the work waits, and local CPU-bound work is read
+    in the calling thread (see ``grainlike.dataset.read_threads``).
 
     Attributes:
       num_threads: read-ahead threads per process. Threads help when reads wait on

@@ -48,10 +48,7 @@ def sequence_length(value: Any) -> int:
 def get_non_sequence_meta_features(length_struct: Any, meta_features: Sequence[str]) -> list[str]:
     """The meta features not in ``length_struct``, in ``meta_features``' order (grain's name).
 
-    These are not packed: each packed element holds, under their name, the list
-    of their values from the elements in its bin. (A meta feature in
-    ``length_struct`` is packed like a sequence, without segment ids and
-    positions.)
+    Each packed element holds, under their name, the list of their values in its bin.
 
     Example:
       >>> get_non_sequence_meta_features({"tokens": 8, "doc_id": 8}, ["doc_id", "source"])
@@ -182,12 +179,9 @@ class _Bins:
             buffer = np.zeros(full_shape, dtype) if padding is None else np.full(full_shape, padding, dtype)
             self.values.append(buffer)
             self.size_bytes += buffer.nbytes
-            if layout.keys[owner] in layout.meta:
-                self.segment_ids.append(None)
-                self.positions.append(None)
-            else:
-                self.segment_ids.append(np.zeros((num_bins, cap), np.int32))
-                self.positions.append(np.zeros((num_bins, cap), np.int32))
+            meta = layout.keys[owner] in layout.meta
+            self.segment_ids.append(None if meta else np.zeros((num_bins, cap), np.int32))
+            self.positions.append(None if meta else np.zeros((num_bins, cap), np.int32))
             # grain allocates segment ids and positions for meta features too.
             self.size_bytes += 2 * num_bins * cap * 4
         # Next free cell per leaf (rows) and bin (columns).
@@ -457,12 +451,7 @@ class PackingDatasetIterator(DatasetIterator):
 
 
 class PackIterDataset(IterDataset):
-    """The base of the packing datasets (grain's ``PackIterDataset``); see the module docstring.
-
-    Its subclasses ``FirstFitPackIterDataset`` and ``BestFitPackIterDataset``
-    each fix the strategy and take the arguments documented there. (grain's
-    base takes the strategy as a ``packer_cls``, one of its internal classes.)
-    """
+    """The base of the packing datasets (grain's); its subclasses fix the strategy and document the arguments."""
 
     _strategy = _FIRST_FIT
 

@@ -26,10 +26,8 @@ _CYCLE_LENGTH = 16
 class _ParquetDatasetIterator(DatasetIterator):
     """Reads one Parquet file's rows; the state counts row groups and rows in them.
 
-    A remote file is read at the version seen when the iterator was made, and
-    that version (``"object"``: size, ETag or generation, S3 VersionId) is part
-    of the state, so a restore reads the same bytes or fails clearly. Local
-    files' states are grain's, key for key.
+    A remote file's state also pins the version read (``"object"``), so a restore
+    reads the same bytes or fails clearly.
     """
 
     def __init__(self, path: str, options: remote.RemoteOptions, read_kwargs: dict):
@@ -41,8 +39,6 @@ class _ParquetDatasetIterator(DatasetIterator):
         self._file = open_parquet(path, options, read_kwargs, self._pin)
         self._row_group = 0
         self._index = 0
-        self._columns: dict = {}
-        self._row_group_len = 0
         self._read_row_group()
 
     def _read_row_group(self) -> None:

@@ -89,10 +89,7 @@ def _read_parents(ds: Any) -> list:
 
     if isinstance(ds, PrefetchIterDataset):
         return [ds._parent]
-    found = []
-    for parent in ds.parents:
-        found.extend(_read_parents(parent))
-    return found
+    return [read for parent in ds.parents for read in _read_parents(parent)]
 
 
 def pick_performance_config(

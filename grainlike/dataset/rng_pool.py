@@ -1,9 +1,8 @@
 """``RngPool``: grain's pool of reusable random generators, one stream per index.
 
-``acquire_rng(index, op_seed=...)`` returns a ``np.random.Generator`` over
-``Philox(seed)`` whose counter starts at ``(0, 0, op_seed, index)``, the stream
-grain's random maps give the element at ``index``; ``release_rng`` returns it to the
-pool. Resetting a pooled generator costs far less than building one (~10 us).
+The stream of ``(op_seed, index)`` is ``Philox(seed)`` from counter ``(0, 0, op_seed,
+index)``, what grain's random maps give the element at ``index``. Resetting a pooled
+generator costs far less than building one (~10 us).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import copy
-from typing import Optional, Sequence
+import itertools
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -71,23 +72,23 @@ class ShuffleMapDataset(MapDataset):
         return self._parent._getitems(out.tolist())
 
 
-class WindowShuffleMapDataset(MapDataset):
-    """Shuffles within consecutive windows of ``window_size`` indices.
+class _WindowShuffle:
+    """Shuffles within consecutive windows of ``window_size``; window ``w`` is keyed on ``seed + w``."""
 
-    Window ``w`` is permuted by ``index_shuffle`` keyed on ``seed + w``; a partial
-    last window reads past the end of the parent (into its next epoch), as grain.
-    """
-
-    def __init__(self, parent: MapDataset, *, window_size: int, seed: int):
+    def __init__(self, parent: Any, *, window_size: int, seed: int):
         super().__init__(parent)
         self._window_size = window_size
         self._seed = seed
 
+    def __str__(self) -> str:
+        return type(self).__name__
+
+
+class WindowShuffleMapDataset(_WindowShuffle, MapDataset):
+    """Shuffles within windows of indices; a partial last window reads into the parent's next epoch, as grain."""
+
     def __len__(self) -> int:
         return len(self._parent)
-
-    def __str__(self) -> str:
-        return "WindowShuffleMapDataset"
 
     def _parent_index(self, index: int) -> int:
         window, in_window = divmod(index, self._window_size)
@@ -116,12 +117,8 @@ class _WindowShuffleDatasetIterator(DatasetIterator):
         self._exhausted = False
 
     def _fill(self) -> None:
-        window = []
-        try:
-            for _ in range(self._window_size):
-                window.append(next(self._parent))
-        except StopIteration:
-            self._exhausted = True
+        window = list(itertools.islice(self._parent, self._window_size))
+        self._exhausted = len(window) < self._window_size
         # Elements leave from the end of the shuffled list.
         n = len(window)
         order = index_shuffle(np.arange(n, dtype=np.int64), n - 1, self._seed + self._window_index, 4) if n else []
@@ -168,19 +165,8 @@ class _WindowShuffleDatasetIterator(DatasetIterator):
         return "WindowShuffleDatasetIterator"
 
 
-class WindowShuffleIterDataset(IterDataset):
-    """Reads ``window_size`` elements at a time and returns each window shuffled.
-
-    Window ``w`` is shuffled with ``index_shuffle`` keyed on ``seed + w``.
-    """
-
-    def __init__(self, parent: IterDataset, *, window_size: int, seed: int):
-        super().__init__(parent)
-        self._window_size = window_size
-        self._seed = seed
+class WindowShuffleIterDataset(_WindowShuffle, IterDataset):
+    """Reads ``window_size`` elements at a time and returns each window shuffled."""
 
     def __iter__(self) -> DatasetIterator:
         return _WindowShuffleDatasetIterator(self._parent.__iter__(), self._window_size, self._seed)
-
-    def __str__(self) -> str:
-        return "WindowShuffleIterDataset"

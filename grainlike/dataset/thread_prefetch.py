@@ -1,9 +1,7 @@
 """``ThreadPrefetchIterDataset``: computes an IterDataset's next elements in a thread.
 
-One background thread runs the parent iterator up to ``prefetch_buffer_size``
-elements ahead of the consumer and records the parent's state after each element,
-so ``get_state()`` is exactly the state after the last element returned (grain's
-state: the parent's own, with no key added).
+The thread records the parent's state after each element, so ``get_state()`` is the
+parent's state after the last element returned (grain's state, with no key added).
 """
 
 from __future__ import annotations
