@@ -27,10 +27,10 @@ __all__ = ["DeviceIterator", "make_global_batch"]
 
 
 def _host_leaf(x: Any, copy: Optional[bool]) -> Any:
-    """A numpy leaf that no one else will write to, ready to hand to JAX."""
+    """A numpy leaf that no one else will write to, ready to hand to JAX; other leaves as they are."""
     if isinstance(x, np.generic):
         return np.asarray(x)  # a fresh 0-d array
-    if copy is True or (copy is None and not x.flags.owndata):
+    if isinstance(x, np.ndarray) and (copy is True or (copy is None and not x.flags.owndata)):
         return np.array(x, copy=True)
     return x
 
@@ -129,10 +129,7 @@ def _to_device(batch: Any, sharding: Any, copy: Optional[bool], global_batch: bo
     leaves, treedef = jax.tree.flatten(batch)
     where = [i for i, x in enumerate(leaves)
              if (x.dtype.kind in DEVICE_KINDS if isinstance(x, (np.ndarray, np.generic)) else isinstance(x, jax.Array))]
-    host = [
-        leaves[i] if isinstance(leaves[i], jax.Array) else _host_leaf(leaves[i], copy)
-        for i in where
-    ]
+    host = [_host_leaf(leaves[i], copy) for i in where]
     if global_batch:
         out = [jax.make_array_from_process_local_data(sharding, x) for x in host]
     else:
@@ -157,8 +154,7 @@ def make_global_batch(local_batch: Any, sharding: Any, *, copy: Optional[bool] =
         part of the batch.
       sharding: a ``jax.sharding.Sharding`` of the global batch, or a
         ``jax.sharding.Mesh``, meaning the leading axis split over all mesh axes.
-      copy: None copies leaves that do not own their memory (shared memory,
-        views) before JAX may alias them; True copies all; False none.
+      copy: as ``DeviceIterator``'s.
 
     Returns:
       The batch with global ``jax.Array`` leaves.
@@ -242,8 +238,7 @@ class DeviceIterator(OrbaxCheckpointable, _ReadAheadFeed, Iterator[Any]):
       prefetch: batches converted ahead in a background thread; 0 converts in
         ``next()`` with no thread.
       copy: None copies leaves that do not own their memory (shared memory,
-        views) before handing them to JAX, which may alias numpy memory on CPU;
-        True copies every leaf; False none. See the module docstring.
+        views; see the module docstring); True copies every leaf; False none.
 
     Example:
       with DeviceIterator(iter(loader), prefetch=2) as it:

@@ -22,14 +22,10 @@ class _PutOnDevice:
 
     def __call__(self, element: Any) -> Any:
         import jax
-        import numpy as np
 
         from grainlike.jax.device_iterator import _host_leaf
 
-        element = jax.tree.map(
-            lambda x: _host_leaf(x, None) if isinstance(x, (np.ndarray, np.generic)) else x, element
-        )
-        return jax.device_put(element, self._device)
+        return jax.device_put(jax.tree.map(lambda x: _host_leaf(x, None), element), self._device)
 
     def __repr__(self) -> str:
         return f"device_put(device={self._device})"

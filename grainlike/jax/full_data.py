@@ -146,8 +146,7 @@ class FullReferenceData:
                 lambda: fill(i, ok),
                 lambda: (cache, masks, ok),
             )
-            batch = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, line, keepdims=False), cache)
-            mask = jax.lax.dynamic_index_in_dim(masks, line, keepdims=False)
+            batch, mask = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, line, keepdims=False), (cache, masks))
             if information:
                 batch = (batch, MiniBatchInformation(self._count, mask, batch_size))
             if masking:

@@ -12,6 +12,7 @@ on; for batches sharded over several devices or JAX processes, use a
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
@@ -38,19 +39,16 @@ class _Stacks:
         self._k = k
 
     def __next__(self) -> Any:
-        batches = []
-        for _ in range(self._k):
-            try:
-                batches.append(next(self._iterator))
-            except StopIteration:
-                if not batches:
-                    raise
-                raise EOFError(
-                    f"InJitIterator: the wrapped iterator ended after {len(batches)} of "
-                    f"the {self._k} batches of a draw; use a loader that repeats "
-                    "(num_epochs=None), a step count it covers, or next() (one batch "
-                    "per call)"
-                ) from None
+        batches = list(itertools.islice(self._iterator, self._k))
+        if not batches:
+            raise StopIteration
+        if len(batches) < self._k:
+            raise EOFError(
+                f"InJitIterator: the wrapped iterator ended after {len(batches)} of "
+                f"the {self._k} batches of a draw; use a loader that repeats "
+                "(num_epochs=None), a step count it covers, or next() (one batch "
+                "per call)"
+            )
         return tree.stack([_numeric(b, "InJitIterator") for b in batches])
 
 

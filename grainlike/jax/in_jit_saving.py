@@ -222,7 +222,6 @@ def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int =
     checkpoint_every = check_int("checkpoint_every", checkpoint_every)
     if checkpoint_every and checkpoint_dir is None:
         raise ValueError("save(checkpoint_every=...) needs checkpoint_dir=")
-    templates: dict = {}  # chain id -> init_checkpoint
     received: dict = {}  # chain id -> samples this save's callbacks wrote (and resumed)
     errors = CallbackErrors("io.save")
 
@@ -232,7 +231,6 @@ def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int =
 
         errors.raise_pending()
         chain_id = collector.register_chain(init_sample, samples_collected)
-        templates[chain_id] = init_checkpoint
         saved, step = 0, 0
         if resume is not None:
             collector.resume(chain_id, resume.saved_samples, resume.arrays)
@@ -250,9 +248,7 @@ def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int =
         data_checkpoint = None
         if data_position is not None and data is not None:
             data_checkpoint = data._checkpoint(*(int(x) for x in data_position))
-        arrays = dict(collector.checkpoint(chain_id, saved))
-        for i, leaf in enumerate(carry):
-            arrays[f"carry:{i}"] = np.asarray(leaf)
+        arrays = {**collector.checkpoint(chain_id, saved), **{f"carry:{i}": np.asarray(x) for i, x in enumerate(carry)}}
         meta = {"step": int(step), "saved_samples": saved, "carry_leaves": len(carry),
                 "data": data_checkpoint}
         arrays["meta"] = np.array(json.dumps(meta))

@@ -7,6 +7,7 @@ imported where a function needs it.
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any, Iterator, NamedTuple, Optional, Sequence
 
@@ -91,7 +92,7 @@ def _read_cache(iterator: Iterator[Any], count: int, padded: bool, size: Optiona
     A batch shorter than ``size`` (None: the first batch's size), a loader's last, is padded and masked.
     """
     batches, masks = [], []
-    for batch in iterator:
+    for batch in itertools.islice(iterator, count):
         mask = None
         if padded and isinstance(batch, dict) and set(batch) == {"data", "mask"}:
             batch, mask = batch["data"], batch["mask"]
@@ -99,8 +100,6 @@ def _read_cache(iterator: Iterator[Any], count: int, padded: bool, size: Optiona
             batch, mask = {k: v for k, v in batch.items() if k != "mask"}, batch["mask"]
         batches.append(batch)
         masks.append(mask)
-        if len(batches) == count:
-            break
     if not batches:
         return None
     available = len(batches)

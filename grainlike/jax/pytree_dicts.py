@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 from grainlike.core.tree import is_namedtuple, map_structure, map_structure_with_key_path
 
-__all__ = ["dict_to_pytree", "pytree_dict_keys", "pytree_dict_leaves", "pytree_to_dict", "register_dictionize_rule",
+__all__ = ["dict_to_pytree", "pytree_dict_items", "pytree_dict_keys", "pytree_to_dict", "register_dictionize_rule",
            "unflatten_dict_leaves"]
 
 
@@ -85,7 +85,7 @@ def pytree_to_dict(tree: Any) -> Any:
     return {str(k): pytree_to_dict(v) for k, v in children}
 
 
-def _keyed_leaves(pytree: Any) -> list:
+def pytree_dict_items(pytree: Any) -> list:
     """``(key path, leaf)`` of every leaf of ``pytree_to_dict(pytree)``, in leaf order (core.tree's walk)."""
     out: list = []
     map_structure_with_key_path(lambda path, leaf: out.append((path, leaf)), pytree_to_dict(pytree),
@@ -105,7 +105,7 @@ def pytree_dict_keys(tree: Any) -> list:
       >>> pytree_dict_keys({"a": [0.0, 1.0], "b": 2.0})
       [('a', 'list_element_0'), ('a', 'list_element_1'), ('b',)]
     """
-    return [path for path, _ in _keyed_leaves(tree)]
+    return [path for path, _ in pytree_dict_items(tree)]
 
 
 def dict_to_pytree(pytree_as_dict: Any, target: Any) -> Any:
@@ -138,11 +138,6 @@ def dict_to_pytree(pytree_as_dict: Any, target: Any) -> Any:
         return type(target_node)(values)
 
     return build(pytree_as_dict, target, ())
-
-
-def pytree_dict_leaves(pytree: Any) -> list:
-    """The leaves of ``pytree_to_dict(pytree)``, in the order of ``pytree_dict_keys``."""
-    return [leaf for _, leaf in _keyed_leaves(pytree)]
 
 
 def unflatten_dict_leaves(template: Any, leaves: list) -> Any:

@@ -130,8 +130,6 @@ class ReferenceData:
     def cache_size(self) -> int:
         return self._cache_size
 
-    # -- host side -------------------------------------------------------------
-
     def _read_fill(self, chain: _Chain, fill: int) -> tuple:
         """Fill number ``fill`` of ``chain``: (cache, mask, available); reads the next one ahead."""
         ahead, chain.ahead = chain.ahead, None
@@ -210,8 +208,6 @@ class ReferenceData:
             ok=jnp.bool_(True),
         )
 
-    # -- the API -----------------------------------------------------------------
-
     def init(self, *, seed: Optional[int] = None, shuffle: Optional[bool] = None,
              in_epochs: Optional[bool] = None) -> CacheState:
         """Starts a new chain and returns its state (the first cache already filled).
@@ -270,8 +266,8 @@ class ReferenceData:
         state = state._replace(ok=jnp.asarray(state.ok, jnp.bool_))
         state = jax.lax.cond(state.ok & (state.line >= state.available), refill, lambda s: s, state)
         line = state.line
-        batch = jax.tree.map(lambda c: jax.lax.dynamic_index_in_dim(c, line, keepdims=False), state.cache)
-        mask = jax.lax.dynamic_index_in_dim(state.mask, line, keepdims=False)
+        batch, mask = jax.tree.map(lambda c: jax.lax.dynamic_index_in_dim(c, line, keepdims=False),
+                                   (state.cache, state.mask))
         state = state._replace(line=jnp.where(state.ok, line + 1, line))
         self._errors.check(state.ok)
         if not information:

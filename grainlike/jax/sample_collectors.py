@@ -10,7 +10,7 @@ from typing import Any, Optional
 import numpy as np
 
 from grainlike.core.errors import is_int
-from grainlike.jax.pytree_dicts import pytree_dict_keys, pytree_dict_leaves, unflatten_dict_leaves
+from grainlike.jax.pytree_dicts import pytree_dict_items, pytree_dict_keys, unflatten_dict_leaves
 
 __all__ = ["DataCollector", "HDF5Collector", "MemoryCollector", "samples_to_collect"]
 
@@ -92,7 +92,7 @@ class MemoryCollector(_ArraysCollector):
         self._dir = save_dir
 
     def _allocate(self, chain_id: int, init_sample: Any, n: int) -> list:
-        return [np.zeros((n,) + np.shape(x), np.asarray(x).dtype) for x in pytree_dict_leaves(init_sample)]
+        return [np.zeros((n,) + np.shape(x), np.asarray(x).dtype) for _, x in pytree_dict_items(init_sample)]
 
     def _names(self, chain_id: int) -> list:
         return ["/".join(k) or "sample" for k in pytree_dict_keys(self._templates[chain_id])]
@@ -131,9 +131,8 @@ class HDF5Collector(_ArraysCollector):
         self._file = file
 
     def _allocate(self, chain_id: int, init_sample: Any, n: int) -> list:
-        names = ["/".join((f"/chain~{chain_id}",) + k) for k in pytree_dict_keys(init_sample)]
-        return [self._file.require_dataset(name, shape=(n,) + np.shape(leaf), dtype=np.asarray(leaf).dtype)
-                for name, leaf in zip(names, pytree_dict_leaves(init_sample))]
+        return [self._file.require_dataset("/".join((f"/chain~{chain_id}",) + k), shape=(n,) + np.shape(leaf),
+                                           dtype=np.asarray(leaf).dtype) for k, leaf in pytree_dict_items(init_sample)]
 
     def checkpoint(self, chain_id: int, count: int) -> dict:
         self._file.flush()
