@@ -1,16 +1,11 @@
 """Random-access data sources (``grain.sources``).
 
 ``RandomAccessDataSource`` is the protocol (``__len__`` and ``__getitem__``, plus an
-optional batched ``__getitems__``); ``RangeDataSource``, ``InMemoryDataSource``
-(alias ``SharedMemoryDataSource``) and ``ArrayRecordDataSource`` implement it with
-Grain-compatible reprs, so checkpoints move between grain and grainlike.
-``ParquetDataSource`` and ``HuggingFaceDataSource`` (grainlike only) read Parquet
-files and Hugging Face ``datasets``; ``TfDataSource`` reads a finite
-``tf.data.Dataset`` once into memory (TensorFlow is imported only by the user
-who built one); file sources read ``s3://`` / ``gs://`` URLs
-too (``RemoteOptions``). A source or transform declares whether its work per
-record waits with a ``waits`` attribute (``DeclaresWaiting``): what waits is read in
-threads when no ``ReadOptions`` is given, see ``grainlike.sources.waiting``.
+optional batched ``__getitems__``). ``RangeDataSource``, ``InMemoryDataSource``
+(alias ``SharedMemoryDataSource``) and ``ArrayRecordDataSource`` have Grain's
+reprs, so checkpoints move between grain and grainlike; ``ParquetDataSource``,
+``HuggingFaceDataSource`` and ``TfDataSource`` are grainlike's own. File sources
+read ``s3://`` / ``gs://`` URLs too (``RemoteOptions``).
 
 Example:
     from grainlike.sources import ArrayRecordDataSource

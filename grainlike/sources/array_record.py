@@ -1,18 +1,10 @@
 """``ArrayRecordDataSource``: random access to records in ArrayRecord files.
 
-Global record keys run over the files in order: with two files of 100 records,
-key 40 is record 40 of the first file and key 121 is record 21 of the second.
-
 Readers are opened lazily, in the process that reads, one per file, and shared by
-the threads of that process (ArrayRecord readers are thread-safe). They are dropped
-when the source is pickled, and a process forked from one that had open readers
-opens its own (an inherited reader crashes on its first read). ``array_record`` is
-imported only when a reader is opened, so importing this module costs nothing.
-
-Remote files (``s3://``, ``gs://``, any fsspec URL, or an etils ``epath.Path``)
-are copied once into a local cache by parallel ranged reads (the ArrayRecord
-reader opens local files only) and read from there; while one file is read the
-next is fetched in the background. See ``grainlike.sources.formats.remote_files``.
+its threads (ArrayRecord readers are thread-safe); they are dropped when the source
+is pickled, and a forked process opens its own (an inherited reader crashes on its
+first read). Remote files are copied once into a local cache (the reader opens local
+files only); while one file is read the next is fetched in the background.
 """
 
 from __future__ import annotations
@@ -65,10 +57,6 @@ def _is_file_instruction(x: Any) -> bool:
     )
 
 
-def _is_local(path: str) -> bool:
-    return not remote.is_remote(path)
-
-
 def _warn_group_size(path: str, reader: Any) -> None:
     options = reader.writer_options_string()
     match = re.search(r"group_size:(\d+)", options or "")
@@ -102,6 +90,15 @@ def _normalize_paths(paths: Any) -> list:
     )
 
 
+def _count_records(filename: str, remote_options: Optional[remote.RemoteOptions], pin: Optional[dict] = None) -> int:
+    """The number of records of a file (its footer only; default options, as Grain)."""
+    reader = open_reader(filename, "", remote_options, pin)
+    try:
+        return reader.num_records()
+    finally:
+        reader.close()
+
+
 def _read_instruction(
     path: Any, remote_options: Optional[remote.RemoteOptions] = None
 ) -> tuple[str, int, int]:
@@ -120,16 +117,10 @@ def _read_instruction(
         filename, start, end = m.group(1), int(m.group(2)), int(m.group(3))
     else:
         filename = os.fspath(path)
-        if not _is_local(filename):
+        if remote.is_remote(filename):
             return filename, 0, count_remote_records(filename, remote_options)
-        # Counting only reads the footer; default options, as Grain does.
-        reader = open_reader(filename, "", remote_options)
-        try:
-            start, end = 0, reader.num_records()
-        finally:
-            reader.close()
-        return filename, start, end
-    if _is_local(filename) and not os.path.exists(local_path(filename)):
+        return filename, 0, _count_records(filename, remote_options)
+    if not remote.is_remote(filename) and not os.path.exists(local_path(filename)):
         raise missing_file_error(filename)
     return filename, start, max(end, start)
 
@@ -148,10 +139,8 @@ class ArrayRecordDataSource(ClosingSource):
       reader_options: extra ArrayRecord reader options, e.g.
         ``{"index_storage_option": "offloaded"}``.
       remote_options: for ``s3://``, ``gs://`` and other fsspec URLs: credentials,
-        retries and the local cache the files are copied to (grainlike only; see
-        ``grainlike.sources.remote.RemoteOptions``). Records are counted from the
-        end of each remote file (its footer); files are copied into the cache when
-        first read.
+        retries and the local cache the files are copied to when first read
+        (grainlike only; see ``grainlike.sources.remote.RemoteOptions``).
 
     Raises:
       SourceFileNotFoundError: a path does not exist (named in the message); a
@@ -166,6 +155,9 @@ class ArrayRecordDataSource(ClosingSource):
         repr(source)  # 'ArrayRecordDataSource(hash_of_paths=<sha1 of the filenames>)'
     """
 
+    _per_process = ("_readers", "_lock", "_pid")
+    _key_error = RecordKeyOutOfRangeError
+
     def __init__(
         self,
         paths: Any,
@@ -177,15 +169,9 @@ class ArrayRecordDataSource(ClosingSource):
         extra = ",".join(f"{k}:{v}" for k, v in (reader_options or {}).items())
         self._reader_options = f"{BASE_READER_OPTIONS},{extra}" if extra else BASE_READER_OPTIONS
         normalized = _normalize_paths(paths)
-        if len(normalized) == 1:
-            instructions = [_read_instruction(normalized[0], remote_options)]
-        else:
-            # Counting records opens every file: overlap that I/O.
-            workers = min(len(normalized), _MAX_COUNTING_THREADS)
-            with futures.ThreadPoolExecutor(workers) as pool:
-                instructions = list(
-                    pool.map(lambda p: _read_instruction(p, remote_options), normalized)
-                )
+        # Counting records opens every file: overlap that I/O.
+        with futures.ThreadPoolExecutor(min(len(normalized), _MAX_COUNTING_THREADS)) as pool:
+            instructions = list(pool.map(lambda p: _read_instruction(p, remote_options), normalized))
         self._filenames = [f for f, _, _ in instructions]
         # Size and version of each remote file, read while counting: every process
         # finds its cached copy without asking the store, and copies that version.
@@ -196,20 +182,21 @@ class ArrayRecordDataSource(ClosingSource):
         self._ends = list(np.cumsum(counts, dtype=np.int64).tolist())
         self._firsts = [0] + self._ends[:-1]
         self._len = self._ends[-1]
-        self._init_readers()
+        self._init_per_process()
 
-    def _init_readers(self) -> None:
+    def _init_per_process(self) -> None:
         self._readers: list = [None] * len(self._filenames)
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
-    # -- readers --------------------------------------------------------------
-
-    def _reader(self, file_index: int):
+    def _abandon_if_forked(self) -> None:
         if self._pid != os.getpid():
             # Forked since readers were opened: abandon the inherited ones.
             _ABANDONED_READERS.extend(r for r in self._readers if r is not None)
-            self._init_readers()
+            self._init_per_process()
+
+    def _reader(self, file_index: int):
+        self._abandon_if_forked()
         reader = self._readers[file_index]
         if reader is None:
             with self._lock:
@@ -230,7 +217,7 @@ class ArrayRecordDataSource(ClosingSource):
         if file_index >= len(self._filenames) or self._readers[file_index] is not None:
             return
         filename = self._filenames[file_index]
-        if _is_local(filename):
+        if not remote.is_remote(filename):
             return
         cache = cache_for(self._remote_options or remote.RemoteOptions())
         # A failure is not reported here: the read of that file will retry and raise.
@@ -238,38 +225,21 @@ class ArrayRecordDataSource(ClosingSource):
 
     def close(self) -> None:
         """Closes the open readers. Idempotent; a later read opens them again."""
+        self._abandon_if_forked()
         with self._lock:
             readers, self._readers = self._readers, [None] * len(self._filenames)
-        if self._pid != os.getpid():
-            _ABANDONED_READERS.extend(r for r in readers if r is not None)
-            self._init_readers()
-            return
         for reader in readers:
             if reader is not None:
                 reader.close()
-
-
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_readers", "_lock", "_pid")}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._init_readers()
-
-    # -- versions of remote files (grainlike.sources.protocol.PinsRemoteObjects) --
 
     def object_pins(self) -> dict:
         """``{url: pin}`` of the remote files, at the versions read (empty if all are local)."""
         return {f: remote_pins.pin_state(self._infos[f]) for f in self._filenames if f in self._infos}
 
     def at_versions(self, pins: dict) -> "ArrayRecordDataSource":
-        """A copy reading the remote files at the versions ``pins`` names (see ``object_pins``).
+        """A copy reading the remote files at the versions ``pins`` names (``PinsRemoteObjects``).
 
-        Raises:
-          ObjectChangedError: a named version is gone from the store (named with
-            the current one).
-          InvalidStateError: ``pins`` names other files, or a saved version holds
-            another number of records than this source reads from it.
+        Also raises ``InvalidStateError`` if a saved version holds fewer records than this source reads.
         """
         saved = remote_pins.pins_from_state(self.object_pins(), pins, repr(self))
         changed = {f: pin for f, pin in saved.items() if not remote_pins.same_version(pin, self._infos[f])}
@@ -280,13 +250,9 @@ class ArrayRecordDataSource(ClosingSource):
             if pin is None:
                 continue
             try:
-                reader = open_reader(filename, "", self._remote_options, pin)
+                count = _count_records(filename, self._remote_options, pin)
             except (remote.ObjectChangedError, FileNotFoundError) as e:
                 raise remote_pins.saved_version_gone(filename, pin, self._infos[filename]) from e
-            try:
-                count = reader.num_records()
-            finally:
-                reader.close()
             needed = self._starts[file_index] + self._ends[file_index] - self._firsts[file_index]
             if count < needed:
                 raise InvalidStateError(
@@ -295,20 +261,12 @@ class ArrayRecordDataSource(ClosingSource):
                     f"{self._infos[filename]['version']}). Build the source on the data the "
                     "checkpoint was taken on."
                 )
-        copy = ArrayRecordDataSource.__new__(ArrayRecordDataSource)
-        copy.__setstate__(self.__getstate__())
+        copy = self._copy()
         copy._infos = {**self._infos, **changed}
         return copy
 
-    # -- reading ---------------------------------------------------------------
-
     def __len__(self) -> int:
         return self._len
-
-    def _out_of_range(self, key: int) -> RecordKeyOutOfRangeError:
-        return RecordKeyOutOfRangeError(
-            f"record_key {key} is out of range for ArrayRecordDataSource of length {self._len}"
-        )
 
     def _read_error(self, file_index: int, keys: Sequence[int], positions: Sequence[int], e):
         shown = ", ".join(map(str, list(keys)[:8])) + (", ..." if len(keys) > 8 else "")
@@ -319,12 +277,14 @@ class ArrayRecordDataSource(ClosingSource):
             f"file {self._filenames[file_index]!r}): {e}"
         )
 
-    def __getitem__(self, record_key: SupportsIndex) -> bytes:
-        key = operator.index(record_key)
-        if key < 0 or key >= self._len:
-            raise self._out_of_range(key)
+    def _locate(self, key: int) -> tuple[int, int]:
+        """The index of the file holding global key ``key`` and the record's position in that file."""
         file_index = bisect.bisect_right(self._ends, key)
-        position = key - self._firsts[file_index] + self._starts[file_index]
+        return file_index, key - self._firsts[file_index] + self._starts[file_index]
+
+    def __getitem__(self, record_key: SupportsIndex) -> bytes:
+        key = self._check_key(record_key)
+        file_index, position = self._locate(key)
         reader = self._reader(file_index)
         try:
             return reader.read([position])[0]
@@ -364,18 +324,10 @@ class ArrayRecordDataSource(ClosingSource):
                     raise self._read_error(file_index, [key], [position], single) from single
             raise self._read_error(file_index, keys.tolist(), positions.tolist(), e) from e
 
-
-    # -- identity --------------------------------------------------------------
-
     @property
     def waits(self) -> bool:
-        """Whether reads wait (a file is remote), so that they run in threads by default.
-
-        Local files are read in the calling thread: a batched read costs ~6-10 us
-        of CPU per record and threads would only contend with the transforms.
-        See ``grainlike.sources.waiting``.
-        """
-        return not all(_is_local(f) for f in self._filenames)
+        """Whether reads wait (a file is remote): local files are read in the calling thread by default."""
+        return any(remote.is_remote(f) for f in self._filenames)
 
     @property
     def paths(self) -> list[str]:

@@ -1,25 +1,11 @@
 """``InMemoryDataSource``: records held once in shared memory, read by every process.
 
-Without ``name=``, the data lives in anonymous shared memory (``core.memfd``):
-a segment with no name in ``/dev/shm``, written once and sealed read-only. No
-other job can see or delete it, ``/dev/shm``'s size does not limit it, and it
-ends with the last process using it, so a killed process group leaves nothing.
-Where ``memfd_create`` is missing (macOS), the segment is a POSIX
-shared-memory object with a private name that is unlinked as soon as it is
-opened; the owner keeps a descriptor opened read-only in place of the seals.
-Worker processes of a loader get the segment's descriptor with the pipeline
-they are sent (``memfd.shipping``) and map the same pages; a process forked
-from the owner inherits the mapping. Any other pickle (to a file, to a
-``multiprocessing`` child started with spawn) carries the data by value, like a
-numpy array's: the copy owns new anonymous memory of its own.
-
-With ``name=`` (grain's API), the data lives in a named POSIX segment that
-other processes can attach to with ``InMemoryDataSource(name=...)``; pickling
-such a source sends only the name and a small description, and the copy
-attaches on its first read.
-
-Segment layout and record encoding: ``grainlike.sources.formats.in_memory_records``;
-named segments: ``grainlike.core.named_segments``.
+Without ``name=`` the data lives in anonymous shared memory (``core.memfd``; where
+``memfd_create`` is missing, a POSIX object unlinked as soon as it is opened),
+written once and sealed read-only; a loader's workers get its descriptor with the
+pipeline (``memfd.shipping``), a forked child inherits the mapping. With ``name=``
+(grain's API) it lives in a named segment (``core.named_segments``) that pickles as
+its name. Layout and record encoding: ``grainlike.sources.formats.in_memory_records``.
 
 Lifetime rules:
   * The owner (the object that created the data) releases it on ``close()``,
@@ -29,16 +15,11 @@ Lifetime rules:
   * Copies in other processes never unlink, and never register with
     multiprocessing's resource tracker, so their process exiting leaves the
     segment alone and prints no tracker warning.
-  * Arrays returned by ``source[i]`` are views of the mapping and keep it alive
-    (their ``.base`` chain ends at an object that owns the mapping) for as long
-    as they, or views of them, are referenced, even after the source is closed
-    or collected; they hold no descriptor. ``source[i]`` on a closed source
-    raises ``ValueError``.
-  * Returned arrays are read-only: the pages are shared by every process, and a
-    write in one worker would change the records every other worker reads. Copy
-    (``np.array(x)``) before modifying in place.
+  * Arrays returned by ``source[i]`` are read-only views of the mapping (a write in
+    one worker would change what every other reads: copy before modifying). They
+    keep the mapping alive while referenced, even after the source is closed, and
+    hold no descriptor. ``source[i]`` on a closed source raises ``ValueError``.
 """
-
 
 from __future__ import annotations
 
@@ -94,15 +75,11 @@ class InMemoryDataSource(ClosingSource):
     * a dict / tuple (nested) of numpy arrays that all have the same first
       dimension ``N``: record ``i`` has the same structure, holding ``leaf[i]``.
 
-    Array records are read-only views into the shared segment (zero copy). They
-    keep the mapping alive for as long as they are referenced, even after
-    ``close()``. See the module docstring for the full lifetime rules.
-
-    Without ``name``, the data lives in anonymous memory: nothing appears in
-    ``/dev/shm`` (so its size is no limit), nothing outlives the processes, and
-    ``name`` is None. A loader's workers map the same memory. Pickling the
-    source anywhere else (to a file, to a spawned ``multiprocessing`` child)
-    pickles the data by value, and the copy owns memory of its own.
+    Array records are read-only views into the shared segment (zero copy); see the
+    module docstring for the lifetime rules. Without ``name``, nothing appears in
+    ``/dev/shm`` (so its size is no limit) and nothing outlives the processes;
+    pickling the source anywhere but to a loader's workers (to a file, to a spawned
+    ``multiprocessing`` child) pickles the data by value.
 
     ``repr`` (stored in checkpoints): for a scalar sequence created with
     ``name=`` it equals Grain's, ``SharedMemoryDataSource([...], name='...')``.
@@ -160,8 +137,6 @@ class InMemoryDataSource(ClosingSource):
         self._token: Optional[str] = None
         self._fd: Optional[int] = None
         self._mapping: Any = None
-
-    # -- construction -------------------------------------------------------
 
     @staticmethod
     def _describe(elements: Any) -> tuple[dict, list[np.ndarray]]:
@@ -259,10 +234,7 @@ class InMemoryDataSource(ClosingSource):
         self._bind(region)
 
     def _bind(self, mapping: Any) -> None:
-        """Builds the record getter over ``mapping`` (views only, no copies).
-
-        ``mapping`` is a ``SegmentMapping`` of a named segment or a ``memfd.Region``.
-        """
+        """Builds the record getter over ``mapping`` (a ``SegmentMapping`` or a ``memfd.Region``; views only)."""
         meta = self._meta
         root = np.asarray(mapping)  # .base is `mapping`: views keep the mapping alive.
         base = meta["data_start"]
@@ -311,8 +283,6 @@ class InMemoryDataSource(ClosingSource):
             self._bind(mapping)
             return self._getter
 
-    # -- reading ------------------------------------------------------------
-
     # In memory: read in the calling thread by default (grainlike.sources.waiting).
     waits = False
 
@@ -325,9 +295,6 @@ class InMemoryDataSource(ClosingSource):
     def __getitems__(self, record_keys: Sequence[SupportsIndex]) -> list:
         getter = self._getter or self._load()
         return [getter(k) for k in record_keys]
-
-
-    # -- identity -----------------------------------------------------------
 
     @property
     def name(self) -> Optional[str]:
@@ -359,16 +326,8 @@ class InMemoryDataSource(ClosingSource):
     def __str__(self) -> str:
         return f"InMemoryDataSource(name={self._name}, len={len(self)})"
 
-    # -- lifetime -----------------------------------------------------------
-
     def close(self) -> None:
-        """Stops reading; the owner also releases the data. Idempotent.
-
-        Releasing means unlinking the name (named) or closing the descriptor
-        (anonymous). Arrays returned earlier remain valid; other processes that
-        already mapped the data keep reading it, and the memory is freed when
-        the last of them is done.
-        """
+        """Stops reading; the owner also releases the data (see the module's lifetime rules). Idempotent."""
         with self._lock:
             self._closed = True
             self._getter = None
@@ -390,7 +349,6 @@ class InMemoryDataSource(ClosingSource):
             self._finalizer()
         else:
             unlink_untracked(self._name)
-
 
     def __copy__(self) -> "InMemoryDataSource":
         """Another source on the same memory (named: attached by name); the data is not copied."""
@@ -460,11 +418,7 @@ def _copy_by_value(meta: dict, digest: Optional[str], raw: np.ndarray) -> InMemo
     """A source owning a new anonymous copy of ``raw`` (a whole segment)."""
     copy = InMemoryDataSource.__new__(InMemoryDataSource)
     copy._init_fields(None, meta, digest)
-
-    def fill(dst: np.ndarray) -> None:
-        dst[:] = np.frombuffer(raw, np.uint8)
-
-    copy._own_anonymous(len(raw), fill)
+    copy._own_anonymous(len(raw), lambda dst: np.copyto(dst, np.frombuffer(raw, np.uint8)))
     return copy
 
 

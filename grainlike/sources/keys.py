@@ -1,9 +1,6 @@
-"""The record keys of a batched read: checked once, grouped by what holds them.
+"""The record keys of a batched read: checked once, grouped by what holds them (a file, a row group).
 
-File sources (ArrayRecord, Parquet, Hugging Face) take ``__getitems__(keys)``
-with keys in any order, repeated or not, as any sequence of integers; these two
-functions turn them into one ``int64`` array and group them by file or row group
-without a Python loop per key.
+Keys come in any order, repeated or not, as any sequence of integers; no Python loop per key.
 """
 
 from __future__ import annotations

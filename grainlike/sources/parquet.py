@@ -1,22 +1,14 @@
 """``ParquetDataSource``: random access to the rows of Parquet files.
 
-Global record keys run over the files in order, and within a file over its row
-groups: with two files of 100 rows, key 130 is row 30 of the second file. A
-batched read (``__getitems__``) reads each row group it touches once, only the
-selected columns, and takes the rows it needs before converting them to numpy.
-The last few row groups read stay decoded (Arrow tables), so reads that move
-through the data in order, or shuffled within a window, read each row group once.
-
-Files are opened lazily, in the process that reads, and dropped when the source
-is pickled; paths may be local, ``file://``, ``s3://`` or ``gs://`` URLs or etils
-``epath`` objects (see ``grainlike.sources.formats.remote_files``). ``pyarrow`` is imported only
-when a file is opened: ``pip install "grainlike[parquet]"``.
+A batched read reads each row group it touches once (only the selected columns)
+and takes the rows it needs before converting them to numpy. The last few row
+groups read stay decoded, so reads in order, or shuffled within a window, read
+each row group once. Files are opened lazily, in the process that reads.
 """
 
 from __future__ import annotations
 
 import hashlib
-import operator
 import os
 import threading
 from collections import OrderedDict
@@ -62,6 +54,8 @@ class ParquetDataSource(ClosingSource):
         repr(source)  # "ParquetDataSource(hash_of_paths=<sha1>, columns=['text'])"
     """
 
+    _per_process = ("_files", "_tables", "_lock", "_pid")
+
     def __init__(
         self,
         paths: Any,
@@ -86,15 +80,12 @@ class ParquetDataSource(ClosingSource):
         # Each remote file is pinned to the version seen here, in every process
         # that reads it: a file overwritten during an epoch raises
         # ObjectChangedError instead of mixing rows of two versions.
-        self._pins: list = [None] * len(paths)
-        self._lay_out(range(len(paths)))
-        self._init_process_state()
+        self._pins = [remote.object_info(p, self._options) if remote.is_remote(p) else None for p in paths]
+        self._lay_out()
+        self._init_per_process()
 
-    def _lay_out(self, pin_now: Sequence[int]) -> None:
-        """Reads every file's row group sizes; files ``pin_now`` are pinned first."""
-        for file_index in pin_now:
-            if remote.is_remote(self._paths[file_index]):
-                self._pins[file_index] = remote.object_info(self._paths[file_index], self._options)
+    def _lay_out(self) -> None:
+        """Reads every file's row group sizes (of the pinned versions)."""
         with futures.ThreadPoolExecutor(min(len(self._paths), _MAX_OPENING_THREADS)) as pool:
             metas = list(pool.map(self._row_group_sizes, range(len(self._paths))))
         # One entry per row group of every file: (file index, row group index), and
@@ -114,7 +105,7 @@ class ParquetDataSource(ClosingSource):
                 missing = [c for c in self._columns if c not in names]
                 if missing:
                     raise ValueError(
-                        f"ParquetDataSource: columns {missing} are not in {self._paths[file_index]!r} "
+                        f"ParquetDataSource: columns {missing} are not in {path!r} "
                         f"(it has {sorted(names)})"
                     )
             meta = pf.metadata
@@ -122,9 +113,7 @@ class ParquetDataSource(ClosingSource):
         finally:
             pf.close()
 
-    # -- per-process state, never pickled ------------------------------------------
-
-    def _init_process_state(self) -> None:
+    def _init_per_process(self) -> None:
         # Idle open files, per file index: a reading thread takes one (or opens one)
         # and puts it back, so threads read in parallel and no handle is shared.
         self._files: dict = {}
@@ -132,15 +121,9 @@ class ParquetDataSource(ClosingSource):
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k not in ("_files", "_tables", "_lock", "_pid")}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-
     def _state(self) -> None:
-        if getattr(self, "_pid", None) != os.getpid():
-            self._init_process_state()
+        if self._pid != os.getpid():
+            self._init_per_process()
 
     def _read_row_group(self, file_index: int, row_group: int) -> Any:
         with self._lock:
@@ -180,29 +163,16 @@ class ParquetDataSource(ClosingSource):
             for pf in idle:
                 pf.close()
 
-
-    # -- reading -----------------------------------------------------------------
-
     @property
     def waits(self) -> bool:
-        """Whether reads wait (a file is remote), so that they run in threads by default.
-
-        Local row groups are decoded in the calling thread. See
-        ``grainlike.sources.waiting``.
-        """
+        """Whether reads wait (a file is remote): local files are read in the calling thread by default."""
         return any(remote.is_remote(p) for p in self._paths)
 
     def __len__(self) -> int:
         return self._len
 
-    def _out_of_range(self, key: int) -> IndexError:
-        return IndexError(f"record_key {key} is out of range for ParquetDataSource of length {self._len}")
-
     def __getitem__(self, record_key: SupportsIndex) -> dict:
-        key = operator.index(record_key)
-        if key < 0 or key >= self._len:
-            raise self._out_of_range(key)
-        return self.__getitems__([key])[0]
+        return self.__getitems__([self._check_key(record_key)])[0]
 
     def __getitems__(self, record_keys: Sequence[SupportsIndex]) -> list:
         """Reads ``[self[k] for k in record_keys]``, each row group touched once."""
@@ -238,37 +208,25 @@ class ParquetDataSource(ClosingSource):
         for start in range(0, self._len, 1024):
             yield from self.__getitems__(range(start, min(start + 1024, self._len)))
 
-    # -- versions of remote files (grainlike.sources.protocol.PinsRemoteObjects) ------
-
     def object_pins(self) -> dict:
         """``{url: pin}`` of the remote files, at the versions read (empty if all are local)."""
         return {p: remote_pins.pin_state(pin) for p, pin in zip(self._paths, self._pins) if pin is not None}
 
     def at_versions(self, pins: dict) -> "ParquetDataSource":
-        """A copy reading the remote files at the versions ``pins`` names (see ``object_pins``).
-
-        Raises:
-          ObjectChangedError: a named version is gone from the store (named with
-            the current one).
-          InvalidStateError: ``pins`` names a file this source does not read remotely.
-        """
+        """A copy reading the remote files at the versions ``pins`` names (``PinsRemoteObjects``)."""
         saved = remote_pins.pins_from_state(self.object_pins(), pins, repr(self))
         if all(remote_pins.same_version(saved[p], pin) for p, pin in zip(self._paths, self._pins) if pin is not None):
             return self
-        copy = ParquetDataSource.__new__(ParquetDataSource)
-        copy.__setstate__(self.__getstate__())
+        copy = self._copy()
         copy._pins = [saved.get(p, pin) for p, pin in zip(self._paths, self._pins)]
         try:
-            copy._lay_out(())
+            copy._lay_out()
         except (remote.ObjectChangedError, FileNotFoundError) as e:
             for path, old, new in zip(self._paths, copy._pins, self._pins):
                 if new is not None and not remote_pins.same_version(old, new):
                     raise remote_pins.saved_version_gone(path, old, new) from e
             raise
-        copy._init_process_state()
         return copy
-
-    # -- identity ----------------------------------------------------------------
 
     @property
     def paths(self) -> list[str]:

@@ -1,15 +1,8 @@
 """The random-access source protocol, the ``waits`` declaration, ``ClosingSource`` and ``RangeDataSource``.
 
-A source is anything with ``len(source)`` and ``source[record_key]``. The loader
-asks for records by key, in whatever order the sampler chooses, possibly from
-several threads and several processes at once, so reads must be thread-safe,
-deterministic, and the source must pickle (cheaply: it is sent to every worker).
-
-A source or a transform may declare whether its work per record waits
-(``DeclaresWaiting``); that, and the kind of source, decides whether it runs in
-read threads when no ``ReadOptions`` is given (``grainlike.sources.waiting``).
-A source of remote objects pins each to the version it first saw
-(``PinsRemoteObjects``), so that the DataLoader's state names those versions.
+A source is anything with ``len(source)`` and ``source[record_key]``; it is read
+from several threads and processes at once, so reads must be thread-safe and
+deterministic, and the source must pickle cheaply (it is sent to every worker).
 """
 
 from __future__ import annotations
@@ -74,17 +67,13 @@ class RandomAccessDataSource(Protocol[T]):
 
 
 @typing.runtime_checkable
-class SupportsBatchedRead(Protocol[T]):
+class SupportsBatchedRead(RandomAccessDataSource[T], Protocol[T]):
     """A source that also reads many keys in one call (see ``RandomAccessDataSource``).
 
     Example:
         if isinstance(source, SupportsBatchedRead):
             records = source.__getitems__([3, 1, 4])
     """
-
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, record_key: int) -> T: ...
 
     def __getitems__(self, record_keys: Sequence[int]) -> list: ...
 
@@ -94,13 +83,11 @@ class DeclaresWaiting(Protocol):
     """A source or transform that declares whether its work per record waits.
 
     ``waits = True``: reading or mapping a record mostly waits on something other
-    than this process's CPU (network or remote storage, a service, a sleep, a
-    call that releases the GIL for long); such work runs in grain's 16 read
-    threads by default. ``waits = False``: the work is local and CPU-bound
-    (memory, local files, Python computation); it runs in the calling thread by
-    default, where it is fastest. An explicit ``ReadOptions`` overrides both.
-    A class attribute, a property (e.g. "any of my files is remote") or an
-    attribute set on a function all declare it; the value must be a bool.
+    than this process's CPU (remote storage, a service, a sleep); such work runs in
+    grain's 16 read threads by default. ``waits = False``: the work is local and
+    CPU-bound; it runs in the calling thread by default. An explicit ``ReadOptions``
+    overrides both. A class attribute, a property or an attribute set on a function
+    declares it; the value must be a bool (``grainlike.sources.waiting``).
 
     Example:
         class Fetch(grainlike.MapTransform):
@@ -152,7 +139,12 @@ class ClosingSource(ClosesOnExit):
     """Base of the sources that hold readers, files or memory until ``close()``.
 
     ``with source:`` closes it on exit; iterating reads every record in key order.
+    The attributes named in ``_per_process`` (readers, locks, caches) are never
+    pickled: ``_init_per_process`` builds them again in the process that unpickles.
     """
+
+    _per_process: tuple = ()
+    _key_error: type = IndexError  # The type of the error for a record key out of range.
 
     def close(self) -> None:
         """Releases the source's readers, files or memory (each subclass says which)."""
@@ -161,6 +153,32 @@ class ClosingSource(ClosesOnExit):
     def __iter__(self) -> Iterator[Any]:
         for key in range(len(self)):  # type: ignore[arg-type]
             yield self[key]  # type: ignore[index]
+
+    def _init_per_process(self) -> None:
+        """Builds the attributes named in ``_per_process``."""
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in self._per_process}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_per_process()
+
+    def _copy(self) -> Any:
+        """A copy of this source with no readers open (as a worker unpickles it)."""
+        copy = type(self).__new__(type(self))
+        copy.__setstate__(self.__getstate__())
+        return copy
+
+    def _check_key(self, record_key: SupportsIndex) -> int:
+        """``record_key`` as an int in ``[0, len(self))``, else ``_out_of_range``'s error."""
+        key = operator.index(record_key)
+        if key < 0 or key >= len(self):  # type: ignore[arg-type]
+            raise self._out_of_range(key)
+        return key
+
+    def _out_of_range(self, key: int) -> Exception:
+        return self._key_error(f"record_key {key} is out of range for {type(self).__name__} of length {len(self)}")
 
 
 class RangeDataSource:
@@ -207,15 +225,12 @@ class RangeDataSource:
 
     def __getitems__(self, record_keys: Sequence[SupportsIndex]) -> list:
         keys = np.asarray(record_keys)
-        if keys.ndim == 1 and keys.size and keys.dtype.kind in "iu" and self._fits_int64:
+        fits_int64 = max(abs(self._start), abs(self._stop)) + abs(self._step) < 1 << 62
+        if keys.ndim == 1 and keys.size and keys.dtype.kind in "iu" and fits_int64:
             # One vectorised expression for the whole chunk: the same ints.
             if keys.min() >= 0 and keys.max() < self._len:
                 return (keys.astype(np.int64) * self._step + self._start).tolist()
         return [self[k] for k in record_keys]
-
-    @property
-    def _fits_int64(self) -> bool:
-        return max(abs(self._start), abs(self._stop)) + abs(self._step) < 1 << 62
 
     def __repr__(self) -> str:
         return f"RangeDataSource(start={self._start}, stop={self._stop}, step={self._step})"

@@ -1,28 +1,11 @@
 """A finite ``tf.data.Dataset`` as a random-access source, read once into numpy arrays.
 
-``TfDataSource(dataset)`` runs the pipeline to its end once (``as_numpy_iterator``,
-in chunks of ``_CHUNK`` elements when every shape is known) and keeps each leaf of
+``TfDataSource(dataset)`` runs the pipeline to its end once and keeps each leaf of
 the element structure as one stacked numpy array (strings as object arrays of
-``bytes``). Records are then read by index like any in-memory source: shuffled by
-grainlike's samplers, checkpointed as indices, read by workers without TensorFlow
-(the arrays are pickled to them; TensorFlow is not imported there). This is how a
-JaxSGMC ``TensorflowDataLoader(pipeline, shuffle_cache, exclude_keys)`` user keeps
-a ``tfds.load(...)`` pipeline: the shuffle buffer becomes an exact shuffle.
-
-It needs the data to fit in memory (``max_bytes``), a finite pipeline, and
-elements of one shape each (no ragged or sparse leaves); what does not fit is read
-as a stream by ``grainlike.experimental.TfDataIterDataset``.
-
-``is_tf_dataset(x)`` tells a ``tf.data.Dataset`` without importing TensorFlow:
-``import grainlike`` never loads it, and nothing here does unless the user passed
-a dataset (which means TensorFlow is loaded already).
-
-Example:
-    import tensorflow_datasets as tfds
-    from grainlike.sources import TfDataSource
-
-    source = TfDataSource(tfds.load("mnist", split="train"), exclude_keys=["id"])
-    source[0]  # {"image": uint8 array (28, 28, 1), "label": np.int64}
+``bytes``); records are then read by index like any in-memory source, and workers
+read them without TensorFlow. What does not fit in memory is read as a stream by
+``grainlike.experimental.TfDataIterDataset``. Nothing here imports TensorFlow: it is
+loaded already when the user passes a dataset.
 """
 
 from __future__ import annotations

@@ -1,33 +1,11 @@
 """TensorFlow Datasets splits as grainlike sources.
 
-``tfds.data_source(...)`` already returns a random-access source, and grainlike's
-``DataLoader`` accepts it as it is, with the same records, order and checkpoint
-JSON as Grain. ``TfdsDataSource`` reads the same split faster and more safely:
-
-* records come from grainlike's ``ArrayRecordDataSource`` (one batched read per
-  file, no thread pool per call, readers opened lazily in the process that reads
-  and dropped when pickled, so workers and ``fork`` are safe);
-* its ``repr`` is exactly TFDS's, so a checkpoint written by Grain or grainlike
-  over ``tfds.data_source(...)`` restores into a loader over ``TfdsDataSource``
-  and back;
-* a record that fails to decode names its key, split and file.
-
-TFDS is imported only by the functions that need it (and by unpickling a source
-in a worker, since the features object belongs to TFDS). TensorFlow is never
-needed to read: TFDS decodes images with OpenCV or PIL.
-
-Example:
-    import grainlike as grain
-    from grainlike.sources.tfds import tfds_source
-
-    source = tfds_source("mnist", split="train", data_dir="~/tensorflow_datasets")
-    loader = grain.DataLoader(
-        data_source=source,
-        sampler=grain.IndexSampler(len(source), grain.NoSharding(), shuffle=True,
-                                   num_epochs=1, seed=0),
-        operations=[grain.Batch(32)],
-        worker_count=2,
-    )
+``tfds.data_source(...)`` works with the loader as it is; ``TfdsDataSource`` reads
+the same split faster and more safely: through grainlike's ``ArrayRecordDataSource``
+(batched reads, readers opened in the process that reads), with TFDS's own ``repr``
+(so checkpoints move between the two), and decoding errors that name the key, split
+and file. TFDS is imported only where needed (and by unpickling a source in a
+worker); TensorFlow is never needed to read.
 """
 
 from __future__ import annotations
@@ -48,10 +26,7 @@ _TFDS_MODULE_PREFIX = "tensorflow_datasets."
 
 
 def is_tfds_source(obj: Any) -> bool:
-    """Whether ``obj`` is a source returned by ``tfds.data_source`` (any format).
-
-    Does not import TFDS.
-    """
+    """Whether ``obj`` is a source returned by ``tfds.data_source`` (any format); does not import TFDS."""
     module = type(obj).__module__ or ""
     return module.startswith(_TFDS_MODULE_PREFIX) and hasattr(obj, "dataset_info")
 
@@ -120,8 +95,6 @@ class TfdsDataSource(ClosingSource):
         if self._method == "DESERIALIZE_AND_DECODE" and self.dataset_info.features is None:
             raise ValueError(f"{self._repr}: the dataset has no features, so it cannot decode.")
 
-    # -- reading ---------------------------------------------------------------
-
     def __len__(self) -> int:
         return len(self._records)
 
@@ -140,14 +113,8 @@ class TfdsDataSource(ClosingSource):
             raise
 
     def _where(self, key: int) -> str:
-        # The file and position holding a key, for error messages only.
-        records = self._records
-        for filename, first, end, start in zip(
-            records._filenames, records._firsts, records._ends, records._starts
-        ):
-            if first <= key < end:
-                return f"record {key - first + start} of file {filename!r}"
-        return "key out of range"
+        file_index, position = self._records._locate(key)
+        return f"record {position} of file {self._records._filenames[file_index]!r}"
 
     def __getitem__(self, record_key: SupportsIndex) -> Any:
         key = record_key.__index__()
@@ -157,9 +124,6 @@ class TfdsDataSource(ClosingSource):
         """Reads ``[self[k] for k in record_keys]`` with one read per file touched."""
         records = self._records.__getitems__(record_keys)
         return [self._decode(int(k), r) for k, r in zip(record_keys, records)]
-
-
-    # -- resources and identity -------------------------------------------------
 
     @property
     def waits(self) -> bool:
@@ -180,24 +144,17 @@ class TfdsDataSource(ClosingSource):
         """Closes open file readers. Idempotent; a later read reopens them."""
         self._records.close()
 
-
     def __repr__(self) -> str:
         return self._repr
 
 
 def from_tfds(source: Any) -> Any:
-    """Returns a grainlike source for what ``tfds.data_source`` returned.
+    """The grainlike source to hand to ``DataLoader`` for what ``tfds.data_source`` returned.
 
     A TFDS ArrayRecord source becomes a ``TfdsDataSource``; a dict of splits
     becomes a dict of them; any other source (Parquet, or not TFDS at all) is
     returned unchanged, since it already works with the loader. Does not import
     TFDS.
-
-    Args:
-      source: a TFDS source, a dict of them, or any other source.
-
-    Returns:
-      The source to hand to ``DataLoader``.
     """
     if isinstance(source, dict) and source and all(map(is_tfds_source, source.values())):
         return {split: from_tfds(s) for split, s in source.items()}

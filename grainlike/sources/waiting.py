@@ -1,21 +1,16 @@
 """Whether reading a source waits: what decides its read threads when no ``ReadOptions`` is given.
 
-grain reads every source in 16 threads by default. That is what a source whose
-reads wait needs (remote storage, a service: one thread reads a 10 ms record 100
-times a second, 16 threads ~1,550 times), and what a source in memory or on a
-local disk does not: its batched reads are fastest in the calling thread, where
-they neither contend with the transforms for the GIL nor pay a hand-off per
-chunk. This module says which kind a source is, from its type and its own
+grain reads every source in 16 threads, which a source whose reads wait (remote
+storage, a service) needs, and a source in memory or on a local disk does not: its
+batched reads are fastest in the calling thread. Decided from the source's type and
 declaration (``DeclaresWaiting``), never from a timing:
 
-* declared ``waits`` (a bool): as declared. grainlike's sources declare it:
-  ``RangeDataSource`` and ``InMemoryDataSource`` never wait, the file sources
-  (ArrayRecord, Parquet, TFDS) wait when one of their files is remote
-  (``s3://``, ``gs://``, any fsspec URL), ``HuggingFaceDataSource`` reads local
-  Arrow files and never waits;
-* ``list``, ``tuple``, ``range`` and numpy arrays: in memory, never wait;
-* a source of ``tfds.data_source(...)``: waits when its data directory is remote;
-* anything else (a source of the user's own type): waits, as grain assumes.
+* a declared ``waits`` (a bool): as declared (grainlike's file sources wait when a
+  file is remote; ``RangeDataSource``, ``InMemoryDataSource`` and
+  ``HuggingFaceDataSource`` never wait);
+* ``list``, ``tuple``, ``range`` and numpy arrays never wait;
+* a source of ``tfds.data_source(...)`` waits when its data directory is remote;
+* anything else (a source of the user's own type) waits, as grain assumes.
 
 Example:
     >>> from grainlike.sources import RangeDataSource
@@ -40,7 +35,6 @@ from grainlike.sources.protocol import DeclaresWaiting
 
 __all__ = ["declared_waits", "source_waits"]
 
-# Sources of these types are in memory.
 _MEMORY_TYPES = (list, tuple, range, np.ndarray)
 
 

@@ -107,7 +107,7 @@ def test_file_backed_dataset_pickles_as_file_names(mnist_like):
     source = HuggingFaceDataSource(mnist_like)
     table_bytes = mnist_like.data.nbytes
     assert len(cloudpickle.dumps(source)) < table_bytes / 2 or table_bytes < 4096
-    assert source._spill_dir is None
+    assert source.dataset is mnist_like  # not copied to disk
 
 
 def test_in_memory_dataset_is_spilled_once_for_workers(tmp_path):
@@ -116,12 +116,12 @@ def test_in_memory_dataset_is_spilled_once_for_workers(tmp_path):
     before = repr(source)
     payload = cloudpickle.dumps(source)
     assert len(payload) < 100_000 < big.data.nbytes  # the table is not in the pickle
-    spilled = source._spill_dir
+    spilled = os.path.dirname(source.dataset.cache_files[0]["filename"])
     assert spilled and os.path.isdir(spilled)
     clone = pickle.loads(payload)
     assert clone[123_456]["x"] == 123_456 and repr(clone) == repr(source) == before
     cloudpickle.dumps(source)
-    assert source._spill_dir == spilled  # not written again
+    assert os.path.dirname(source.dataset.cache_files[0]["filename"]) == spilled  # not written again
     source.close()
     assert not os.path.exists(spilled)
 

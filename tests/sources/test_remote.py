@@ -426,7 +426,7 @@ def test_threads_fetching_one_file_copy_it_once(up, local_files, tmp_path, monke
     from concurrent import futures
 
     copies = []
-    original = remote._read_range
+    original = remote.read_range
 
     def counting(url, start, end, options, pin=None):
         if url == _urls("pq")[0]:
@@ -434,7 +434,7 @@ def test_threads_fetching_one_file_copy_it_once(up, local_files, tmp_path, monke
             time.sleep(0.05)  # long enough for the other threads to arrive meanwhile
         return original(url, start, end, options, pin)
 
-    monkeypatch.setattr(remote, "_read_range", counting)
+    monkeypatch.setattr(remote, "read_range", counting)
     cache = file_cache.LocalCache(str(tmp_path / "cache"), _options(up))
     with futures.ThreadPoolExecutor(4) as pool:
         paths = list(pool.map(cache.fetch, [_urls("pq")[0]] * 4))
@@ -484,6 +484,6 @@ def test_gs_without_gcsfs_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "gcsfs", None)
     for protocol in ("gs", "gcs"):
         monkeypatch.delitem(registry._registry, protocol, raising=False)
-    monkeypatch.setattr(remote, "_FILESYSTEMS", {})
+    monkeypatch.setattr(remote, "_PER_PROCESS", {})
     with pytest.raises(ImportError, match="gs://bucket/x.parquet.*gcsfs"):
         ParquetDataSource("gs://bucket/x.parquet")

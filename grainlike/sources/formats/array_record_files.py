@@ -1,9 +1,7 @@
 """ArrayRecord files: opening a reader on a local or remote file, counting a remote file's records.
 
-``array_record`` is imported only when a reader is opened. A remote file is
-copied once into the local cache (``file_cache.LocalCache``; the ArrayRecord
-reader opens local files only); counting a remote file's records fetches only
-its tail. The source over these files is ``grainlike.sources.ArrayRecordDataSource``.
+A remote file is read from its copy in the local cache (the ArrayRecord reader opens
+local files only); counting its records fetches only its tail.
 """
 
 from __future__ import annotations
@@ -127,18 +125,14 @@ def count_remote_records(url: str, remote_options: Optional[remote.RemoteOptions
                 f.truncate(size)
                 f.seek(size - tail)
                 f.write(remote.read_range(url, size - tail, size, options, info))
-            try:
+            with contextlib.suppress(Exception):  # A footer read as zeros fails: fetch a longer tail.
                 reader = array_record_module.ArrayRecordReader(path, options=BASE_READER_OPTIONS)
                 try:
                     if reader.ok():
                         return reader.num_records()
                 finally:
-                    try:
-                        reader.close()
-                    except Exception:  # pylint: disable=broad-except
-                        pass  # A reader that read zeros reports it again here.
-            except Exception:  # pylint: disable=broad-except
-                pass
+                    with contextlib.suppress(Exception):
+                        reader.close()  # A reader that read zeros reports it again here.
             if tail == size:
                 raise ValueError(f"ArrayRecordDataSource: {url!r} is not a readable ArrayRecord file.")
             tail = min(size, tail * 8)

@@ -1,26 +1,16 @@
 """CRC-32C (Castagnoli), the checksum of TFRecord files.
 
-The checksums come from ``google-crc32c`` (a dependency of grainlike: Google's
-C library, with the CPU's CRC32 instruction where there is one; ~5-11 GB/s on
-this project's 2-core machine). Where its compiled extension cannot be
-imported (``google_crc32c.implementation`` is ``"python"``, or the package is
-absent), the same values are computed in numpy (~135 MB/s on 64 MiB; ~10x
-faster than a Python loop on many short records). ``IMPLEMENTATION`` says
-which is in use.
+The checksums come from ``google-crc32c`` (Google's C library, with the CPU's CRC32
+instruction; ~5-11 GB/s on this project's 2-core machine). Where its compiled
+extension cannot be imported, the same values are computed in numpy (~135 MB/s on
+64 MiB). ``IMPLEMENTATION`` says which is in use.
 
-The numpy fallback relies on the register update being linear over GF(2):
-the CRC register after some bytes is the register those bytes give from zero,
-xor the starting register advanced over as many zero bytes. So:
-
-* short inputs go through a byte table in a Python loop;
-* a long input is cut into lanes of ``_LANE`` bytes whose registers advance
-  from zero together, two bytes (a 65536-entry table) per numpy step; the lanes
-  are folded pairwise with "advance over ``n`` zero bytes" operators;
-* many short records advance together the same way, each right-aligned behind
-  zero bytes (which leave a zero register at zero).
-
-The starting register's part is added with the zero-byte operators, built for
-each power of two by squaring.
+The numpy fallback relies on the register update being linear over GF(2): the
+register after some bytes is the register those bytes give from zero, xor the
+starting register advanced over as many zero bytes (operators built for each power
+of two by squaring). Short inputs go through a byte table in Python; a long input is
+cut into lanes of ``_LANE`` bytes advanced together, two bytes per numpy step, and
+folded pairwise; many short records advance together, right-aligned behind zeros.
 """
 
 from __future__ import annotations
@@ -127,7 +117,7 @@ def _table() -> np.ndarray:
 
 @functools.lru_cache(maxsize=None)
 def _table_list() -> list:
-    return [int(x) for x in _table()]
+    return _table().tolist()
 
 
 @functools.lru_cache(maxsize=None)
@@ -230,11 +220,7 @@ def _numpy_crc32c(data: Any, value: int = 0) -> int:
 
 
 def _numpy_crc32c_together(records: Sequence[Any]) -> np.ndarray:
-    """The CRC-32C of each of ``records``, advanced side by side, two bytes per numpy step.
-
-    For many short records ~10x faster than one loop each. The cost follows the
-    longest, so pass records of similar lengths.
-    """
+    """The CRC-32C of each of ``records`` (of similar lengths: the longest sets the cost), side by side."""
     count = len(records)
     lengths = np.fromiter((len(r) for r in records), dtype=np.int64, count=count)
     width = int(lengths.max()) if count else 0

@@ -1,11 +1,7 @@
 """The private local cache of remote files: whole copies in a directory, bounded in bytes.
 
-``LocalCache.fetch`` copies a remote object once by parallel ranged reads (through
-``remote_files``, with its retries and version pins) into a directory that must be
-the user's own (``UnsafeCacheDirError`` otherwise); its files are opened without
-following links. ArrayRecord files are read this way (their reader opens local
-paths only), and Parquet files too when ``RemoteOptions.cache_dir`` is given. See
-docs/security.md.
+ArrayRecord files are read this way (their reader opens local paths only), and
+Parquet files too when ``RemoteOptions.cache_dir`` is given. See docs/security.md.
 """
 
 from __future__ import annotations
@@ -33,23 +29,16 @@ __all__ = ["LocalCache", "cache_for", "default_cache_dir", "secure_directory"]
 class LocalCache:
     """Whole copies of remote files in a local directory, bounded in bytes.
 
-    The directory is the user's own: created mode 0700 if missing, and refused
-    with ``UnsafeCacheDirError`` if it is a symlink, owned by another user, or
-    writable by group or others (``default_cache_dir()`` must not be readable by
-    them either), as ssh treats ``~/.ssh``. Every file in it is opened relative to
-    the directory's descriptor with ``O_NOFOLLOW``, mode 0600.
-
-    A file is fetched by parallel ranged reads of one pinned version into a new
-    temporary name (``O_EXCL``) and renamed when complete, so processes sharing
-    the directory never read a partial copy. Next to each copy a sidecar
-    (``.meta-<name>``, written atomically after it) records the object's size and
-    version (ETag or generation) it was fetched at; a copy is used only if both
-    match the object and the copy's own size, else it is fetched again (a copy
-    damaged or truncated later is thus replaced). Every write is checked: a full
-    disk raises ``CacheFullError`` naming the object and the directory, and leaves
-    no partial file. Beyond ``max_bytes`` the least recently used copies are
-    removed, except those ``pinned`` now by any process sharing the directory (a
-    reader that has one open keeps reading it after its removal).
+    The directory must be the user's own (created 0700; a symlink, another user's
+    directory or one writable by group or others is refused with
+    ``UnsafeCacheDirError``), and its files are opened relative to its descriptor
+    with ``O_NOFOLLOW``, mode 0600. A copy is fetched by parallel ranged reads of
+    one pinned version into a temporary name and renamed when complete; a sidecar
+    (``.meta-<name>``) records the size and version it was fetched at, and a copy
+    that does not match them is fetched again. A full disk raises ``CacheFullError``
+    and leaves no partial file. Beyond ``max_bytes`` the least recently used copies
+    are removed, except those ``pinned`` by any process sharing the directory. See
+    docs/security.md.
 
     Args:
       directory: where the copies live; created (0700) if missing.
@@ -163,35 +152,32 @@ class LocalCache:
 
     def _copy(self, url: str, info: dict, dir_fd: int, name: str) -> None:
         size = info["size"]
-        tmp = f".partial-{name}-{os.getpid()}-{secrets.token_hex(4)}"
-        fd = _open_private(dir_fd, tmp, create_new=True, write=True)
         copied = False
         try:
-            bs = self._options.block_size
-            ranges = [(s, min(s + bs, size)) for s in range(0, size, bs)]
+            with _renamed_when_written(dir_fd, f".partial-{name}", name) as fd:
+                bs = self._options.block_size
+                ranges = [(s, min(s + bs, size)) for s in range(0, size, bs)]
 
-            def copy(r: tuple[int, int]) -> None:
-                _pwrite_all(fd, remote._read_range(url, r[0], r[1], self._options, info), r[0])
+                def copy(r: tuple[int, int]) -> None:
+                    _write_all(fd, remote.read_range(url, r[0], r[1], self._options, info), r[0])
 
-            # Blocks of one file in parallel: remote latency, not bandwidth, bounds
-            # a single ranged read. Every block is of the pinned version.
-            pending = [remote._pool("copy").submit(copy, r) for r in ranges]
-            try:
-                for f in pending:
-                    f.result()
-            finally:
-                # No block may still write to ``fd`` once it is closed (its number
-                # could by then name another file).
-                for f in pending:
-                    f.cancel()
-                futures.wait(pending)
-            os.fsync(fd)
-            os.close(fd)
-            fd = -1
-            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            tmp = None
+                # Blocks of one file in parallel: remote latency, not bandwidth, bounds
+                # a single ranged read. Every block is of the pinned version.
+                pending = [remote._pool("copy").submit(copy, r) for r in ranges]
+                try:
+                    for f in pending:
+                        f.result()
+                finally:
+                    # No block may still write to ``fd`` once it is closed (its number
+                    # could by then name another file).
+                    for f in pending:
+                        f.cancel()
+                    futures.wait(pending)
             copied = True
-            _write_sidecar(dir_fd, name, url, info)
+            # The sidecar records the size and version the copy was fetched at.
+            with _renamed_when_written(dir_fd, f".partial-meta-{name}", f".meta-{name}") as fd:
+                record = {"url": url, "size": size, "version": info["version"], "etag": info.get("etag")}
+                _write_all(fd, json.dumps(record).encode())
         except OSError as e:
             if copied:
                 # Without its sidecar the copy would be fetched again anyway.
@@ -206,8 +192,6 @@ class LocalCache:
                     "RemoteOptions(cache_dir=...).",
                 ) from e
             raise
-        finally:
-            _discard(fd, tmp, dir_fd)
 
     def _evict(self, dir_fd: int, keep: str) -> None:
         if self._max_bytes is None:
@@ -297,55 +281,39 @@ def _open_private(dir_fd: int, name: str, create_new: bool = False, write: bool 
     return os.open(name, flags, 0o600, dir_fd=dir_fd)
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    """Writes all of ``data`` at ``offset``; a short write is continued, a write of 0 is ENOSPC."""
+def _write_all(fd: int, data: bytes, offset: Optional[int] = None) -> None:
+    """Writes all of ``data`` (at ``offset``, else at the file's position); a write of 0 is ENOSPC."""
     view = memoryview(data)
     while view:
-        n = os.pwrite(fd, view, offset)
+        n = os.write(fd, view) if offset is None else os.pwrite(fd, view, offset)
         if n <= 0:
             raise OSError(errno.ENOSPC, "write made no progress (disk full?)")
         view = view[n:]
-        offset += n
+        offset = None if offset is None else offset + n
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        if n <= 0:
-            raise OSError(errno.ENOSPC, "write made no progress (disk full?)")
-        view = view[n:]
-
-
-def _write_sidecar(dir_fd: int, name: str, url: str, info: dict) -> None:
-    """Records the size and version ``name`` was fetched at, atomically (temp + rename)."""
-    record = {"url": url, "size": info["size"], "version": info["version"], "etag": info.get("etag")}
-    tmp = f".partial-meta-{name}-{os.getpid()}-{secrets.token_hex(4)}"
+@contextlib.contextmanager
+def _renamed_when_written(dir_fd: int, prefix: str, name: str) -> Iterator[int]:
+    """A new private file to write, synced and renamed to ``name`` after the block (removed if it raises)."""
+    tmp = f"{prefix}-{os.getpid()}-{secrets.token_hex(4)}"
     fd = _open_private(dir_fd, tmp, create_new=True, write=True)
     try:
-        _write_all(fd, json.dumps(record).encode())
+        yield fd
+        os.fsync(fd)
         os.close(fd)
         fd = -1
-        os.replace(tmp, f".meta-{name}", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         tmp = None
     finally:
-        _discard(fd, tmp, dir_fd)
+        if fd >= 0:
+            os.close(fd)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
 
-
-
-def _discard(fd: int, tmp: Optional[str], dir_fd: int) -> None:
-    """Closes ``fd`` (if still open, >= 0) and removes the temporary file ``tmp`` (if not renamed into place)."""
-    if fd >= 0:
-        os.close(fd)
-    if tmp is not None:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dir_fd)
 
 def _valid_copy(dir_fd: int, name: str, info: dict) -> bool:
-    """Whether ``name`` is a regular file of the object's size whose sidecar records its version.
-
-    A valid copy is marked recently used.
-    """
+    """Whether ``name`` is a file of the object's size whose sidecar records its version (marked recently used)."""
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         if not stat.S_ISREG(st.st_mode) or st.st_size != info["size"]:

@@ -44,6 +44,7 @@ def encode_scalars(elements: Sequence[Any]) -> list[np.ndarray]:
     lengths = [0] * n
     for i, value in enumerate(elements):
         kind = type(value)
+        chunk = None  # The bytes of a str, bytes or big-int record.
         if kind is int or (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))):
             value = int(value)
             if _INT64_MIN <= value <= _INT64_MAX:
@@ -52,21 +53,15 @@ def encode_scalars(elements: Sequence[Any]) -> list[np.ndarray]:
             else:
                 codes[i] = _BIGINT
                 chunk = str(value).encode("ascii")
-                chunks.append(chunk)
-                lengths[i] = len(chunk)
         elif kind is float or isinstance(value, (float, np.floating)):
             codes[i] = _FLOAT
             floats[i] = float(value)
         elif kind is str or isinstance(value, str):
             codes[i] = _STR
             chunk = value.encode("utf-8")
-            chunks.append(chunk)
-            lengths[i] = len(chunk)
         elif isinstance(value, (bytes, bytearray, memoryview)):
             codes[i] = _BYTES
             chunk = bytes(value)
-            chunks.append(chunk)
-            lengths[i] = len(chunk)
         elif value is None:
             codes[i] = _NONE
         elif isinstance(value, (bool, np.bool_)):
@@ -79,6 +74,9 @@ def encode_scalars(elements: Sequence[Any]) -> list[np.ndarray]:
                 "and None. Pass a numpy array, or a dict / tuple of equal-length numpy "
                 "arrays, for array records."
             )
+        if chunk is not None:
+            chunks.append(chunk)
+            lengths[i] = len(chunk)
     code_arr = np.frombuffer(bytes(codes), np.uint8)
     slots = np.array(ints, np.int64)
     is_float = code_arr == _FLOAT

@@ -1,8 +1,4 @@
-"""Opening Parquet files (local or remote) and converting their columns to numpy.
-
-``pyarrow`` is imported only when a file is opened: ``pip install "grainlike[parquet]"``.
-Remote files are read through ``remote_files`` (``s3://``, ``gs://``, ``file://``).
-"""
+"""Opening Parquet files (local or remote) and converting their columns to numpy."""
 
 from __future__ import annotations
 
@@ -14,36 +10,22 @@ from grainlike.sources.formats import remote_files as remote
 __all__ = ["columns_to_numpy", "open_parquet"]
 
 
-def _pyarrow_parquet():
-    try:
-        import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
-    except ImportError as e:
-        raise ImportError('reading Parquet files needs pyarrow: pip install "grainlike[parquet]"') from e
-    return pq
-
-
 def columns_to_numpy(table: Any) -> dict:
-    """``{column name: numpy array}`` of an Arrow table, as grain's Parquet reader makes them.
-
-    Numbers become numeric arrays, strings object arrays of ``str``, lists object
-    arrays of numpy arrays (``pyarrow``'s ``to_numpy()``).
-    """
+    """``{column name: numpy array}`` of an Arrow table, as grain's Parquet reader makes them (``to_numpy()``)."""
     return {table.field(i).name: table.column(i).to_numpy() for i in range(table.num_columns)}
 
 
-def open_parquet(
-    path: Any, options: remote.RemoteOptions, read_kwargs: dict, pin: Optional[dict] = None
-) -> Any:
-    """Opens a Parquet file; a remote one at the version ``pin`` names (by default its current one).
-
-    Returns:
-      A ``pyarrow.parquet.ParquetFile``.
+def open_parquet(path: Any, options: remote.RemoteOptions, read_kwargs: dict, pin: Optional[dict] = None) -> Any:
+    """A ``pyarrow.parquet.ParquetFile``; a remote one at the version ``pin`` names (by default its current one).
 
     Raises:
       FileNotFoundError: there is no file at ``path``.
       ValueError: the file is not a readable Parquet file.
     """
-    pq = _pyarrow_parquet()
+    try:
+        import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+    except ImportError as e:
+        raise ImportError('reading Parquet files needs pyarrow: pip install "grainlike[parquet]"') from e
     url = remote.to_url(path)
     with remote.pinned_input(url, options, pin) as source:
         if isinstance(source, str) and not os.path.exists(source):

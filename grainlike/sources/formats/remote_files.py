@@ -1,36 +1,12 @@
 """Remote files for the file sources: ``s3://``, ``gs://``, ``file://`` through fsspec.
 
-Three ways a source reads a remote object, all with the same retries and errors:
-
-* ``RemoteFile``: a seekable, read-only file object doing ranged reads, one block
-  (``RemoteOptions.block_size``) at a time, with read-ahead threads fetching the
-  next blocks while the caller works on this one (remote latency is where threads
-  pay). Parquet files are read through it.
-* ``file_cache.LocalCache.fetch``: the whole object copied once into a local directory by
-  parallel ranged reads, bounded in bytes (least recently used files go first).
-  ArrayRecord files are read this way (their reader opens local paths only), and
-  Parquet files too when a cache directory is given.
-* ``with_retries``: transient failures (lost or reset connections, timeouts of
-  ``RemoteOptions.timeout_s``, throttling, HTTP 5xx) are retried with exponential
-  backoff; then ``RemoteReadError`` names the object, the HTTP status and the
-  tries. Missing objects raise ``FileNotFoundError`` and missing or refused
-  credentials ``RemoteAccessError`` (a ``PermissionError``) at once, naming the
-  object.
-
-Each object is pinned to the version (ETag, S3 VersionId, GCS generation) seen
-when it is first opened: every ranged read asks for that version and checks the
-one that answered, so an object overwritten while it is read raises
-``ObjectChangedError`` instead of mixing two versions. The cache directory must
-be the user's own (``UnsafeCacheDirError`` otherwise) and its files are opened
-without following links; see ``file_cache`` and docs/security.md.
-
-Filesystems are created lazily, once per process (never pickled): a source sent
-to a worker process opens its own connections there. ``fsspec`` and the
-filesystem's package (``s3fs``, ``gcsfs``) are imported only when a remote path
-is read: ``pip install "grainlike[remote]"``.
-
-Paths and options live in ``remote_options``, retries in ``remote_retries`` and
-version pins in ``remote_pins`` (all in ``grainlike.sources.formats``).
+A source reads a remote object as a ``RemoteFile`` (read in ranged blocks, the next
+ones fetched ahead in threads) or as a whole local copy (``file_cache.LocalCache``).
+Each object is pinned to the version (ETag, S3 VersionId, GCS generation) seen when
+it is first opened, and every ranged read asks for that version and checks the one
+that answered, so an object overwritten while it is read raises ``ObjectChangedError``
+instead of mixing two versions. ``fsspec`` and the filesystem's package are imported
+only when a remote path is read: ``pip install "grainlike[remote]"``.
 """
 
 from __future__ import annotations
@@ -69,74 +45,63 @@ __all__ = [
     "with_retries",
 ]
 
+# Filesystems and thread pools of this process, made on first use; a forked child
+# makes its own (it must not share the parent's connections, and inherited pools
+# have no threads behind them).
+_PER_PROCESS: dict = {}
+_PER_PROCESS_LOCK = threading.Lock()
+_PER_PROCESS_PID = os.getpid()
+_POOL_THREADS = 16
 
-# -- filesystems, one per process -----------------------------------------------
 
-_FS_LOCK = threading.Lock()
-_FILESYSTEMS: dict = {}
-_FS_PID = os.getpid()
+def _per_process(key: tuple, make: Callable[[], Any]) -> Any:
+    global _PER_PROCESS_PID
+    with _PER_PROCESS_LOCK:
+        if _PER_PROCESS_PID != os.getpid():
+            _PER_PROCESS.clear()
+            _PER_PROCESS_PID = os.getpid()
+        value = _PER_PROCESS.get(key)
+        if value is None:
+            value = _PER_PROCESS[key] = make()
+        return value
 
 
 def _filesystem(url: str, options: RemoteOptions) -> Any:
-    global _FS_PID
     protocol = url_protocol(url)
-    key = (protocol, options._key())
-    with _FS_LOCK:
-        if _FS_PID != os.getpid():
-            # A forked child must not share the parent's connections or event loop.
-            _FILESYSTEMS.clear()
-            _FS_PID = os.getpid()
-        fs = _FILESYSTEMS.get(key)
-        if fs is None:
-            try:
-                import fsspec  # pylint: disable=g-import-not-at-top
-            except ImportError as e:
-                raise ImportError(
-                    f"reading {url!r} needs fsspec and its filesystem for {protocol!r}: "
-                    'pip install "grainlike[remote]" (s3fs for s3://, gcsfs for gs://)'
-                ) from e
-            try:
-                fs = fsspec.filesystem(protocol, **options._filesystem_options(protocol))
-            except ImportError as e:
-                raise ImportError(f"reading {url!r}: {e}") from e
-            if protocol in ("s3", "s3a") and hasattr(fs, "retries"):
-                # s3fs retries timeouts and resets inside one request (5 times by
-                # default), which would multiply ``attempts`` too.
-                fs.retries = 1
-            _FILESYSTEMS[key] = fs
-    return fs
+
+    def make() -> Any:
+        try:
+            import fsspec  # pylint: disable=g-import-not-at-top
+        except ImportError as e:
+            raise ImportError(
+                f"reading {url!r} needs fsspec and its filesystem for {protocol!r}: "
+                'pip install "grainlike[remote]" (s3fs for s3://, gcsfs for gs://)'
+            ) from e
+        try:
+            fs = fsspec.filesystem(protocol, **options._filesystem_options(protocol))
+        except ImportError as e:
+            raise ImportError(f"reading {url!r}: {e}") from e
+        if protocol in ("s3", "s3a") and hasattr(fs, "retries"):
+            # s3fs retries timeouts and resets inside one request (5 times by
+            # default), which would multiply ``attempts`` too.
+            fs.retries = 1
+        return fs
+
+    return _per_process(("filesystem", protocol, options._key()), make)
 
 
 def _fs_path(url: str) -> str:
     return url.split("://", 1)[1] if "://" in url else url
 
 
-# -- read-ahead threads, one pool per process -----------------------------------
-
-_POOL_LOCK = threading.Lock()
-_POOLS: dict = {}
-_POOL_PID = 0
-_POOL_THREADS = 16
-
-
 def _pool(kind: str = "read") -> futures.ThreadPoolExecutor:
-    """The process's threads of one kind, made on first use.
+    """The process's threads of one kind: ``"read"`` (block reads, fetches ahead) or ``"copy"``.
 
-    ``"read"`` runs block reads and fetches ahead; ``"copy"`` the ranged reads of
-    a whole-file copy, which a fetch on a "read" thread waits for: two pools, so
-    that waiting never holds the threads the awaited work needs.
+    A fetch on a "read" thread waits for its copy's ranged reads: they run on other threads.
     """
-    global _POOL_PID
-    with _POOL_LOCK:
-        if _POOL_PID != os.getpid():
-            # Pools inherited through fork have no threads behind them: make new ones.
-            _POOLS.clear()
-            _POOL_PID = os.getpid()
-        pool = _POOLS.get(kind)
-        if pool is None:
-            pool = futures.ThreadPoolExecutor(_POOL_THREADS, thread_name_prefix=f"grainlike-remote-{kind}")
-            _POOLS[kind] = pool
-        return pool
+    return _per_process(
+        ("pool", kind), lambda: futures.ThreadPoolExecutor(_POOL_THREADS, thread_name_prefix=f"grainlike-remote-{kind}")
+    )
 
 
 def submit(fn: Callable[..., Any], *args: Any) -> futures.Future:
@@ -179,15 +144,6 @@ def object_info(url: str, options: RemoteOptions) -> dict:
 def known_info(url: str) -> Optional[dict]:
     """The ``object_info`` this process last read for ``url``, if any (no request)."""
     return _INFOS.get(url)
-
-
-def read_range(url: str, start: int, end: int, options: RemoteOptions, pin: Optional[dict] = None) -> bytes:
-    """Bytes ``[start, end)`` of the object at ``url``, with retries.
-
-    With ``pin`` (an ``object_info``), only that version's bytes are returned: a
-    changed object raises ``ObjectChangedError``.
-    """
-    return _read_range(url, start, end, options, pin)
 
 
 async def _s3_get(fs: Any, bucket: str, key: str, request: dict) -> tuple:
@@ -260,7 +216,12 @@ def _current_version(fs: Any, url: str) -> str:
     return str(info.get("generation") or info.get("ETag") or info.get("etag") or info.get("mtime"))
 
 
-def _read_range(url: str, start: int, end: int, options: RemoteOptions, pin: Optional[dict] = None) -> bytes:
+def read_range(url: str, start: int, end: int, options: RemoteOptions, pin: Optional[dict] = None) -> bytes:
+    """Bytes ``[start, end)`` of the object at ``url``, with retries.
+
+    With ``pin`` (an ``object_info``), only that version's bytes are returned: a
+    changed object raises ``ObjectChangedError``.
+    """
     fs = _filesystem(url, options)
     protocol = url_protocol(url)
 
@@ -339,14 +300,10 @@ class RemoteFile(io.RawIOBase):
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_SET:
-            pos = offset
-        elif whence == io.SEEK_CUR:
-            pos = self._pos + offset
-        elif whence == io.SEEK_END:
-            pos = self._size + offset
-        else:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}.get(whence)
+        if base is None:
             raise ValueError(f"RemoteFile.seek: whence must be 0, 1 or 2, got {whence}")
+        pos = base + offset
         if pos < 0:
             raise ValueError(f"RemoteFile.seek: negative position {pos} in {self._url!r}")
         self._pos = pos
@@ -357,7 +314,7 @@ class RemoteFile(io.RawIOBase):
         if future is None:
             start = block * self._options.block_size
             end = min(start + self._options.block_size, self._size)
-            future = _pool().submit(_read_range, self._url, start, end, self._options, self._pin)
+            future = _pool().submit(read_range, self._url, start, end, self._options, self._pin)
             self._blocks[block] = future
         else:
             self._blocks.move_to_end(block)
@@ -398,14 +355,9 @@ class RemoteFile(io.RawIOBase):
         return done
 
     def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0:
-            size = max(self._size - self._pos, 0)
-        buffer = bytearray(min(size, max(self._size - self._pos, 0)))
-        n = self.readinto(buffer)
-        return bytes(buffer[:n])
-
-    def readall(self) -> bytes:
-        return self.read(-1)
+        left = max(self._size - self._pos, 0)
+        buffer = bytearray(left if size is None or size < 0 else min(size, left))
+        return bytes(buffer[: self.readinto(buffer)])
 
     def close(self) -> None:
         for future in self._blocks.values():

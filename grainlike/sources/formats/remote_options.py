@@ -1,9 +1,7 @@
 """Remote paths and how they are reached: ``RemoteOptions``, ``to_url``, ``is_remote``.
 
 A path is remote when fsspec reads it (``s3://``, ``gs://``, ``memory://``, ...);
-``file://`` URLs and plain paths are local. ``RemoteOptions`` holds everything a
-source needs to reach, retry, read ahead and cache remote objects; see
-``grainlike.sources.formats.remote_files``.
+``file://`` URLs and plain paths are local.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Version pins of remote objects, as sources check them and iterator states carry them.
 
-A pin is an ``object_info`` (``grainlike.sources.formats.remote_files``): the size
-and version (ETag, S3 VersionId, GCS generation, MD5) of an object when a source
-first opened it. States carry pins (``pin_state``); a restore reads them back
-(``pin_from_state``, ``pins_from_state``) and compares them with the objects now
-(``same_version``, ``check_pin``, ``saved_version_gone``).
+A pin is an ``object_info`` (``remote_files``): the size and version (ETag, S3
+VersionId, GCS generation, MD5) of an object when a source first opened it.
 """
 
 from __future__ import annotations
@@ -51,12 +48,7 @@ def pin_from_state(url: str, saved: Any) -> dict:
 
 
 def pins_from_state(current: dict, saved: Any, source: str) -> dict:
-    """A state's ``{url: pin}``, checked to name the remote objects ``current`` pins.
-
-    Args:
-      current: the source's own ``{url: pin}``.
-      saved: the state's.
-      source: how to name the source in an error.
+    """A state's ``{url: pin}`` (``saved``), checked to name the remote objects ``source`` pins (``current``).
 
     Raises:
       InvalidStateError: ``saved`` is not such a dict, or names other objects.

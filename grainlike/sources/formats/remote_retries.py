@@ -1,11 +1,7 @@
-"""Retries of remote operations, and which failures are worth one.
+"""Retries of remote operations (``with_retries``), and which failures are worth one.
 
-Transient failures (lost or reset connections, timeouts, throttling, HTTP 5xx)
-are retried with exponential backoff; then ``RemoteReadError`` names the object,
-the HTTP status and the tries. Missing objects raise ``FileNotFoundError`` and
-missing or refused credentials ``RemoteAccessError`` at once. The failure is
-recognised by exception class names (anywhere in the MRO), HTTP statuses and
-texts of botocore, aiohttp, requests, google-cloud and fsspec alike.
+A failure is recognised by its exception class names (anywhere in the MRO), HTTP
+status and text, as botocore, aiohttp, requests, google-cloud and fsspec raise them.
 """
 
 from __future__ import annotations
@@ -21,9 +17,7 @@ __all__ = ["error_names", "http_status", "with_retries"]
 
 T = TypeVar("T")
 
-# Exception class names (anywhere in the MRO) of failures worth retrying: lost or
-# refused connections, timeouts, throttling and unavailable services, from
-# botocore, aiohttp, requests, google-cloud and fsspec alike.
+# Lost or refused connections, timeouts, throttling and unavailable services.
 _TRANSIENT_NAME = re.compile(
     r"Connection|Timeout|Throttl|SlowDown|ServiceUnavailable|TooManyRequests|"
     r"ServerDisconnected|IncompleteRead|ResponseStreamingError|ProtocolError|"

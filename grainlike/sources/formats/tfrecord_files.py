@@ -7,11 +7,9 @@ A TFRecord file is a sequence of records, each framed as::
     byte   data[length]
     uint32 masked CRC-32C of the data
 
-Both CRCs are checked (with ``google-crc32c``, see ``crc32c_checksum``) before a
-record is returned. ``TFRecordFile`` reads a local file fast (blocks read with
-``os.pread``, checked together); ``_TFRecordReader`` reads any binary file object
-(grain's reader, which subclasses may feed). The Dataset stage over them is
-``grainlike.dataset.tfrecord.TFRecordIterDataset``.
+Both CRCs are checked before a record is returned. ``TFRecordFile`` reads a local
+file fast; ``_TFRecordReader`` reads any binary file object (grain's reader, which
+subclasses may feed).
 """
 
 from __future__ import annotations
@@ -114,11 +112,7 @@ class _TFRecordReader:
 
 
 class TFRecordFile:
-    """The records of one local TFRecord file, from start to end: grain's reader protocol.
-
-    ``__next__`` returns the next record's data (both checksums verified),
-    ``seek(offset)`` and ``tell()`` move and report the byte offset of the next
-    record, ``close()`` closes the file.
+    """The records of one local TFRecord file, from start to end: grain's reader protocol (see ``_TFRecordReader``).
 
     Short records are read in blocks (64 KiB at first, doubling to
     ``_MAX_CHUNK``) with ``os.pread`` and cut out of them; long ones
@@ -164,9 +158,6 @@ class TFRecordFile:
 
     def _corrupt(self, offset: int, what: str) -> CorruptRecordError:
         return CorruptRecordError(f"Not a valid TFRecord: {self._path} at byte {offset}: {what}")
-
-    def _length_error(self, offset: int, length: int) -> CorruptRecordError:
-        return self._corrupt(offset, f"the length's checksum does not match (length field {length})")
 
     def _checksum_error(self, offset: int, length: int) -> CorruptRecordError:
         return self._corrupt(offset, f"the checksum of the {length}-byte record does not match")
@@ -218,7 +209,7 @@ class TFRecordFile:
             if known.get(length) != length_crc:
                 # Long lengths are never remembered, so they all come here.
                 if masked_crc32c(buf[pos : pos + 8]) != length_crc:
-                    error = self._length_error(base + pos, length)
+                    error = self._corrupt(base + pos, f"the length's checksum does not match (length field {length})")
                     break
                 if length >= _ALONE_BYTES:
                     alone = True
@@ -347,11 +338,7 @@ def _extend_run(buf: bytes, pos: int, length: int, length_crc: int, starts: list
 
 
 def _first_bad_checksum(records: list, starts: list, end: int, buf: bytes) -> Optional[int]:
-    """The index of the first of ``records`` whose masked CRC differs from its footer in ``buf``, or None.
-
-    ``starts`` are the records' offsets in ``buf`` and ``end`` is just after the
-    last; each footer is the 4 bytes before the next record.
-    """
+    """The index of the first of ``records`` (at ``starts`` in ``buf``, the last ending at ``end``) with a bad CRC."""
     if len(records) < _FEW_RECORDS:
         for i, (start, record) in enumerate(zip(starts, records)):
             if masked_crc32c(record) != _FOOTER.unpack_from(buf, start + _HEADER.size + len(record))[0]:
