@@ -1,10 +1,5 @@
-"""The checkpoint conformance check every stage, source and loader passes.
-
-``assert_equal_output_after_checkpoint(ds)`` is grain's
-``grain.experimental.assert_equal_output_after_checkpoint``: it records the
-iterator's state before every output, restores each state into a fresh iterator,
-and checks that the restored iterator reports the same state and produces the same
-remaining outputs. A new stage gets its restore test in one line.
+"""The checkpoint conformance check every stage, source and loader passes (grain's
+``assert_equal_output_after_checkpoint``): a new stage gets its restore test in one line.
 """
 
 from __future__ import annotations

@@ -81,10 +81,19 @@ def _batch_spec(ds: Any) -> Any:
     return map_specs(lambda x: ShapeDtypeStruct(shape=(size,) + tuple(x.shape), dtype=x.dtype), input_spec)
 
 
+def _rebatch_spec(ds: Any) -> Any:
+    def replace_batch_dim(x: Any) -> Any:
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            return x
+        return type(x)(shape=(ds._batch_size,) + tuple(x.shape[1:]), dtype=x.dtype)
+
+    return map_specs(replace_batch_dim, get_element_spec(ds._parent))
+
+
 def _rules() -> list:
     """(stage classes, how their spec follows), most specific first."""
-    from grainlike.dataset import batch, cache, filter, limit, map, mix, multithread, prefetch, repeat, seed, shuffle
-    from grainlike.dataset import slice, source, zip
+    from grainlike.dataset import batch, cache, filter, interleave, limit, map, mix, multithread, prefetch, rebatch
+    from grainlike.dataset import repeat, seed, shuffle, slice, source, zip
     from grainlike.dataset.mp_prefetch import MultiprocessPrefetchIterDataset
     from grainlike.dataset.thread_prefetch import ThreadPrefetchIterDataset
 
@@ -112,9 +121,11 @@ def _rules() -> list:
         ((source.RangeMapDataset,), lambda ds: ShapeDtypeStruct(shape=(), dtype=np.int64)),
         ((map.ElementwiseMapDataset, map.TransformIterDataset), _map_spec),
         ((batch.BatchMapDataset, batch.BatchIterDataset), _batch_spec),
+        ((rebatch.RebatchIterDataset,), _rebatch_spec),
         ((zip.ZipMapDataset, zip.ZipIterDataset), lambda ds: tuple(get_element_spec(p) for p in ds._parents)),
-        # Mixed datasets are assumed to share one element spec (as grain).
+        # Mixed and interleaved datasets are assumed to share one element spec (as grain).
         ((mix.MixedMapDataset, mix.MixedIterDataset), lambda ds: get_element_spec(ds._parents[0])),
+        ((interleave.InterleaveIterDataset,), lambda ds: get_element_spec(ds._datasets[0])),
     ]
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 from grainlike.core.errors import StateIndexError, StateTypeError, check_int
 from grainlike.dataset.iter_dataset import IterDataset
@@ -286,13 +286,6 @@ class InterleaveIterDataset(IterDataset):
         """Interleaves only the datasets of ``sl`` (a worker's share), in place."""
         del sequential_slice  # A slice of the datasets is one either way.
         self._datasets = self._datasets[sl]
-
-    @property
-    def _element_spec(self) -> Any:
-        # The interleaved datasets are assumed to share one element spec (as grain).
-        from grainlike.dataset.element_spec import get_element_spec
-
-        return get_element_spec(self._datasets[0])
 
     def __str__(self) -> str:
         return f"InterleaveIterDataset([{len(self._datasets)} datasets], cycle_length={self._cycle_length})"

@@ -1,8 +1,6 @@
 """``IterDataset``: the dataset that can only be iterated, and the methods that build its stages.
 
-``iter(ds)`` builds a ``DatasetIterator`` (``grainlike.dataset.iterator``). Every
-transformation is a stage in its own module; the methods here only build them,
-``mp_prefetch`` included (``grainlike.dataset.mp_prefetch``).
+``iter(ds)`` builds a ``DatasetIterator``; each stage is defined in its own module.
 """
 
 from __future__ import annotations

@@ -41,7 +41,6 @@ class DatasetSelectionMap(abc.ABC):
         """Returns (constituent dataset index, index within that dataset)."""
 
 
-
 class MapDatasetMeta(abc.ABCMeta):
     """Metaclass of ``MapDataset``: its class-level factories."""
 

@@ -65,11 +65,9 @@ class MultiprocessingOptions:
       num_workers: worker processes; 0 runs everything in the calling process.
       per_worker_buffer_size: finished outputs (batches) each worker keeps ready.
       enable_profiling: log per-stage timings of the workers.
-      warm_start: while the workers start, compute their first outputs in the
-        calling process (the same outputs, in the same order, with the same
-        states), so the first batch does not wait for a worker to start. Off by
-        default: with workers, transforms run only in the workers. grainlike
-        only.
+      warm_start: while the workers start, compute their first outputs (the same
+        outputs and states) in the calling process. Off by default: with workers,
+        transforms run only in the workers. grainlike only.
       stall_timeout_s: a worker whose executing line does not change for this
         many seconds while its output is awaited raises ``WorkerStalledError``
         naming the worker, its pid, state and stack; a slow worker that keeps

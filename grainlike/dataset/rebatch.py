@@ -106,16 +106,5 @@ class RebatchIterDataset(IterDataset):
     def __iter__(self) -> DatasetIterator:
         return _RebatchDatasetIterator(self._parent.__iter__(), self._batch_size, self._drop_remainder)
 
-    @property
-    def _element_spec(self) -> Any:
-        from grainlike.dataset.element_spec import get_element_spec, map_specs
-
-        def replace_batch_dim(x: Any) -> Any:
-            if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-                return x
-            return type(x)(shape=(self._batch_size,) + tuple(x.shape[1:]), dtype=x.dtype)
-
-        return map_specs(replace_batch_dim, get_element_spec(self._parent))
-
     def __str__(self) -> str:
         return f"RebatchIterDataset(batch_size={self._batch_size}, drop_remainder={self._drop_remainder})"

@@ -9,13 +9,15 @@ from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.map_dataset import MapDataset
 
 
-class WithSeedMapDataset(MapDataset):
+class _WithSeed:
     """The parent's elements unchanged; holds the seed for ``_default_seed``."""
 
-    def __init__(self, parent: MapDataset, *, seed: int):
+    def __init__(self, parent: Any, *, seed: int):
         super().__init__(parent)
         self._seed_rng_seed = seed
 
+
+class WithSeedMapDataset(_WithSeed, MapDataset):
     def __len__(self) -> int:
         return len(self._parent)
 
@@ -31,13 +33,7 @@ class WithSeedMapDataset(MapDataset):
         return "WithOptionsMapDataset"
 
 
-class WithSeedIterDataset(IterDataset):
-    """The parent's elements unchanged; holds the seed for ``_default_seed``."""
-
-    def __init__(self, parent: IterDataset, *, seed: int):
-        super().__init__(parent)
-        self._seed_rng_seed = seed
-
+class WithSeedIterDataset(_WithSeed, IterDataset):
     def __iter__(self) -> DatasetIterator:
         return self._parent.__iter__()
 

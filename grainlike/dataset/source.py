@@ -14,10 +14,8 @@ from grainlike.sources.protocol import SupportsBatchedRead
 class SourceMapDataset(MapDataset):
     """Wraps a random-access source (``len`` and ``[key]``; a list works too).
 
-    Index ``i`` reads key ``i % len(source)``. Chunks are read with one call to the
-    source's batched read (``__getitems__``, or grain's ``_getitems``) when it has
-    one. After ``set_slice`` (a worker's copy, ``sequential_slice=True``) index
-    ``i`` reads key ``start + i % len(self)`` of the worker's range.
+    Index ``i`` reads key ``i % len(source)`` (of the worker's range after
+    ``set_slice``); chunks are read with the source's batched read when it has one.
     """
 
     def __init__(self, source: Any):

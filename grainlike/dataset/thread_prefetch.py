@@ -21,9 +21,8 @@ class ThreadPrefetchDatasetIterator(DatasetIterator):
 
     Args:
       parent: a ``DatasetIterator``, or any iterator with ``get_state()`` and
-        ``set_state(state)`` (grain's ``CheckpointableIterator``). Only a
-        ``DatasetIterator`` parent shares the pipeline's context, is closed with
-        this iterator and supports ``get_next_index`` / ``set_next_index``.
+        ``set_state(state)``; only a ``DatasetIterator`` parent shares the pipeline's
+        context, is closed with this iterator and has ``get/set_next_index``.
       prefetch_buffer_size: elements computed ahead (0: none, no thread).
 
     Example:
