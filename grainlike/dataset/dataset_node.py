@@ -15,15 +15,15 @@ def parents(node: Any) -> Sequence[Any]:
     return getattr(node, "_parents", ())
 
 
-def walk(node: Any) -> Iterator[Any]:
-    """``node`` and every stage above it, each once: depth first, a stage's first parent first."""
+def walk(node: Any, inputs: Callable[[Any], Sequence[Any]] = parents) -> Iterator[Any]:
+    """``node`` and every stage above it (its ``inputs``), each once: depth first, the first input first."""
     to_visit, seen = [node], set()
     while to_visit:
         node = to_visit.pop()
         if id(node) not in seen:
             seen.add(id(node))
             yield node
-            to_visit.extend(reversed(parents(node)))
+            to_visit.extend(reversed(inputs(node)))
 
 
 class _Dataset:

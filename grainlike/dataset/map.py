@@ -57,13 +57,14 @@ def note_iterator(error: BaseException, stage: Any, parent: DatasetIterator) -> 
     add_note(error, f"grainlike: in {stage}; the pipeline's state after reading the element: {state}")
 
 
-def seed_key(seed: Any, stage: str) -> np.ndarray:
-    """The Philox key that ``np.random.Philox(seed)`` derives (grain's rng seeding)."""
+def seeded_pool(seed: Any) -> RngPool:
+    """grain's rng pool for ``seed``, which is checked now (``RngPool`` checks at its first draw)."""
     try:
-        return np.random.Philox(seed).state["state"]["key"]
+        np.random.Philox(seed)
     except (TypeError, ValueError) as e:
-        add_note(e, f"grainlike: {stage} seed must be a non-negative int, got {seed!r}")
+        add_note(e, f"grainlike: random_map seed must be a non-negative int, got {seed!r}")
         raise
+    return RngPool(seed)
 
 
 class UserTransformStage:
@@ -165,8 +166,7 @@ class RandomMapMapDataset(_RandomStage, ElementwiseMapDataset):
 
     def __init__(self, parent: MapDataset, transform: Any, seed: Optional[int] = None):
         super().__init__(parent, transform, seed)
-        seed_key(self._seed, "random_map")  # A bad seed fails here, not at the first element.
-        self._pool = RngPool(self._seed)
+        self._pool = seeded_pool(self._seed)
 
     def _apply(self, index: int, element: Any) -> Any:
         pool = self._pool
@@ -278,8 +278,7 @@ class _RandomMapDatasetIterator(_CountingIterator):
 
     def __init__(self, parent: DatasetIterator, fn: Callable, seed: Any, name: str):
         super().__init__(parent, fn, name)
-        seed_key(seed, "random_map")
-        self._pool = RngPool(seed)
+        self._pool = seeded_pool(seed)
 
     def _apply(self, count: int, element: Any) -> Any:
         mp = self._ctx.mp_context

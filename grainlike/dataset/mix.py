@@ -7,6 +7,7 @@ dataset grain's ``_dataset_and_key_of_next_element`` picks, so the order is grai
 from __future__ import annotations
 
 import bisect
+import itertools
 import sys
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -129,9 +130,7 @@ class ConcatSelectionMap(_BatchedSelectionMap):
             if size >= sys.maxsize:
                 raise ValueError(f"Cannot concatenate infinite datasets. {parents[i]} is infinite.")
         self._sizes = sizes
-        self._cumulative = [0]
-        for size in sizes:
-            self._cumulative.append(self._cumulative[-1] + size)
+        self._cumulative = list(itertools.accumulate(sizes, initial=0))
 
     def __len__(self) -> int:
         return self._cumulative[-1]
@@ -257,18 +256,13 @@ class _MixedDatasetIterator(DatasetIterator):
             return next(self._parents[which])
         except Exception as e:
             self._stop = True
-            add_note(e, f"grainlike: in {self}, reading dataset {self._name(which)}")
+            name = repr(self._keys[which]) if self._keys is not None else which
+            add_note(e, f"grainlike: in {self}, reading dataset {name}")
             raise
-
-    def _name(self, which: int) -> str:
-        return repr(self._keys[which]) if self._keys is not None else str(which)
 
     def get_state(self) -> dict:
         states = [p.get_state() for p in self._parents]
-        if self._keys is not None:
-            parents: Any = dict(zip(self._keys, states))
-        else:
-            parents = self._container(states)
+        parents = dict(zip(self._keys, states)) if self._keys is not None else self._container(states)
         return {"parents": parents, "index": self._index, "stop": self._stop}
 
     def set_state(self, state: dict) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grainlike.dataset.dataset_node import parents
+from grainlike.dataset.dataset_node import parents, walk
 from grainlike.dataset.map_dataset import MapDataset
 from grainlike.sources.waiting import declared_waits, source_waits
 
@@ -81,13 +81,4 @@ def _inputs(node: MapDataset) -> list:
 
 def pipeline_waits(ds: MapDataset) -> bool:
     """Whether any work under ``ds`` waits (see the module docstring)."""
-    to_visit, seen = [ds], set()
-    while to_visit:
-        node = to_visit.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if _own_work_waits(node):
-            return True
-        to_visit.extend(_inputs(node))
-    return False
+    return any(_own_work_waits(node) for node in walk(ds, _inputs))

@@ -47,8 +47,7 @@ class _TfDataDatasetIterator(DatasetIterator):
 
     def set_state(self, state: dict) -> None:
         require_keys(state, self, ("elements_consumed",))
-        consumed = non_negative_int(state, "elements_consumed", self)
-        self._consumed = consumed
+        self._consumed = non_negative_int(state, "elements_consumed", self)
         self._iterator = None
 
     def _close(self) -> None:

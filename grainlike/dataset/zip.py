@@ -86,7 +86,7 @@ class ZipIterDataset(IterDataset):
     """Tuples of the parents' elements, stopping with the first parent to end.
 
     Args:
-      parents: the datasets.
+      parents: the datasets to zip.
       strict: raise ``ValueError`` if the parents end at different steps.
 
     Raises:
