@@ -48,12 +48,9 @@ class FullReferenceData:
 
     Build one with ``full_reference_data(...)``. ``map`` runs a ``lax.scan`` over
     the ``ceil(n / batch_size)`` batches of one pass (the last padded with zeros
-    and masked); the batches come from the host through one ordered callback per
-    ``cache_size`` batches, so the program holds no data.
-
-    A callback that fails turns the returned state's ``ok`` False; its exception
-    is raised by ``host_errors`` around the call or by the next ``init`` /
-    ``map`` (called eagerly, by ``map`` itself).
+    and masked). A callback that fails turns the returned state's ``ok`` False;
+    its exception is raised by ``host_errors`` around the call or by the next
+    ``init`` / ``map`` (called eagerly, by ``map`` itself).
     """
 
     def __init__(self, loader: DataLoader, cache_size: int, observation_count: int):

@@ -166,11 +166,9 @@ class ArraysSource:
 
 
 def _as_source(data: Any) -> Any:
-    """A dict of arrays becomes an ``ArraysSource``; anything else is a source already.
+    """A dict of arrays, or a finite ``tf.data.Dataset`` / ``TfDataSource`` of dicts, as an ``ArraysSource``.
 
-    A finite ``tf.data.Dataset`` is read once (``TfDataSource``); dict elements, from
-    it or from a ``TfDataSource``, are then read as an ``ArraysSource`` (numpy
-    gathers, no DataLoader).
+    A ``tf.data.Dataset`` is read once (``TfDataSource``); anything else is a source already.
     """
     if is_tf_dataset(data):
         data = TfDataSource(data)
