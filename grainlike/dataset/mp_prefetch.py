@@ -48,7 +48,6 @@ _STATE_KEYS = (
 )
 
 
-
 class MultiprocessPrefetchIterDataset(IterDataset):
     """The parent dataset, computed in ``options.num_workers`` worker processes.
 

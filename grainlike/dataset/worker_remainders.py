@@ -43,15 +43,6 @@ def _output_count(ds: Any, sl: Optional[slice]) -> Optional[tuple[int, Callable[
     return None
 
 
-def _dropping_batch(ds: Any) -> Any:
-    """The ``drop_remainder=True`` batch nearest to ``ds`` among the stages ``_output_count`` knows."""
-    from grainlike.dataset.batch import BatchIterDataset
-
-    while not (isinstance(ds, BatchIterDataset) and ds._drop_remainder):
-        ds = ds._parent
-    return ds
-
-
 def _worker_output_count(
     parent: IterDataset, worker_index: int, num_workers: int, sequential_slice: bool
 ) -> Optional[tuple[int, Callable[[int], int]]]:
@@ -89,7 +80,11 @@ def warn_if_workers_drop_more(parent: IterDataset, num_workers: int, sequential_
     worker_kept = sum(covered(count) for count, covered in sliced)
     if worker_kept >= kept:
         return
-    batch = _dropping_batch(parent)
+    from grainlike.dataset.batch import BatchIterDataset
+
+    batch = parent  # The drop_remainder=True batch nearest to the output (_output_count knows the stages).
+    while not (isinstance(batch, BatchIterDataset) and batch._drop_remainder):
+        batch = batch._parent
     source = parent
     while isinstance(source, IterDataset):  # down to the MapDataset under to_iter_dataset()
         source = source._parent

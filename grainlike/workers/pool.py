@@ -288,19 +288,14 @@ class WorkerPool(ClosesOnExit):
     def _advance(self, w: int) -> None:
         self.next_worker = (w + 1) % self._w
 
-    def _dead_error(self) -> BaseException:
-        """The error every ``next()`` raises once a worker died (with ``error_ends_worker``)."""
-        w, error = self._dead
-        pid = self._shutdown.procs[w].pid
-        return type(error)(
-            f"this iterator cannot go on without the remaining outputs of grainlike worker "
-            f"{w} of {self._w} (pid {pid}), as raised before: {error}"
-        )
-
     def _next_output(self) -> Any:
         while True:
-            if self._dead is not None:
-                raise _WorkerFailed(self._dead_error())
+            if self._dead is not None:  # With error_ends_worker: raised by every next().
+                w, error = self._dead
+                raise _WorkerFailed(type(error)(
+                    f"this iterator cannot go on without the remaining outputs of grainlike worker "
+                    f"{w} of {self._w} (pid {self._shutdown.procs[w].pid}), as raised before: {error}"
+                ))
             if all(self.exhausted):
                 raise StopIteration
             if self._local or any(self._held):

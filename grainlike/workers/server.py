@@ -515,16 +515,12 @@ def _check_peers() -> None:
     forkserver.socket = types.SimpleNamespace(**{**vars(socket), "socket": _PeerCheckingSocket})
 
 
-def _guard_own_listener() -> None:
-    address = _own_listener()
-    if isinstance(address, bytes) and address.startswith(_ABSTRACT_PREFIX.encode()):
+if _started_by_multiprocessing() and multiprocessing.parent_process() is None:  # In a worker server, maybe.
+    _address = _own_listener()
+    if isinstance(_address, bytes) and _address.startswith(_ABSTRACT_PREFIX.encode()):
         _check_peers()
-    elif isinstance(address, str) and address:
-        _remove_own_socket_at_exit(address)
-
-
-if _started_by_multiprocessing() and multiprocessing.parent_process() is None:
-    _guard_own_listener()
+    elif isinstance(_address, str) and _address:
+        _remove_own_socket_at_exit(_address)
 
 
 def _after_fork_in_child() -> None:

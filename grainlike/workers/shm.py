@@ -128,26 +128,17 @@ class SegmentPool:
         self._pending: dict[int, tuple[np.ndarray, _Segment]] = {}
         self._unsent: list[tuple[int, int, int]] = []  # (seg_id, size, fd)
 
-    @staticmethod
-    def _round(nbytes: int) -> int:
-        # Round sizes up so slightly different batches share segments.
-        size = max(nbytes, 1)
-        page = mmap.PAGESIZE
-        return (size + page - 1) // page * page
-
-    def _new_segment(self, size: int) -> _Segment:
+    def _take(self, nbytes: int) -> _Segment:
+        # Sizes rounded up to pages, so that slightly different batches share segments.
+        size = -(-max(nbytes, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
+        free = self._free.get(size)
+        if free:
+            return free.pop()
         seg_id = self._next_id
         self._next_id += 1
         fd, region = new_segment(size)
         self._unsent.append((seg_id, size, fd))
         return _Segment(seg_id, size, region)
-
-    def _take(self, nbytes: int) -> _Segment:
-        size = self._round(nbytes)
-        free = self._free.get(size)
-        if free:
-            return free.pop()
-        return self._new_segment(size)
 
     def alloc(self, shape: tuple, dtype: np.dtype) -> np.ndarray:
         """An array for a stacked leaf: in a segment if large, else ordinary memory."""
