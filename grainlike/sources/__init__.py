@@ -6,12 +6,6 @@ optional batched ``__getitems__``). ``RangeDataSource``, ``InMemoryDataSource``
 reprs, so checkpoints move between grain and grainlike; ``ParquetDataSource``,
 ``HuggingFaceDataSource`` and ``TfDataSource`` are grainlike's own. File sources
 read ``s3://`` / ``gs://`` URLs too (``RemoteOptions``).
-
-Example:
-    from grainlike.sources import ArrayRecordDataSource
-    source = ArrayRecordDataSource(["/data/train-00000-of-00002.array_record",
-                                    "/data/train-00001-of-00002.array_record"])
-    records = source.__getitems__([5, 17, 3])  # one batched read per file
 """
 
 from grainlike.sources.array_record import ArrayRecordDataSource

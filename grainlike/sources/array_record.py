@@ -298,11 +298,9 @@ class ArrayRecordDataSource(ClosingSource):
             return []
         if len(self._filenames) == 1:
             return self._read_file(0, keys, keys + self._starts[0])
-        ends = np.asarray(self._ends, dtype=np.int64)
-        file_indices = np.searchsorted(ends, keys, side="right")
-        positions = keys - np.asarray(self._firsts, np.int64)[file_indices] + np.asarray(
-            self._starts, np.int64
-        )[file_indices]
+        file_indices = np.searchsorted(np.asarray(self._ends, np.int64), keys, side="right")
+        offsets = np.asarray(self._starts, np.int64) - np.asarray(self._firsts, np.int64)
+        positions = keys + offsets[file_indices]
         out: list = [None] * len(keys)
         for group in group_by(file_indices):
             file_index = int(file_indices[group[0]])

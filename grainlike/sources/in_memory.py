@@ -118,8 +118,7 @@ class InMemoryDataSource(ClosingSource):
                 raise ValueError("Elements or name must be provided.")
             self._load()  # Reads the description from the segment's header.
             return
-        meta, leaves = self._describe(elements)
-        self._meta = meta
+        self._meta, leaves = self._describe(elements)
         self._write(leaves, name)
 
     def _init_fields(self, name: Optional[str], meta: Optional[dict], digest: Optional[str]) -> None:

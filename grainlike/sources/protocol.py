@@ -118,11 +118,7 @@ class PinsRemoteObjects(Protocol):
     """
 
     def object_pins(self) -> dict:
-        """``{url: pin}`` of the remote objects read (empty when all are local).
-
-        A pin is the JSON-able dict of ``remote_files.pin_state``: size, version
-        and, where known, ETag, S3 VersionId, GCS generation.
-        """
+        """``{url: pin}`` of the remote objects read (empty when all are local); a pin as ``remote_pins.pin_state``."""
         ...
 
     def at_versions(self, pins: dict) -> "PinsRemoteObjects":
