@@ -50,7 +50,7 @@ _CHUNK_BYTES = 8 << 20
 # many bytes: when the iterator is dropped, closed or restarted, the tasks not yet
 # started are cancelled and those running (at most num_threads of them) finish,
 # so these bound the work done after that (grain's: one element per thread).
-_MAX_THREAD_CHUNK = 8
+MAX_THREAD_CHUNK = 8
 _THREAD_CHUNK_BYTES = 1 << 20
 
 
@@ -96,6 +96,10 @@ class PrefetchIterDataset(IterDataset):
             worker_slice.set_slice(self._parent, sl, sequential_slice=True)
             return
         self._parents = (self._parent.slice(sl),)
+
+    @property
+    def read_options(self) -> ReadOptions:
+        return self._read_options
 
     def read_threads(self) -> int:
         """The read threads the iterator will use (0: read in the calling thread)."""
@@ -188,7 +192,7 @@ class _Chunk:
         self.waiting = False
 
 
-def _read_into(chunk: _Chunk, parent: MapDataset, start: int, stop: int, tasks: "_ReadTasks") -> None:
+def _read_into(chunk: _Chunk, parent: MapDataset, start: int, stop: int, tasks: "ReadTasks") -> None:
     """Elements ``[start, stop)`` of ``parent`` into ``chunk``, each as it is computed (``_iter_items``).
 
     As ``_read``: on an error, the elements from the first one not read are
@@ -216,8 +220,12 @@ def _read_into(chunk: _Chunk, parent: MapDataset, start: int, stop: int, tasks: 
         tasks.finish(chunk)
 
 
-class _ReadTasks:
+class ReadTasks:
     """The read threads of one iterator and its reads in flight, in order.
+
+    A read is ``parent._iter_items(range(start, stop))`` (then ``parent[i]`` one
+    at a time after an error) of any object with those two: a MapDataset, or
+    the DataLoader's keys of a located chunk (``loader.chunked``).
 
     Holds no reference to the iterator, so the iterator's finalizer can own it:
     dropping the iterator cancels the reads not started and ends the threads
@@ -274,6 +282,15 @@ class _ReadTasks:
             # close() from another thread; its read may never run (cancelled).
             raise ClosedIteratorError("the iterator was closed while next() waited for its elements")
 
+    def take_first(self) -> tuple[int, _Chunk]:
+        """Waits until the first read in flight has ended and removes it: its size and chunk."""
+        size, _, chunk = self.pending[0]
+        while not chunk.done:
+            self.wait(chunk, len(chunk.values))
+        self.pending.popleft()
+        self.taken = 0
+        return size, chunk
+
     def cancel(self) -> None:
         """Drops the reads in flight (those running finish, unread)."""
         pending = self.pending
@@ -315,7 +332,7 @@ class PrefetchDatasetIterator(SkippingReader, NextIndexState, DatasetIterator):
         self._chunk = 1
         self._chunk_cap = _MAX_CHUNK
         self._in_flight = 0
-        self._tasks: Optional[_ReadTasks] = None
+        self._tasks: Optional[ReadTasks] = None
         # Warns when filters upstream leave too many Nones: windows of WINDOW
         # returned-or-dropped elements, counted by _next_index (shifted on restore).
         self._checker: Any = False  # Built at the first window's end.
@@ -324,9 +341,9 @@ class PrefetchDatasetIterator(SkippingReader, NextIndexState, DatasetIterator):
         self._next_check = WINDOW - 1  # The next position _checked_out looks at.
         self._chunk_bytes = _CHUNK_BYTES
         if threads:
-            self._chunk_cap = max(1, min(_MAX_THREAD_CHUNK, read_options.prefetch_buffer_size // threads))
+            self._chunk_cap = max(1, min(MAX_THREAD_CHUNK, read_options.prefetch_buffer_size // threads))
             self._chunk_bytes = _THREAD_CHUNK_BYTES
-            self._tasks = _ReadTasks(threads)
+            self._tasks = ReadTasks(threads)
             # Closes the threads when the iterator is collected (the reads in
             # them refer to the dataset only), or at exit.
             self._finalizer = weakref.finalize(self, self._tasks.close)

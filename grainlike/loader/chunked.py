@@ -3,9 +3,8 @@
 The per-record stages (``stages.py``) build a ``RecordMetadata`` and a ``Record``
 for every record and pass it through one ``__next__`` per operation: about 1.5 us
 of CPU per record, five times what torch's DataLoader spends on a trivial record.
-When the operations before the first ``Batch`` are maps and filters and the
-records are read in the calling thread, this stage does the same work a chunk
-at a time instead: one ``locate`` of the sampler per 4,096 positions, one
+When the operations before the first ``Batch`` are maps and filters, this stage
+does the same work a chunk at a time instead: one ``locate`` of the sampler per 4,096 positions, one
 batched read of the source per chunk of up to 256 records (about 2 MiB), each
 transform called in a loop over the records the next batch needs, a record's
 rng built only when a random transform asks for it, and each record copied
@@ -15,7 +14,11 @@ last record's metadata without its record key), in the same order, with the
 same random draws, and its state is the reading stage's: ``{"next_index": p}``,
 the position of the first record not in a delivered batch. After an elastic
 restore the positions its state skips (``dataset.elastic.SkippingReader``) are
-dropped as a chunk is located, before it is read.
+dropped as a chunk is located, before it is read. Where the source's reads
+wait (``ReadOptions`` threads, ``dataset.read_threads``), chunks of up to 8
+records are read ahead in the read threads of ``to_iter_dataset()``
+(``dataset.prefetch.ReadTasks``), about ``prefetch_buffer_size`` records in
+flight; they are located, transformed and batched in the calling thread.
 
 Transforms run on the records a batch needs, when it needs them (as in the
 per-record stages: a slow transform delays a batch by its own records only), so
@@ -25,6 +28,8 @@ errors come when the per-record stages would raise them; after an error the next
 
 from __future__ import annotations
 
+import collections
+import weakref
 from typing import Any, Optional, Sequence
 
 from grainlike.core import tree
@@ -42,7 +47,7 @@ from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.filter import FilterThresholdChecker
 from grainlike.dataset.elastic import SkippingReader
-from grainlike.dataset.prefetch import NextIndexState
+from grainlike.dataset.prefetch import MAX_THREAD_CHUNK, NextIndexState, ReadTasks
 from grainlike.loader import stages
 
 # Chunks never exceed this many records, nor about this many bytes of data: a
@@ -95,6 +100,8 @@ class ChunkedRecordsIterDataset(stages.StacksBatches, IterDataset):
       batch_position: the index of the first Batch.
       padding: the padding sampler whose padding the Batch masks, or None.
       producer: what made the Batch's elements (named when their shapes differ).
+      threads: read threads (0: read in the calling thread).
+      buffer: with threads, about how many records are read ahead.
     """
 
     def __init__(
@@ -104,8 +111,12 @@ class ChunkedRecordsIterDataset(stages.StacksBatches, IterDataset):
         batch_position: int,
         padding: Optional[BaseSampler] = None,
         producer: str = "",
+        threads: int = 0,
+        buffer: int = 0,
     ):
         super().__init__(records)
+        self._threads = threads
+        self._buffer = buffer
         self._steps = [(_kind(op), op, i) for i, op in enumerate(operations[:batch_position])]
         self._batch = operations[batch_position]
         self._batch_position = batch_position
@@ -123,7 +134,8 @@ class ChunkedRecordsIterDataset(stages.StacksBatches, IterDataset):
 
     def __iter__(self) -> "ChunkedRecordsDatasetIterator":
         return ChunkedRecordsDatasetIterator(
-            self._parent, self._steps, self._batch, self._padding, self._producer, self._alloc
+            self._parent, self._steps, self._batch, self._padding, self._producer, self._alloc, self._threads,
+            self._buffer,
         )
 
     def __str__(self) -> str:
@@ -149,8 +161,11 @@ class ChunkedRecordsDatasetIterator(SkippingReader, NextIndexState, DatasetItera
         padding: Optional[BaseSampler],
         producer: str,
         alloc: Optional[tree.Allocator],
+        threads: int = 0,
+        buffer: int = 0,
     ):
         super().__init__()
+        self._tasks: Optional[ReadTasks] = None
         self._records = records
         self._length = len(records)
         self._steps = steps
@@ -177,6 +192,12 @@ class ChunkedRecordsDatasetIterator(SkippingReader, NextIndexState, DatasetItera
         # later records (LazyRng.recycle): resetting one costs a third of a new one.
         self._spare_rngs: list = []
         self._restart_at(0)
+        if threads:
+            self._chunk = max(1, min(MAX_THREAD_CHUNK, buffer // threads))
+            self._reads = max(1, -(-buffer // self._chunk))  # Chunks read ahead.
+            self._tasks = ReadTasks(threads)
+            # The reads refer to the source only: dropping the iterator ends them.
+            self._finalizer = weakref.finalize(self, self._tasks.close)
 
     # -- reading and transforming a chunk ---------------------------------------
 
@@ -199,6 +220,10 @@ class ChunkedRecordsDatasetIterator(SkippingReader, NextIndexState, DatasetItera
         # of the read after them.
         self._raw: list = [[], [], [], None, None]
         self._raw_error: Optional[BaseException] = None
+        # With threads: the located columns of the reads in flight, in order.
+        self._in_flight: collections.deque = collections.deque()
+        if self._tasks is not None:
+            self._tasks.cancel()
 
     def _locate(self, start: int, stop: int) -> tuple:
         """``stages.located_columns`` of positions ``[start, stop)``."""
@@ -215,8 +240,8 @@ class ChunkedRecordsDatasetIterator(SkippingReader, NextIndexState, DatasetItera
             ahead = self._located = (start, end, gidx, located)
         return stages.located_columns(ahead[2], ahead[3], start - ahead[0], stop - ahead[0])
 
-    def _read_chunk(self) -> None:
-        """Locates and reads the next chunk into the read buffer (with its error, if any)."""
+    def _next_located(self) -> tuple:
+        """Locates the next chunk of positions, less those an elastic restore skips."""
         start = self._read_until
         stop = self._read_until = min(self._length, start + self._chunk)
         indices, keys, rngs = self._locate(start, stop)
@@ -228,10 +253,30 @@ class ChunkedRecordsDatasetIterator(SkippingReader, NextIndexState, DatasetItera
             kept = [i for i in range(stop - start) if start + i not in drop]
             indices, keys, positions = [indices[i] for i in kept], [keys[i] for i in kept], [start + i for i in kept]
             rngs = None if rngs is None else [rngs[i] for i in kept]
-        values, error = self._records.read(keys, indices)
-        if self._chunk < _MAX_CHUNK and values:
-            nbytes = max(tree.estimate_nbytes(values[0]), 1)
-            self._chunk = max(1, min(_MAX_CHUNK, _CHUNK_BYTES // nbytes))
+        return indices, keys, rngs, positions
+
+    def _submit(self) -> None:
+        """Keeps about ``buffer`` records read ahead in the read threads."""
+        in_flight = self._in_flight
+        while len(in_flight) < self._reads and self._read_until < self._length:
+            located = self._next_located()
+            self._tasks.submit(_KeyReads(self._records, located[1], located[0]), 0, len(located[1]))
+            in_flight.append(located)
+
+    def _read_chunk(self) -> None:
+        """Locates and reads the next chunk into the read buffer (with its error, if any)."""
+        if self._tasks is None:
+            indices, keys, rngs, positions = self._next_located()
+            values, error = self._records.read(keys, indices)
+            if self._chunk < _MAX_CHUNK and values:
+                nbytes = max(tree.estimate_nbytes(values[0]), 1)
+                self._chunk = max(1, min(_MAX_CHUNK, _CHUNK_BYTES // nbytes))
+        else:
+            self._submit()
+            indices, keys, rngs, positions = self._in_flight.popleft()
+            _, chunk = self._tasks.take_first()
+            values, error = chunk.values, chunk.error
+            self._submit()
         n = len(values)
         if rngs is not None:
             if self._random and rngs and type(rngs[0]) is int:
@@ -367,7 +412,10 @@ class ChunkedRecordsDatasetIterator(SkippingReader, NextIndexState, DatasetItera
             while len(self._values) < size:
                 if self._error is not None:
                     raise self._error
-                if not self._raw[0] and self._raw_error is None and self._read_until >= self._length:
+                if (
+                    not self._raw[0] and self._raw_error is None and self._read_until >= self._length
+                    and not self._in_flight
+                ):
                     break
                 self._fill(size - len(self._values))
                 if stacker is not None and stacker.active:
@@ -447,8 +495,29 @@ class ChunkedRecordsDatasetIterator(SkippingReader, NextIndexState, DatasetItera
 
     # -- the rest of the protocol (the state is SkippingReader's) -------------------------
 
+    def start_prefetch(self) -> None:
+        if self._tasks is not None and not self._closed and not self._in_flight and not self._values:
+            self._submit()
+
     def _close(self) -> None:
         self._values = []  # (No parents: it reads the sampler's records itself.)
+        if self._tasks is not None:
+            self._finalizer()
 
     def __str__(self) -> str:
         return f"ChunkedRecordsDatasetIterator({stages.describe_op(self._batch)})"
+
+
+class _KeyReads:
+    """What a read thread reads: the source's values of a located chunk's record keys."""
+
+    __slots__ = ("_records", "_keys", "_indices")
+
+    def __init__(self, records: stages.SamplerMapDataset, keys: list, indices: list):
+        self._records, self._keys, self._indices = records, keys, indices
+
+    def _iter_items(self, positions: range) -> Any:
+        return iter(self._records._read_all(self._keys) if self._keys else ())
+
+    def __getitem__(self, i: int) -> Any:
+        return self._records._read_one(self._keys[i], self._indices[i])

@@ -7,9 +7,9 @@
                                                         positions its state skips
       -> one stage per operation, on records            Map, RandomMap, Filter,
                                                         MapWithIndex, Batch, Operation
-      (maps and filters up to the first Batch, read     ChunkedRecordsIterDataset: one
-       in this thread: one stage for the reading and    stage that reads and skips as
-       those operations)                                the reader, a chunk at a time
+      (maps and filters up to the first Batch: one      ChunkedRecordsIterDataset: one
+       stage for the reading and those operations)      stage that reads and skips as
+                                                        the reader, a chunk at a time
       -> RecordDataIterDataset                          each record's data
       -> mp_prefetch (worker_count > 0)                 worker w computes positions
                                                         w, w + W, ... of the shard
@@ -128,11 +128,14 @@ def records_dataset(
     ds = records.to_iter_dataset(read_options)
     start = 0
     flat = any(is_flat_map(op) for op in operations)
-    if not flat and ds.read_threads() == 0 and chunkable(operations):
-        # Maps and filters, then a Batch, read in this thread: on chunks of
-        # records, with no per-record objects (the same outputs and states).
+    if not flat and chunkable(operations):
+        # Maps and filters, then a Batch: on chunks of records, with no
+        # per-record objects (the same outputs and states).
         start = next(i for i, op in enumerate(operations) if isinstance(op, Batch))
-        ds = ChunkedRecordsIterDataset(records, operations, start, padding, _producer(operations, start, records.data_source))
+        producer = _producer(operations, start, records.data_source)
+        threads = ds.read_threads()
+        buffer = ds.read_options.prefetch_buffer_size
+        ds = ChunkedRecordsIterDataset(records, operations, start, padding, producer, threads, buffer)
         padding = None
         start += 1
     for i, op in enumerate(operations[start:], start):

@@ -1,13 +1,18 @@
 """The DataLoader's chunked path (maps and filters, then a Batch, read in process).
 
 It must be indistinguishable from the per-record stages, which the loader uses
-when the source is read in threads: same batches, the same random draws, the
+for the operations after the first Batch, and with a flat map or a legacy
+Operation (here forced with ``per_record=True``), whether the source is read in
+the calling thread or in read threads: same batches, the same random draws, the
 same state after every batch, the same errors at the same batch with the same
 notes, and the same recovery after them. grain's outputs and states are checked
 in tests/compat/test_chunked_loader_compat.py.
 """
 
 from __future__ import annotations
+
+import contextlib
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -20,8 +25,8 @@ N = 600  # Several chunks of 256 records.
 class PlainSource:
     """A source of the user's own type that declares its reads local (``waits = False``).
 
-    Without ReadOptions it is read in the calling thread (the chunked path); with
-    ReadOptions(num_threads=2) in threads (the per-record stages).
+    Without ReadOptions it is read in the calling thread; with
+    ReadOptions(num_threads=2) in read threads.
     """
 
     waits = False
@@ -84,19 +89,22 @@ def _ops(names, map_fail=None, filter_fail=None, batch_size=7, drop_remainder=Fa
     return out
 
 
-def _loader(ops, *, threads: bool, shuffle=True, epochs=1, source=None, shard=None):
+def _loader(ops, *, threads: bool, per_record=False, shuffle=True, epochs=1, source=None, shard=None):
+    from grainlike.loader import pipeline
+
     sampler = grainlike.IndexSampler(
         N, shard or grainlike.NoSharding(), shuffle=shuffle, num_epochs=epochs, seed=5
     )
     read_options = grainlike.ReadOptions(num_threads=2, prefetch_buffer_size=16) if threads else None
-    return grainlike.DataLoader(
-        data_source=source or PlainSource(),
-        sampler=sampler,
-        operations=ops,
-        worker_count=0,
-        read_options=read_options,
-        shard_options=shard,
-    )
+    with mock.patch.object(pipeline, "chunkable", lambda ops: False) if per_record else contextlib.nullcontext():
+        return grainlike.DataLoader(
+            data_source=source or PlainSource(),
+            sampler=sampler,
+            operations=ops,
+            worker_count=0,
+            read_options=read_options,
+            shard_options=shard,
+        )
 
 
 def _plain(x):
@@ -135,10 +143,11 @@ def _stage_names(loader) -> list:
     return names
 
 
-def test_in_memory_maps_filters_batch_take_the_chunked_path():
+def test_maps_filters_batch_take_the_chunked_path_with_and_without_read_threads():
     ops = _ops(["square", "filter", "noise", "batch"])
     assert "ChunkedRecordsDatasetIterator" in _stage_names(_loader(ops, threads=False))
-    assert "ChunkedRecordsDatasetIterator" not in _stage_names(_loader(ops, threads=True))
+    assert "ChunkedRecordsDatasetIterator" in _stage_names(_loader(ops, threads=True))
+    assert "ChunkedRecordsDatasetIterator" not in _stage_names(_loader(ops, threads=True, per_record=True))
 
 
 CASES = [
@@ -154,8 +163,9 @@ CASES = [
 @pytest.mark.parametrize("names", CASES, ids=["-".join(c) for c in CASES])
 def test_chunked_path_matches_per_record_stages(names, drop_remainder):
     chunked = _run(_loader(_ops(names, drop_remainder=drop_remainder), threads=False, epochs=2))
-    per_record = _run(_loader(_ops(names, drop_remainder=drop_remainder), threads=True, epochs=2))
-    assert chunked == per_record
+    per_record = _run(_loader(_ops(names, drop_remainder=drop_remainder), threads=True, per_record=True, epochs=2))
+    in_threads = _run(_loader(_ops(names, drop_remainder=drop_remainder), threads=True, epochs=2))
+    assert chunked == per_record == in_threads
     assert chunked[-1] == "stop"
 
 
@@ -166,8 +176,9 @@ def test_errors_come_at_the_same_batch_and_the_next_call_retries(fail):
     ops = lambda: _ops(names, map_fail=400 if fail == "map" else None, filter_fail=400 if fail == "filter" else None)  # noqa: E731
     source = lambda: PlainSource(bad_key=400 if fail == "read" else -1)  # noqa: E731
     chunked = _run(_loader(ops(), threads=False, shuffle=False, source=source()), steps=60)
-    per_record = _run(_loader(ops(), threads=True, shuffle=False, source=source()), steps=60)
-    assert chunked == per_record
+    per_record = _run(_loader(ops(), threads=True, per_record=True, shuffle=False, source=source()), steps=60)
+    in_threads = _run(_loader(ops(), threads=True, shuffle=False, source=source()), steps=60)
+    assert chunked == per_record == in_threads
     errors = [o for o in chunked if isinstance(o, tuple)]
     assert errors and all(e[1] == {"map": "ValueError", "filter": "RuntimeError", "read": "KeyError"}[fail] for e in errors)
     assert any("400" in note for note in errors[0][3])
@@ -176,25 +187,53 @@ def test_errors_come_at_the_same_batch_and_the_next_call_retries(fail):
     assert sum(1 for o in chunked[:first_error] if isinstance(o, dict) and "x" in o) == 400 * 2 // 3 // 7
 
 
+@pytest.mark.parametrize("threads", [False, True])
 @pytest.mark.parametrize("at", [0, 1, 2, 37, 38, 80])
-def test_restore_anywhere_continues_identically(at):
+def test_restore_anywhere_continues_identically(at, threads):
     names = ["square", "filter", "noise", "batch", "batch_noise"]
-    loader = _loader(_ops(names), threads=False, epochs=2)
+    loader = _loader(_ops(names), threads=threads, epochs=2)
     it = iter(loader)
     for _ in range(at):
         next(it)
     state = it.get_state()
     expected = [_plain(b) for b in it]
-    restored = iter(_loader(_ops(names), threads=False, epochs=2))
+    restored = iter(_loader(_ops(names), threads=threads, epochs=2))
     restored.set_state(state)
     assert [_plain(b) for b in restored] == expected
+
+
+def test_read_threads_end_when_the_iterator_is_closed_or_dropped():
+    import gc
+    import time
+
+    from grainlike.core.errors import ClosedIteratorError
+    from tests.helpers.threads import read_threads
+
+    def threads_after(close: bool) -> set:
+        before = read_threads()
+        it = iter(_loader(_ops(["square", "batch"]), threads=True))
+        next(it)
+        assert read_threads() - before  # It reads ahead in threads of its own.
+        if close:
+            it.close()
+            with pytest.raises(ClosedIteratorError):
+                next(it)
+        del it
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while read_threads() - before and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return read_threads() - before
+
+    assert not threads_after(close=True)
+    assert not threads_after(close=False)
 
 
 def test_sharded_and_sliced_records_match_per_record_stages():
     shard = grainlike.ShardOptions(shard_index=1, shard_count=3, drop_remainder=False)
     names = ["square", "filter", "noise", "batch"]
     chunked = _run(_loader(_ops(names), threads=False, shard=shard))
-    per_record = _run(_loader(_ops(names), threads=True, shard=shard))
+    per_record = _run(_loader(_ops(names), threads=True, per_record=True, shard=shard))
     assert chunked == per_record
 
 
@@ -230,7 +269,7 @@ def test_transforms_run_only_on_the_records_each_batch_needs():
         return counts
 
     chunked = calls_per_batch(False)
-    assert chunked == calls_per_batch(True)
+    assert chunked == calls_per_batch(True)  # (reads in threads, transforms in this one)
     assert chunked[0] < 20  # about 10 records for 5 odd ones, not a chunk of 256
 
 
@@ -344,7 +383,7 @@ def test_batches_copied_record_by_record_equal_stacking_at_the_end(how, batch_si
     monkeypatch.setattr(chunked, "_ROW_BYTES", 0)  # These small records count as big.
     ops = lambda: [_OddAt(how), grainlike.Batch(batch_size)]  # noqa: E731
     chunked = _run(_loader(ops(), threads=False, shuffle=False), steps=120)
-    per_record = _run(_loader(ops(), threads=True, shuffle=False), steps=120)
+    per_record = _run(_loader(ops(), threads=True, per_record=True, shuffle=False), steps=120)
     assert chunked == per_record
     errors = [x for x in chunked if isinstance(x, tuple) and x[0] == "error"]
     # Stacking raises where the structure or a shape differs; it promotes dtypes.
@@ -390,11 +429,12 @@ def test_positions_skipped_after_an_elastic_restore_match_per_record_stages(name
     skip = [at, at + 2, at + 3, at + 40, 255, 256, 257, 300]
     state[SKIP_KEY] = skip
     runs = {}
-    for threads in (False, True):
-        restored = iter(_loader(_ops(names), threads=threads))
+    for threads, per_record in ((False, False), (True, True), (True, False)):
+        restored = iter(_loader(_ops(names), threads=threads, per_record=per_record))
         restored.set_state(json.dumps(state).encode())
-        runs[threads] = [json.loads(restored.get_state())] + _run(restored)
-    assert runs[False] == runs[True]
+        runs[threads, per_record] = [json.loads(restored.get_state())] + _run(restored)
+    assert runs[False, False] == runs[True, True] == runs[True, False]
+    runs[False] = runs[False, False]
     assert SKIP_KEY in runs[False][0]
     assert runs[False][-1] == "stop" and SKIP_KEY not in json.loads(runs[False][-2])
     sampler = grainlike.IndexSampler(N, grainlike.NoSharding(), shuffle=True, num_epochs=1, seed=5)
@@ -406,7 +446,8 @@ def test_positions_skipped_after_an_elastic_restore_match_per_record_stages(name
     )
 
 
-def test_positions_skipped_after_an_elastic_restore_are_not_read_on_the_chunked_path():
+@pytest.mark.parametrize("threads", [False, True])
+def test_positions_skipped_after_an_elastic_restore_are_not_read_on_the_chunked_path(threads):
     import json
 
     from grainlike.loader.legacy_state import SKIP_KEY
@@ -427,7 +468,7 @@ def test_positions_skipped_after_an_elastic_restore_are_not_read_on_the_chunked_
     skip = list(range(at + 1, at + 600 // 2))  # Whole chunks of 256 positions among them.
     state[SKIP_KEY] = skip
     source = RecordingSource()
-    restored = iter(_loader(_ops(["square", "batch"]), threads=False, source=source))
+    restored = iter(_loader(_ops(["square", "batch"]), threads=threads, source=source))
     restored.set_state(json.dumps(state).encode())
     delivered = [x for batch in restored for x in batch["x"].tolist()]
     sampler = grainlike.IndexSampler(N, grainlike.NoSharding(), shuffle=True, num_epochs=1, seed=5)
