@@ -166,7 +166,7 @@ class _Progress:
 
     def __init__(self, fd: int, slot: int):
         try:
-            self._mm = mmap.mmap(fd, mmap.PAGESIZE)
+            self._mm = mmap.mmap(fd, 0)  # The whole page(s): beyond 512 workers, slots pass the first.
         finally:
             os.close(fd)
         self._offset = slot * 8

@@ -158,3 +158,20 @@ def test_a_data_loader_stall_timeout_is_validated():
             worker_count=1,
             stall_timeout_s=-5,
         )
+
+
+@pytest.mark.parametrize("slot", [0, 511, 512, 1023])
+def test_a_worker_reports_progress_into_its_slot_beyond_the_first_page(slot):
+    # The pool's progress page holds one float64 per worker: more than 512
+    # workers take more than one 4 KiB page, and each worker's slot must be mapped.
+    from grainlike.workers.liveness import Progress
+    from grainlike.workers.main import _Progress
+
+    progress = Progress(1024)
+    try:
+        before = time.monotonic()
+        _Progress(os.dup(progress.fd), slot)  # (takes the fd: it closes it)
+        assert progress.last(slot) >= before
+        assert all(progress.last(w) == 0.0 for w in (0, 511, 512, 1023) if w != slot)
+    finally:
+        progress.close()
