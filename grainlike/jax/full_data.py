@@ -146,10 +146,7 @@ class FullReferenceData:
             batch, mask = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, line, keepdims=False), (cache, masks))
             if information:
                 batch = (batch, MiniBatchInformation(self._count, mask, batch_size))
-            if masking:
-                result, user_carry = fun(batch, mask, user_carry)
-            else:
-                result, user_carry = fun(batch, user_carry)
+            result, user_carry = fun(batch, mask, user_carry) if masking else fun(batch, user_carry)
             return (cache, masks, ok, user_carry), result
 
         empty = (jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), cache_spec),

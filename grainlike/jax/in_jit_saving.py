@@ -129,12 +129,8 @@ def load(checkpoint_dir: str, init_checkpoint: Any = None, *, chain_id: int = 0,
         arrays = {k: f[k] for k in f.files}
     meta = json.loads(str(arrays.pop("meta")))
     carry_leaves = [arrays.pop(f"carry:{i}") for i in range(meta["carry_leaves"])]
-    carry = None
-    if init_checkpoint is not None:
-        carry = unflatten_dict_leaves(init_checkpoint, carry_leaves)
-    data_state = None
-    if meta["data"] is not None and data is not None:
-        data_state = data.restore(meta["data"])
+    carry = None if init_checkpoint is None else unflatten_dict_leaves(init_checkpoint, carry_leaves)
+    data_state = data.restore(meta["data"]) if meta["data"] is not None and data is not None else None
     return Checkpoint(meta["step"], meta["saved_samples"], carry, data_state, meta["data"], arrays)
 
 
@@ -245,9 +241,8 @@ def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int =
 
     def host_checkpoint(chain_id: Any, step: Any, saved: Any, data_position: Any, *carry: Any) -> np.ndarray:
         chain_id, saved = int(chain_id), int(saved)
-        data_checkpoint = None
-        if data_position is not None and data is not None:
-            data_checkpoint = data._checkpoint(*(int(x) for x in data_position))
+        data_checkpoint = None if data_position is None or data is None else data._checkpoint(
+            *(int(x) for x in data_position))
         arrays = {**collector.checkpoint(chain_id, saved), **{f"carry:{i}": np.asarray(x) for i, x in enumerate(carry)}}
         meta = {"step": int(step), "saved_samples": saved, "carry_leaves": len(carry),
                 "data": data_checkpoint}
@@ -277,9 +272,7 @@ def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int =
         step = state.step + 1
         if checkpoint_every:
             carry_leaves = jax.tree.leaves(checkpoint)
-            position = None
-            if data_state is not None:
-                position = (data_state.chain, data_state.fill, data_state.line)
+            position = None if data_state is None else (data_state.chain, data_state.fill, data_state.line)
             jax.lax.cond(
                 step % checkpoint_every == 0,
                 lambda: host_callback(errors, host_checkpoint, one, state.chain_id, step,

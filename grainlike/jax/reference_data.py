@@ -374,11 +374,10 @@ class _GatherReader:
     [Batch(batch_size, pad=padded)])``; its state is the next global index.
     """
 
-    def __init__(self, source: "ArraysSource", sampler: Any, batch_size: int, padded: bool):
+    def __init__(self, source: "ArraysSource", sampler: Any, batch_size: int):
         self._arrays = source._arrays
         self._sampler = sampler
         self._batch_size = batch_size
-        self._padded = padded
         self._position = 0
 
     def get_state(self) -> str:
@@ -425,7 +424,7 @@ def _mode_reader(source: Any, batch_size: int, operations: Sequence[Any], worker
     """A chain's reader: numpy gathers for plain arrays, else the DataLoader of the chain's mode."""
     sampler, padded = _mode_sampler(len(source), batch_size, worker_count, config)
     if isinstance(source, ArraysSource) and not operations and not worker_count:
-        return _GatherReader(source, sampler, batch_size, padded)
+        return _GatherReader(source, sampler, batch_size)  # the sampler's padding is the mask
     return _LoaderReader(_batched_loader(source, sampler, operations, batch_size, padded, worker_count))
 
 
