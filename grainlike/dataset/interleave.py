@@ -181,7 +181,12 @@ class InterleaveDatasetIterator(DatasetIterator):
         for slot, (index, it_state) in enumerate(
             zip(state["iterators_in_use_indices"], state["iterators_in_use_states"])
         ):
+            # A slot restored in use or empty has no exhausted state left from before.
+            if exhausted[slot] == 0 or it_state is None:
+                self._exhausted_state[slot] = None
             if it_state is None:
+                if self._in_use[slot] is not None:
+                    self._in_use[slot].close()
                 self._in_use[slot] = None
             elif exhausted[slot] == 0:
                 iterator = self._in_use[slot]
