@@ -10,7 +10,6 @@ files only); while one file is read the next is fetched in the background.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import logging
 import operator
 import os
@@ -34,7 +33,7 @@ from grainlike.sources.formats.array_record_files import (
     open_reader,
 )
 from grainlike.sources.keys import check_keys, group_by
-from grainlike.sources.protocol import ClosingSource
+from grainlike.sources.protocol import FileSource
 
 __all__ = ["ArrayRecordDataSource", "RecordKeyOutOfRangeError", "SourceFileNotFoundError"]
 
@@ -125,7 +124,7 @@ def _read_instruction(
     return filename, start, max(end, start)
 
 
-class ArrayRecordDataSource(ClosingSource):
+class ArrayRecordDataSource(FileSource):
     """Reads records (``bytes``) from one or more ArrayRecord files.
 
     Same records, length and ``repr`` as Grain's ``ArrayRecordDataSource`` for the
@@ -172,10 +171,10 @@ class ArrayRecordDataSource(ClosingSource):
         # Counting records opens every file: overlap that I/O.
         with futures.ThreadPoolExecutor(min(len(normalized), _MAX_COUNTING_THREADS)) as pool:
             instructions = list(pool.map(lambda p: _read_instruction(p, remote_options), normalized))
-        self._filenames = [f for f, _, _ in instructions]
+        self._paths = [f for f, _, _ in instructions]
         # Size and version of each remote file, read while counting: every process
         # finds its cached copy without asking the store, and copies that version.
-        self._infos = {f: i for f in self._filenames if (i := remote.known_info(f)) is not None}
+        self._infos = {f: i for f in self._paths if (i := remote.known_info(f)) is not None}
         self._starts = [s for _, s, _ in instructions]
         counts = [e - s for _, s, e in instructions]
         # _firsts[i]: global key of file i's first record; _ends[i]: one past its last.
@@ -185,7 +184,7 @@ class ArrayRecordDataSource(ClosingSource):
         self._init_per_process()
 
     def _init_per_process(self) -> None:
-        self._readers: list = [None] * len(self._filenames)
+        self._readers: list = [None] * len(self._paths)
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
@@ -202,7 +201,7 @@ class ArrayRecordDataSource(ClosingSource):
             with self._lock:
                 reader = self._readers[file_index]
                 if reader is None:
-                    filename = self._filenames[file_index]
+                    filename = self._paths[file_index]
                     reader = open_reader(
                         filename, self._reader_options, self._remote_options,
                         self._infos.get(filename),
@@ -214,9 +213,9 @@ class ArrayRecordDataSource(ClosingSource):
 
     def _fetch_ahead(self, file_index: int) -> None:
         """Starts copying remote file ``file_index`` into the cache, in the background."""
-        if file_index >= len(self._filenames) or self._readers[file_index] is not None:
+        if file_index >= len(self._paths) or self._readers[file_index] is not None:
             return
-        filename = self._filenames[file_index]
+        filename = self._paths[file_index]
         if not remote.is_remote(filename):
             return
         cache = cache_for(self._remote_options or remote.RemoteOptions())
@@ -227,14 +226,14 @@ class ArrayRecordDataSource(ClosingSource):
         """Closes the open readers. Idempotent; a later read opens them again."""
         self._abandon_if_forked()
         with self._lock:
-            readers, self._readers = self._readers, [None] * len(self._filenames)
+            readers, self._readers = self._readers, [None] * len(self._paths)
         for reader in readers:
             if reader is not None:
                 reader.close()
 
     def object_pins(self) -> dict:
         """``{url: pin}`` of the remote files, at the versions read (empty if all are local)."""
-        return {f: remote_pins.pin_state(self._infos[f]) for f in self._filenames if f in self._infos}
+        return {f: remote_pins.pin_state(self._infos[f]) for f in self._paths if f in self._infos}
 
     def at_versions(self, pins: dict) -> "ArrayRecordDataSource":
         """A copy reading the remote files at the versions ``pins`` names (``PinsRemoteObjects``).
@@ -245,7 +244,7 @@ class ArrayRecordDataSource(ClosingSource):
         changed = {f: pin for f, pin in saved.items() if not remote_pins.same_version(pin, self._infos[f])}
         if not changed:
             return self
-        for file_index, filename in enumerate(self._filenames):
+        for file_index, filename in enumerate(self._paths):
             pin = changed.get(filename)
             if pin is None:
                 continue
@@ -274,7 +273,7 @@ class ArrayRecordDataSource(ClosingSource):
         noun = "record_key" if len(keys) == 1 else "record_keys"
         return RuntimeError(
             f"ArrayRecordDataSource: failed to read {noun} {shown} (position {where} in "
-            f"file {self._filenames[file_index]!r}): {e}"
+            f"file {self._paths[file_index]!r}): {e}"
         )
 
     def _locate(self, key: int) -> tuple[int, int]:
@@ -296,7 +295,7 @@ class ArrayRecordDataSource(ClosingSource):
         keys = check_keys(record_keys, self._len, self._out_of_range)
         if keys.size == 0:
             return []
-        if len(self._filenames) == 1:
+        if len(self._paths) == 1:
             return self._read_file(0, keys, keys + self._starts[0])
         file_indices = np.searchsorted(np.asarray(self._ends, np.int64), keys, side="right")
         offsets = np.asarray(self._starts, np.int64) - np.asarray(self._firsts, np.int64)
@@ -322,18 +321,6 @@ class ArrayRecordDataSource(ClosingSource):
                     raise self._read_error(file_index, [key], [position], single) from single
             raise self._read_error(file_index, keys.tolist(), positions.tolist(), e) from e
 
-    @property
-    def waits(self) -> bool:
-        """Whether reads wait (a file is remote): local files are read in the calling thread by default."""
-        return any(remote.is_remote(f) for f in self._filenames)
-
-    @property
-    def paths(self) -> list[str]:
-        """The file names, one per path / instruction (as Grain's ``paths``)."""
-        return list(self._filenames)
-
     def __repr__(self) -> str:
-        # Grain's format: a hash, since the list of paths can be very long. Only the
-        # file names enter it (not skip/take), exactly as in Grain.
-        h = hashlib.sha1("".join(self._filenames).encode())  # as sha1 updated path by path
-        return f"ArrayRecordDataSource(hash_of_paths={h.hexdigest()})"
+        # Only the file names enter the hash (not skip/take), exactly as in Grain.
+        return f"ArrayRecordDataSource(hash_of_paths={self._hash_of_paths()})"

@@ -8,7 +8,6 @@ each row group once. Files are opened lazily, in the process that reads.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections import OrderedDict
@@ -23,14 +22,14 @@ from grainlike.sources.formats import remote_files as remote
 from grainlike.sources.formats import remote_pins
 from grainlike.sources.formats.parquet_files import columns_to_numpy, open_parquet
 from grainlike.sources.keys import check_keys, group_by
-from grainlike.sources.protocol import ClosingSource
+from grainlike.sources.protocol import FileSource
 
 __all__ = ["ParquetDataSource", "columns_to_numpy"]
 
 _MAX_OPENING_THREADS = 64
 
 
-class ParquetDataSource(ClosingSource):
+class ParquetDataSource(FileSource):
     """Reads rows of Parquet files as dicts of numpy values, by global row number.
 
     Args:
@@ -163,11 +162,6 @@ class ParquetDataSource(ClosingSource):
             for pf in idle:
                 pf.close()
 
-    @property
-    def waits(self) -> bool:
-        """Whether reads wait (a file is remote): local files are read in the calling thread by default."""
-        return any(remote.is_remote(p) for p in self._paths)
-
     def __len__(self) -> int:
         return self._len
 
@@ -228,13 +222,6 @@ class ParquetDataSource(ClosingSource):
             raise
         return copy
 
-    @property
-    def paths(self) -> list[str]:
-        """The files, as given (URLs as strings)."""
-        return list(self._paths)
-
     def __repr__(self) -> str:
-        # A hash, as grain's ArrayRecordDataSource: lists of paths can be very long.
-        h = hashlib.sha1("".join(self._paths).encode())  # as sha1 updated path by path
-        return f"ParquetDataSource(hash_of_paths={h.hexdigest()}, columns={self._columns!r})"
+        return f"ParquetDataSource(hash_of_paths={self._hash_of_paths()}, columns={self._columns!r})"
 

@@ -1,4 +1,4 @@
-"""The random-access source protocol, the ``waits`` declaration, ``ClosingSource`` and ``RangeDataSource``.
+"""The random-access source protocol, the ``waits`` declaration, the sources' base classes and ``RangeDataSource``.
 
 A source is anything with ``len(source)`` and ``source[record_key]``; it is read
 from several threads and processes at once, so reads must be thread-safe and
@@ -7,6 +7,7 @@ deterministic, and the source must pickle cheaply (it is sent to every worker).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import operator
 import typing
@@ -15,6 +16,7 @@ from typing import Any, Iterator, Protocol, Sequence, SupportsIndex, TypeVar
 import numpy as np
 
 from grainlike.core.protocols import ClosesOnExit
+from grainlike.sources.formats.remote_options import is_remote
 
 T = TypeVar("T", covariant=True)
 
@@ -175,6 +177,26 @@ class ClosingSource(ClosesOnExit):
 
     def _out_of_range(self, key: int) -> Exception:
         return self._key_error(f"record_key {key} is out of range for {type(self).__name__} of length {len(self)}")
+
+
+class FileSource(ClosingSource):
+    """Base of the sources that read files, local or remote (``_paths``: one string per file)."""
+
+    _paths: list
+
+    @property
+    def waits(self) -> bool:
+        """Whether reads wait (a file is remote): local files are read in the calling thread by default."""
+        return any(is_remote(p) for p in self._paths)
+
+    @property
+    def paths(self) -> list[str]:
+        """The files, one per path or file instruction, as strings (as Grain's ``paths``)."""
+        return list(self._paths)
+
+    def _hash_of_paths(self) -> str:
+        # Grain's: a hash, since the list of paths can be very long (sha1 updated path by path).
+        return hashlib.sha1("".join(self._paths).encode()).hexdigest()
 
 
 class RangeDataSource:

@@ -114,7 +114,7 @@ class TfdsDataSource(ClosingSource):
 
     def _where(self, key: int) -> str:
         file_index, position = self._records._locate(key)
-        return f"record {position} of file {self._records._filenames[file_index]!r}"
+        return f"record {position} of file {self._records._paths[file_index]!r}"
 
     def __getitem__(self, record_key: SupportsIndex) -> Any:
         key = record_key.__index__()
