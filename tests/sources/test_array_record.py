@@ -243,17 +243,68 @@ if __name__ == "__main__":
 """
 
 
-def test_forked_children_read(files, tmp_path):
+def _run_script(tmp_path, text, arg):
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc, out, err = run_in_session([sys.executable, str(script), json.dumps(arg)], timeout=TIMEOUT + 30, env=env)
+    assert proc.returncode == 0 and out.strip() == "ok", err
+    return err
+
+
+def test_forked_children_read(tmp_path):
     # In a script of its own, as a user's program forks: forking the test process,
     # with every thread earlier tests left running (JAX's among them), may deadlock
     # the child on a lock one of those threads held, whatever the source does.
-    paths, expected = files
-    script = tmp_path / "fork_read.py"
-    script.write_text(_FORKED_CHILDREN_READ)
-    arg = json.dumps([[str(p) for p in paths], [e.decode() for e in expected]])
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    proc, out, err = run_in_session([sys.executable, str(script), arg], timeout=TIMEOUT + 30, env=env)
-    assert proc.returncode == 0 and out.strip() == "ok", err
+    # Uncompressed files: decompressing starts riegeli's background thread, and a
+    # fork can copy its lock held (see the next test).
+    sizes = [10, 0, 25]
+    paths = [
+        write(tmp_path / f"data-{f}.array_record", [record(f, i) for i in range(n)], "group_size:1,uncompressed")
+        for f, n in enumerate(sizes)
+    ]
+    expected = [record(f, i).decode() for f, n in enumerate(sizes) for i in range(n)]
+    _run_script(tmp_path, _FORKED_CHILDREN_READ, [paths, expected])
+
+
+_FORK_WARNING = r"""
+import json, multiprocessing, sys
+from grainlike.sources import ArrayRecordDataSource
+
+paths, expected = json.loads(sys.argv[1])
+
+
+def read(key):
+    return ArrayRecordDataSource(paths)[key].decode()
+
+
+if __name__ == "__main__":
+    fork = multiprocessing.get_context("fork")
+    # Forked before any reader was opened: nothing to warn of.
+    with fork.Pool(1) as pool:
+        assert pool.apply_async(read, (1,)).get(60) == expected[1]
+    print("--- opened in the parent", file=sys.stderr, flush=True)
+    assert read(0) == expected[0]
+    with fork.Pool(1) as pool:
+        assert pool.map_async(read, [9, 20]).get(60) == [expected[9], expected[20]]
+    print("ok")
+"""
+
+
+def test_forked_child_warns_that_array_record_is_not_fork_safe(tmp_path):
+    # Uncompressed files: the child's reads succeed (decompressing could meet
+    # riegeli's inherited lock, which the warning is about).
+    paths = [
+        write(tmp_path / f"data-{f}.array_record", [record(f, i) for i in range(n)], "group_size:1,uncompressed")
+        for f, n in enumerate([10, 25])
+    ]
+    expected = [record(f, i).decode() for f, n in enumerate([10, 25]) for i in range(n)]
+    err = _run_script(tmp_path, _FORK_WARNING, [paths, expected])
+    before, after = err.split("--- opened in the parent")
+    assert "not fork-safe" not in before, err
+    # Once per process, naming the process and the file, and what to do instead.
+    assert after.count("not fork-safe") == 1, err
+    assert any(repr(p) in after for p in paths) and "'spawn' or 'forkserver'" in after, err
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])

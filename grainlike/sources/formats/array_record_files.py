@@ -7,9 +7,10 @@ local files only); counting its records fetches only its tail.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from grainlike.core.errors import SourceFileNotFoundError
 from grainlike.sources.formats import remote_files as remote
@@ -17,6 +18,48 @@ from grainlike.sources.formats.remote_options import local_path
 from grainlike.sources.formats.file_cache import cache_for
 
 __all__ = ["BASE_READER_OPTIONS", "count_remote_records", "local_copy", "missing_file_error", "open_reader"]
+
+_log = logging.getLogger("grainlike.sources.array_record")
+
+# array_record's native library (riegeli) is not fork-safe: the first reader
+# starts its threads, a process forked while they run can inherit one of their
+# locks held (riegeli's background cleaner, mid-update), and its first read then
+# blocks forever or crashes inside the library. Nothing in the child can repair
+# that; it is told why.
+_opened_here = False  # A reader was opened in this process.
+_opened_before_fork = False  # ... or in a process this one was forked from.
+_fork_warned = False
+
+
+def _after_fork_in_child() -> None:
+    global _opened_here, _opened_before_fork, _fork_warned
+    _opened_before_fork = _opened_before_fork or _opened_here
+    _opened_here = _fork_warned = False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _new_reader(path: str, url: str, **kwargs: Any):
+    """``ArrayRecordReader(path, **kwargs)``, with a warning in a process forked at risk."""
+    from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+
+    global _opened_here, _fork_warned
+    if _opened_before_fork and not _fork_warned:
+        _fork_warned = True
+        _log.warning(
+            "ArrayRecordDataSource: process %d, opening %r, was forked from a process that "
+            "had opened ArrayRecord files, which starts array_record's native threads. "
+            "array_record (riegeli) is not fork-safe: a lock one of those threads held at the "
+            "fork stays held here, and a read may then block forever or crash. Start the "
+            "processes that read with 'spawn' or 'forkserver' (e.g. "
+            "multiprocessing.get_context('spawn')), or fork them before the parent opens "
+            "ArrayRecord files.",
+            os.getpid(), url,
+        )
+    _opened_here = True
+    return array_record_module.ArrayRecordReader(path, **kwargs)
+
 
 # No readahead (it only helps sequential scans, and costs a 16 MiB buffer per
 # reader), as grain; a file buffer of 8 KiB (grain: 32 KiB): a random read of a
@@ -64,13 +107,9 @@ def open_reader(
       SourceFileNotFoundError: there is no file at ``path``.
       ValueError: the file is not a readable ArrayRecord file.
     """
-    from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
-
     url = path
     with local_copy(url, remote_options, info) as path:
-        reader = array_record_module.ArrayRecordReader(
-            path, options=options, file_reader_buffer_size=_FILE_READER_BUFFER_SIZE
-        )
+        reader = _new_reader(path, url, options=options, file_reader_buffer_size=_FILE_READER_BUFFER_SIZE)
         # A missing or unreadable file still constructs a reader; it reports not-ok
         # and 0 records, which would silently make an empty source.
         if not reader.ok():
@@ -107,8 +146,6 @@ def count_remote_records(url: str, remote_options: Optional[remote.RemoteOptions
     footer that starts before them reads as zeros, which fail the chunks' hashes,
     and a longer tail is fetched (in the end the whole file).
     """
-    from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
-
     options = remote_options or remote.RemoteOptions()
     try:
         # The version counted here is the one the cached copy is fetched at later
@@ -126,7 +163,7 @@ def count_remote_records(url: str, remote_options: Optional[remote.RemoteOptions
                 f.seek(size - tail)
                 f.write(remote.read_range(url, size - tail, size, options, info))
             with contextlib.suppress(Exception):  # A footer read as zeros fails: fetch a longer tail.
-                reader = array_record_module.ArrayRecordReader(path, options=BASE_READER_OPTIONS)
+                reader = _new_reader(path, url, options=BASE_READER_OPTIONS)
                 try:
                     if reader.ok():
                         return reader.num_records()
