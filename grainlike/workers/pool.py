@@ -34,7 +34,7 @@ from grainlike.workers import server, shm
 from grainlike.workers.error_transfer import rebuild_error
 from grainlike.workers.liveness import DEFAULT_STALL_TIMEOUT_S, POLL_S, Progress, check_progress, died_error, exited
 from grainlike.workers.messages import END, ERR, OUT, OUTS, READY, RESET, RESET_DONE, START, TICK, WorkerTask
-from grainlike.workers.shutdown import DROPPED_JOIN_TIMEOUT_S, JOIN_TIMEOUT_S, Shutdown, live_pools, quietly, stop_process
+from grainlike.workers.shutdown import JOIN_TIMEOUT_S, Shutdown, live_pools, quietly, stop_in_background, stop_process
 from grainlike.workers.start import launch, pickle_task
 
 
@@ -510,13 +510,17 @@ class WorkerPool(ClosesOnExit):
         Args:
           dropped: the pool's owner is being collected, so nothing will read what
             the workers compute: a worker in the middle of an output is
-            terminated after 0.1 s rather than 2 s, and the caller (a finalizer)
-            does not block for longer.
+            terminated after 0.1 s rather than 2 s, from a background thread
+            (exit waits for it), and the caller (a finalizer) returns at once.
         """
         self._closed = True
         live_pools.discard(self)
         for local in self._local.values():
             quietly(local.close)  # Never let cleanup hide what is being raised.
         self._local.clear()
-        if self._finalizer.detach() is not None:
-            self._shutdown(DROPPED_JOIN_TIMEOUT_S if dropped else JOIN_TIMEOUT_S)
+        if self._finalizer.detach() is None:
+            return
+        if dropped:
+            stop_in_background(self._shutdown)
+        else:
+            self._shutdown(JOIN_TIMEOUT_S)

@@ -85,6 +85,7 @@ class Shutdown:
         self.launcher: Optional[threading.Thread] = None
         self.launched = 0
         self.launch_error: Optional[BaseException] = None
+        self.asked = False
 
     def __call__(self, join_timeout_s: float = JOIN_TIMEOUT_S) -> None:
         memfd.close_all(self.shipped)  # A forked child closes its own copies too.
@@ -97,9 +98,7 @@ class Shutdown:
         launcher = self.launcher
         if launcher is not None and launcher is not threading.current_thread():
             launcher.join()  # At most one more worker start; then it sees done.
-        # All are asked first, so that they exit together, within one timeout.
-        for conn in self.controls:
-            ask_to_stop(conn)
+        self.ask_all()
         deadline = time.monotonic() + join_timeout_s
         for p in self.procs:
             p.join(max(deadline - time.monotonic(), 0.0))
@@ -110,6 +109,14 @@ class Shutdown:
             reader.close()
         if self.progress is not None:
             self.progress.close()
+
+    def ask_all(self) -> None:
+        """Sends each worker its stop message, once: all are asked first, to exit together."""
+        if self.asked or os.getpid() != self.owner_pid:
+            return
+        self.asked = True
+        for conn in self.controls:
+            ask_to_stop(conn)
 
     def close_ends(self) -> None:
         """Closes this process's ends of the workers' pipes and sockets."""
@@ -123,6 +130,33 @@ class Shutdown:
 
 
 live_pools: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
+# Threads stopping the workers of dropped pools; exit waits for them.
+_stopping: "set[threading.Thread]" = set()
+
+
+def stop_in_background(shutdown: Shutdown) -> None:
+    """Runs a dropped pool's ``shutdown`` in a thread: the finalizer that drops it returns at once.
+
+    On a loaded host a worker can take most of a second to act on its stop
+    message or SIGTERM; the code that dropped the iterator need not wait for it.
+    """
+
+    if shutdown.launcher is None:
+        shutdown.ask_all()  # Now: the workers stop reading before the finalizer returns.
+
+    def stop() -> None:
+        try:
+            shutdown(DROPPED_JOIN_TIMEOUT_S)
+        finally:
+            _stopping.discard(thread)
+
+    thread = threading.Thread(target=stop, name="grainlike-stop-workers", daemon=True)
+    _stopping.add(thread)
+    try:
+        thread.start()
+    except RuntimeError:  # No thread starts at interpreter shutdown: stop them here.
+        _stopping.discard(thread)
+        shutdown(DROPPED_JOIN_TIMEOUT_S)
 
 
 @atexit.register
@@ -130,6 +164,9 @@ def _close_all_at_exit() -> None:
     for pool in list(live_pools):
         if pool._shutdown.owner_pid == os.getpid():
             pool.close()
+    for thread in list(_stopping):
+        if thread is not threading.current_thread():
+            thread.join()
 
 
 # Also on SIGTERM / SIGHUP (server.install_exit_on_signals).
@@ -151,6 +188,7 @@ def _after_fork_in_child() -> None:
         for proc in sd.procs:
             process._children.discard(proc)
     live_pools.clear()
+    _stopping.clear()
 
 
 if hasattr(os, "register_at_fork"):

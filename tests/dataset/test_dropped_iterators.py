@@ -298,6 +298,72 @@ def test_dropping_an_mp_iterator_does_not_wait_for_a_busy_worker(no_leaks):
     assert gone is not None and gone < _STOP_S
 
 
+class _DeafToSigterm(grain.MapTransform):
+    """After element 0, ignores SIGTERM (as native code in a long call can): only SIGKILL ends it."""
+
+    def map(self, x):
+        if x > 0:
+            import ctypes
+            import signal
+
+            # Process-wide, from the worker's read thread (signal.signal needs the main thread).
+            ctypes.CDLL(None).signal(int(signal.SIGTERM), 1)  # SIG_IGN
+            time.sleep(30)
+        return x
+
+
+def test_del_does_not_wait_for_a_worker_that_must_be_killed(no_leaks):
+    children = worker_children()
+    ds = MapDataset.range(10).map(_DeafToSigterm()).to_iter_dataset()
+    it = iter(ds.mp_prefetch(MultiprocessingOptions(num_workers=1)))
+    assert next(it) == 0
+    time.sleep(1.0)  # The worker is now in element 1.
+    start = time.monotonic()
+    del it
+    took = time.monotonic() - start
+    assert took < _STOP_S, f"del waited {took:.3f} s for the worker"
+    # Asked, then 0.1 s, SIGTERM (ignored), 1 s, SIGKILL.
+    gone = _seconds_until(lambda: worker_children() <= children, timeout=10)
+    assert gone is not None and 1.0 <= gone < 1.0 + 2 * _STOP_S, gone
+
+
+_EXIT_AFTER_DROP = """
+import ctypes, json, os, signal, sys, time
+import grainlike as grain
+from grainlike.dataset import MapDataset
+from grainlike.dataset.options import MultiprocessingOptions
+
+class DeafToSigterm(grain.MapTransform):
+    def map(self, x):
+        if x == 1:
+            ctypes.CDLL(None).signal(int(signal.SIGTERM), 1)  # SIG_IGN, from a read thread
+            print(os.getpid(), file=sys.stderr, flush=True)
+            time.sleep(30)
+        return x
+
+if __name__ == "__main__":
+    it = iter(MapDataset.range(10).map(DeafToSigterm()).to_iter_dataset().mp_prefetch(MultiprocessingOptions(num_workers=1)))
+    assert next(it) == 0
+    time.sleep(1)
+    del it  # Returns at once; the worker is stopped in the background.
+    print("dropped", flush=True)
+"""
+
+
+def test_exit_right_after_a_drop_leaves_no_worker_behind(tmp_path):
+    import psutil
+
+    script = tmp_path / "exit_after_drop.py"
+    script.write_text(_EXIT_AFTER_DROP)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc, out, err = run_in_session([sys.executable, str(script)], timeout=60, env=env)
+    assert proc.returncode == 0 and out.strip() == "dropped", err
+    pids = {int(line) for line in err.split() if line.isdigit()}
+    assert len(pids) == 1, err
+    (pid,) = pids
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
 _MEMORY_SCRIPT = """
 import json, sys, threading, time
 import numpy as np, psutil
