@@ -101,6 +101,7 @@ class WorkerSliceTask:
         self._dataset_bytes: Optional[bytes] = None
         self._worker_dataset: Optional[IterDataset] = None  # the copy outputs() iterates, for describe_output
         self._initialized = False  # worker_init_fn has run in this process
+        self._iterator: Optional[Any] = None  # The one outputs() is iterating, in a worker.
         # The DatasetOptions of the whole pipeline, including those set after
         # mp_prefetch: the workers' stages follow them too, as in grain.
         self.dataset_options: Any = None
@@ -145,6 +146,7 @@ class WorkerSliceTask:
             ctx.mp_context = MultiprocessingContext(process_index=worker_index, process_count=worker_count)
             if self.dataset_options is not None:
                 ctx.dataset_options = self.dataset_options.merge(ctx.dataset_options)
+        self._iterator = it
         try:
             if state is not None:
                 it.set_state(state)
@@ -155,6 +157,17 @@ class WorkerSliceTask:
                     return
                 yield snapshot(it.get_state()), element
         finally:
+            self._iterator = None
+            it.close()
+
+    def interrupt(self) -> None:
+        """Closes the iterator ``outputs`` is in, from another thread (the worker is stopping).
+
+        Its read threads end after the reads they are in; the thread in
+        ``outputs`` gets an error or the end, which nobody reads.
+        """
+        it = self._iterator
+        if it is not None:
             it.close()
 
     def end_state(self, worker_index: int, worker_count: int, state: Any) -> Any:

@@ -326,6 +326,14 @@ def run(
         started.set()
         wake.set()
         credits.release()
+        # Now, not when the main thread next looks: a dropped iterator's reads end
+        # within the reads in progress (the task's optional method).
+        interrupt = getattr(task, "interrupt", None)
+        if interrupt is not None:
+            try:
+                interrupt()
+            except Exception:  # noqa: BLE001 - the worker exits either way
+                pass
 
     outbox = _Outbox(results, credits, stop)
     threading.Thread(target=listen, name="grainlike-control", daemon=True).start()

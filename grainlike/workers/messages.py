@@ -91,4 +91,6 @@ class WorkerTask(Protocol):
 
     # Optional: ``describe_output(worker_index, worker_count, state_before,
     # state_after) -> str``, a sentence naming the records and the transform an
-    # output came from, for the error raised when the output cannot be pickled.
+    # output came from, for the error raised when the output cannot be pickled;
+    # ``interrupt()``, called from another thread when the worker is told to
+    # stop, to end the work ``outputs`` is doing (e.g. its reads) at once.
