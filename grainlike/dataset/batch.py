@@ -16,6 +16,7 @@ from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.map_dataset import MapDataset
 from grainlike.dataset.map import PassThroughStateIterator, note_iterator
+from grainlike.dataset.prefetch import PrefetchDatasetIterator
 
 
 S = TypeVar("S")
@@ -240,10 +241,26 @@ class _BatchDatasetIterator(PassThroughStateIterator):
         self._batch_size = batch_size
         self._drop_remainder = drop_remainder
         self._batcher = batcher
+        # to_iter_dataset()'s reading hands over a batch's elements in a few calls.
+        self._take = parent.take if isinstance(parent, PrefetchDatasetIterator) else None
+
+    def _next_values(self) -> list:
+        """The next ``batch_size`` elements of the parent, or those left."""
+        take = self._take
+        if take is None:
+            return list(itertools.islice(self._parent, self._batch_size))
+        size = self._batch_size
+        values: list = []
+        try:
+            while len(values) < size:
+                values += take(size - len(values))
+        except StopIteration:
+            pass
+        return values
 
     def __next__(self):
         parent = self._parent
-        values = list(itertools.islice(parent, self._batch_size))
+        values = self._next_values()
         if not values or (self._drop_remainder and len(values) < self._batch_size):
             raise StopIteration
         try:

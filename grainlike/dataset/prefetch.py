@@ -223,9 +223,8 @@ def _read_into(chunk: _Chunk, parent: MapDataset, start: int, stop: int, tasks: 
 class ReadTasks:
     """The read threads of one iterator and its reads in flight, in order.
 
-    A read is ``parent._iter_items(range(start, stop))`` (then ``parent[i]`` one
-    at a time after an error) of any object with those two: a MapDataset, or
-    the DataLoader's keys of a located chunk (``loader.chunked``).
+    A read is ``parent._iter_items(range(start, stop))`` of a MapDataset (then
+    ``parent[i]`` one at a time after an error).
 
     Holds no reference to the iterator, so the iterator's finalizer can own it:
     dropping the iterator cancels the reads not started and ends the threads
@@ -282,15 +281,6 @@ class ReadTasks:
             # close() from another thread; its read may never run (cancelled).
             raise ClosedIteratorError("the iterator was closed while next() waited for its elements")
 
-    def take_first(self) -> tuple[int, _Chunk]:
-        """Waits until the first read in flight has ended and removes it: its size and chunk."""
-        size, _, chunk = self.pending[0]
-        while not chunk.done:
-            self.wait(chunk, len(chunk.values))
-        self.pending.popleft()
-        self.taken = 0
-        return size, chunk
-
     def cancel(self) -> None:
         """Drops the reads in flight (those running finish, unread)."""
         pending = self.pending
@@ -317,6 +307,8 @@ class PrefetchDatasetIterator(SkippingReader, NextIndexState, DatasetIterator):
     # A subclass whose reads only read sets it False: after the first element,
     # chunks are as long as the caps allow.
     _double_chunks = True
+    # Without threads, chunks hold about this many bytes at most.
+    _max_chunk_bytes = _CHUNK_BYTES
 
     def __init__(self, parent: MapDataset, read_options: ReadOptions, allow_nones: bool, threads: int):
         super().__init__()
@@ -339,7 +331,7 @@ class PrefetchDatasetIterator(SkippingReader, NextIndexState, DatasetIterator):
         self._window_end = WINDOW
         self._dropped = 0
         self._next_check = WINDOW - 1  # The next position _checked_out looks at.
-        self._chunk_bytes = _CHUNK_BYTES
+        self._chunk_bytes = self._max_chunk_bytes
         if threads:
             self._chunk_cap = max(1, min(MAX_THREAD_CHUNK, read_options.prefetch_buffer_size // threads))
             self._chunk_bytes = _THREAD_CHUNK_BYTES
@@ -430,6 +422,40 @@ class PrefetchDatasetIterator(SkippingReader, NextIndexState, DatasetIterator):
                 return value
             self._dropped += 1
 
+    def take(self, k: int) -> list:
+        """What ``k`` calls of ``next()`` would return, or fewer (at least one), in one call.
+
+        A take stops at a read chunk's end, and before a position to check (one
+        an elastic restore skips, a window's end), which one ``next()`` passes:
+        with ``allow_nones`` the elements are at consecutive positions, the last
+        one at ``_next_index - 1``. Raises as ``next()`` does (``StopIteration``
+        at the end).
+        """
+        ready = self._ready
+        while True:
+            n = min(k, len(ready), self._next_check - self._next_index)
+            if n <= 0 or self._closed:
+                return [PrefetchDatasetIterator.__next__(self)]
+            values = [ready.popleft() for _ in range(n)]
+            # (Identity: ``in`` would compare arrays element-wise.)
+            if self._allow_nones or not any(v is None for v in values):
+                self._next_index += n
+                return values
+            # Nones are dropped (and counted for grain's check) as next() drops
+            # them; those after the last element stay for the next call, as
+            # next() leaves them.
+            end = n
+            while end and values[end - 1] is None:
+                end -= 1
+            if end:
+                ready.extendleft(reversed(values[end:]))
+                n = end
+            kept = [v for v in values[:n] if v is not None]
+            self._dropped += n - len(kept)
+            self._next_index += n
+            if kept:
+                return kept
+
     def _checked_out(self, value: Any) -> bool:
         """At a position to skip or a window's end: whether not to deliver ``value``.
 
@@ -496,6 +522,10 @@ class _ThreadedPrefetchDatasetIterator(PrefetchDatasetIterator):
     def __next__(self):
         with self._consumer_lock:
             return super().__next__()
+
+    def take(self, k: int) -> list:
+        with self._consumer_lock:
+            return super().take(k)
 
     def set_state(self, state: dict) -> None:
         with self._consumer_lock:

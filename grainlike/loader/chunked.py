@@ -4,21 +4,23 @@ The per-record stages (``stages.py``) build a ``RecordMetadata`` and a ``Record`
 for every record and pass it through one ``__next__`` per operation: about 1.5 us
 of CPU per record, five times what torch's DataLoader spends on a trivial record.
 When the operations before the first ``Batch`` are maps and filters, this stage
-does the same work a chunk at a time instead: one ``locate`` of the sampler per 4,096 positions, one
-batched read of the source per chunk of up to 256 records (about 2 MiB), each
-transform called in a loop over the records the next batch needs, a record's
-rng built only when a random transform asks for it, and each record copied
-into its row of the batch right after its transforms (``tree.Stacker``). It
-yields what the per-record stages yield (the batch as a ``Record`` carrying the
-last record's metadata without its record key), in the same order, with the
-same random draws, and its state is the reading stage's: ``{"next_index": p}``,
-the position of the first record not in a delivered batch. After an elastic
-restore the positions its state skips (``dataset.elastic.SkippingReader``) are
-dropped as a chunk is located, before it is read. Where the source's reads
-wait (``ReadOptions`` threads, ``dataset.read_threads``), chunks of up to 8
-records are read ahead in the read threads of ``to_iter_dataset()``
-(``dataset.prefetch.ReadTasks``), about ``prefetch_buffer_size`` records in
-flight; they are located, transformed and batched in the calling thread.
+does the same work a chunk at a time instead. The records are read by
+``to_iter_dataset()``'s reading (``dataset.prefetch``, the Dataset API's) of a
+``LocatedRecordsMapDataset``: the source's values of the sampler's records, by
+position, one batched read per chunk of up to 256 records (about 2 MiB), in its
+read threads where the source's reads wait (``ReadOptions``,
+``dataset.read_threads``: chunks of up to 8 records, about
+``prefetch_buffer_size`` ahead), positions an elastic restore skips
+(``dataset.elastic.SkippingReader``) not read. This stage takes them a chunk at
+a time (``PrefetchDatasetIterator.take``), locates their metadata (one ``locate``
+of the sampler per 4,096 positions, shared with the reads), calls each
+transform in a loop over the records the next batch needs, builds a record's
+rng only when a random transform asks for it, and copies each record into its
+row of the batch right after its transforms (``tree.Stacker``). It yields what
+the per-record stages yield (the batch as a ``Record`` carrying the last
+record's metadata without its record key), in the same order, with the same
+random draws, and its state is the reading stage's: ``{"next_index": p}``, the
+position of the first record not in a delivered batch.
 
 Transforms run on the records a batch needs, when it needs them (as in the
 per-record stages: a slow transform delays a batch by its own records only), so
@@ -28,8 +30,8 @@ errors come when the per-record stages would raise them; after an error the next
 
 from __future__ import annotations
 
-import collections
-import weakref
+import bisect
+import threading
 from typing import Any, Optional, Sequence
 
 from grainlike.core import tree
@@ -47,7 +49,9 @@ from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.filter import FilterThresholdChecker
 from grainlike.dataset.elastic import SkippingReader
-from grainlike.dataset.prefetch import MAX_THREAD_CHUNK, NextIndexState, ReadTasks
+from grainlike.dataset.map_dataset import MapDataset
+from grainlike.dataset.options import ReadOptions
+from grainlike.dataset.prefetch import NextIndexState, PrefetchDatasetIterator
 from grainlike.loader import stages
 
 # Chunks never exceed this many records, nor about this many bytes of data: a
@@ -150,6 +154,106 @@ class ChunkedRecordsIterDataset(stages.StacksBatches, IterDataset):
         return tuple(f for op in ops for f in stages.operation_functions(op))
 
 
+class _Locator:
+    """Global indices, record keys and rng keys of positions, located ``_LOCATE_AHEAD`` at a time.
+
+    Shared by the read threads (which read the keys) and the iterator (which
+    transforms the records): each locates where the other did, mostly.
+    """
+
+    def __init__(self, records: stages.SamplerMapDataset):
+        self._records = records
+        self.length = len(records)
+        # A shuffled sampler builds one permutation per epoch a locate touches:
+        # over a small source, 4096 positions would span hundreds of epochs.
+        try:
+            per_epoch = len(records.data_source)
+        except TypeError:
+            per_epoch = _LOCATE_AHEAD
+        self._ahead = max(1, min(_LOCATE_AHEAD, per_epoch))
+        self._vectorised = False  # Whether the sampler locates many indices per call.
+        # The last two spans located, (start, stop, global indices, SampledIndices):
+        # read threads and the iterator may be in different ones.
+        self._spans: list = []
+        self._lock = threading.Lock()
+
+    def columns(self, start: int, stop: int) -> tuple:
+        """``stages.located_columns`` of positions ``[start, stop)``."""
+        with self._lock:
+            span = next((x for x in self._spans if x[0] <= start and stop <= x[1]), None)
+            if span is None:
+                # A grain-protocol sampler (its own metadata) is called for each
+                # record anyway: it is called for the positions asked only.
+                end = min(self.length, max(stop, start + self._ahead)) if self._vectorised else stop
+                gidx = self._records._global_indices(range(start, end))
+                located = self._records.locator.locate(gidx)
+                self._vectorised = located.metadata is None
+                span = (start, end, gidx, located)
+                self._spans = [span] + self._spans[:1]
+        return stages.located_columns(span[2], span[3], start - span[0], stop - span[0])
+
+
+class LocatedRecordsMapDataset(MapDataset):
+    """Element ``i``: the source's value of the sampler's record at position ``i`` (no metadata).
+
+    What the chunked stage reads ahead through ``to_iter_dataset()``'s reading
+    (``dataset.prefetch``); it locates the records it transforms with the same
+    ``_Locator``.
+    """
+
+    # Locating does not wait; the reads are the source's (its parent's) to say.
+    waits = False
+
+    def __init__(self, records: stages.SamplerMapDataset, locator: _Locator):
+        super().__init__(records)
+        self._records = records
+        self._locator = locator
+        # Positions an elastic restore skips (sorted; set by the iterator): not
+        # read, None in their place, which the reading drops.
+        self.skip: list = []
+
+    def __len__(self) -> int:
+        return self._locator.length
+
+    def __getitem__(self, index):
+        skip = self.skip
+        at = bisect.bisect_left(skip, index)
+        if at < len(skip) and skip[at] == index:
+            return None
+        # One record (after a batched read failed): its error names it.
+        indices, keys, _ = self._locator.columns(index, index + 1)
+        return self._records._read_one(keys[0], indices[0])
+
+    def _getitems(self, positions: Sequence[int]) -> list:
+        # Positions come as a range (a read chunk of to_iter_dataset()).
+        if not len(positions):
+            return []
+        start, stop = positions[0], positions[-1] + 1
+        _, keys, _ = self._locator.columns(start, stop)
+        skip = self.skip
+        if not skip or skip[-1] < start or skip[0] >= stop:
+            return self._records._read_all(keys)
+        skipped = set(skip[bisect.bisect_left(skip, start) : bisect.bisect_left(skip, stop)])
+        kept = [i for i in range(stop - start) if start + i not in skipped]
+        out: list = [None] * (stop - start)
+        for i, value in zip(kept, self._records._read_all([keys[i] for i in kept]) if kept else ()):
+            out[i] = value
+        return out
+
+    def __str__(self) -> str:
+        return f"LocatedRecordsMapDataset({self._records})"
+
+
+class _ReadAheadIterator(PrefetchDatasetIterator):
+    """``to_iter_dataset()``'s reading of a ``LocatedRecordsMapDataset``: chunks as long as the caps allow."""
+
+    _double_chunks = False  # Reads only read: after the first record, full chunks.
+    _max_chunk_bytes = _CHUNK_BYTES
+
+    def __str__(self) -> str:
+        return f"ReadAheadIterator(read_options={self._read_options})"
+
+
 class ChunkedRecordsDatasetIterator(SkippingReader, NextIndexState, DatasetIterator):
     """Iterates a ``ChunkedRecordsIterDataset``; see the module docstring."""
 
@@ -164,9 +268,17 @@ class ChunkedRecordsDatasetIterator(SkippingReader, NextIndexState, DatasetItera
         threads: int = 0,
         buffer: int = 0,
     ):
-        super().__init__()
-        self._tasks: Optional[ReadTasks] = None
-        self._records = records
+        self._locator = _Locator(records)
+        # The records are read (ahead, in threads if asked) by to_iter_dataset()'s
+        # reading, which does not skip or drop anything but an elastic restore's positions.
+        reader = _ReadAheadIterator(
+            LocatedRecordsMapDataset(records, self._locator),
+            ReadOptions(num_threads=threads, prefetch_buffer_size=buffer),
+            True,
+            threads,
+        )
+        super().__init__(reader)
+        self._reader = reader
         self._length = len(records)
         self._steps = steps
         self._random = any(kind == _RANDOM_MAP for kind, _, _ in steps)
@@ -179,32 +291,17 @@ class ChunkedRecordsDatasetIterator(SkippingReader, NextIndexState, DatasetItera
         self._alloc = alloc
         self._checkers: dict = {}  # Filter position -> grain's threshold check (or None).
         self._next_index = 0  # Position of the first record not in a delivered batch.
-        self._chunk = 1  # The first chunk learns the records' size.
-        self._vectorised = False  # Whether the sampler locates many indices per call.
-        # A shuffled sampler builds one permutation per epoch a locate touches:
-        # over a small source, 4096 positions would span hundreds of epochs.
-        try:
-            per_epoch = len(records.data_source)
-        except TypeError:
-            per_epoch = _LOCATE_AHEAD
-        self._ahead = max(1, min(_LOCATE_AHEAD, per_epoch))
         # Generators of batched records that nothing else refers to, reused for
         # later records (LazyRng.recycle): resetting one costs a third of a new one.
         self._spare_rngs: list = []
         self._restart_at(0)
-        if threads:
-            self._chunk = max(1, min(MAX_THREAD_CHUNK, buffer // threads))
-            self._reads = max(1, -(-buffer // self._chunk))  # Chunks read ahead.
-            self._tasks = ReadTasks(threads)
-            # The reads refer to the source only: dropping the iterator ends them.
-            self._finalizer = weakref.finalize(self, self._tasks.close)
 
     # -- reading and transforming a chunk ---------------------------------------
 
     def _restart_at(self, index: int) -> None:
         """Drops everything read ahead; the next read starts at ``index``."""
-        self._next_index = self._read_until = index
-        self._located: tuple = (0, 0, None, None)  # (start, stop, global indices, SampledIndices)
+        self._next_index = index
+        self._at_end = False
         # The buffered records, from _next_index on, in parallel lists.
         self._values: list = []
         self._indices: list = []  # Global indices.
@@ -220,72 +317,31 @@ class ChunkedRecordsDatasetIterator(SkippingReader, NextIndexState, DatasetItera
         # of the read after them.
         self._raw: list = [[], [], [], None, None]
         self._raw_error: Optional[BaseException] = None
-        # With threads: the located columns of the reads in flight, in order.
-        self._in_flight: collections.deque = collections.deque()
-        if self._tasks is not None:
-            self._tasks.cancel()
-
-    def _locate(self, start: int, stop: int) -> tuple:
-        """``stages.located_columns`` of positions ``[start, stop)``."""
-        ahead = self._located
-        if not ahead[0] <= start or not stop <= ahead[1]:
-            # Located ahead: [start, start + self._ahead) in one call.
-            # A grain-protocol sampler (its own metadata) is called for each
-            # record anyway: it is called for the chunk only.
-            records = self._records
-            end = min(self._length, max(stop, start + self._ahead)) if self._vectorised else stop
-            gidx = records._global_indices(range(start, end))
-            located = records.locator.locate(gidx)
-            self._vectorised = located.metadata is None
-            ahead = self._located = (start, end, gidx, located)
-        return stages.located_columns(ahead[2], ahead[3], start - ahead[0], stop - ahead[0])
-
-    def _next_located(self) -> tuple:
-        """Locates the next chunk of positions, less those an elastic restore skips."""
-        start = self._read_until
-        stop = self._read_until = min(self._length, start + self._chunk)
-        indices, keys, rngs = self._locate(start, stop)
-        positions = None if self._positions is None else list(range(start, stop))
-        skipped = self._skipped(start, stop)
-        if skipped:
-            # Delivered before an elastic restore: neither read nor delivered.
-            drop = set(skipped)
-            kept = [i for i in range(stop - start) if start + i not in drop]
-            indices, keys, positions = [indices[i] for i in kept], [keys[i] for i in kept], [start + i for i in kept]
-            rngs = None if rngs is None else [rngs[i] for i in kept]
-        return indices, keys, rngs, positions
-
-    def _submit(self) -> None:
-        """Keeps about ``buffer`` records read ahead in the read threads."""
-        in_flight = self._in_flight
-        while len(in_flight) < self._reads and self._read_until < self._length:
-            located = self._next_located()
-            self._tasks.submit(_KeyReads(self._records, located[1], located[0]), 0, len(located[1]))
-            in_flight.append(located)
+        reader = self._reader
+        reader._skip = reader._map_parent.skip = self._skip
+        reader._restart_at(index)
+        reader._next_skip = 0
 
     def _read_chunk(self) -> None:
-        """Locates and reads the next chunk into the read buffer (with its error, if any)."""
-        if self._tasks is None:
-            indices, keys, rngs, positions = self._next_located()
-            values, error = self._records.read(keys, indices)
-            if self._chunk < _MAX_CHUNK and values:
-                nbytes = max(tree.estimate_nbytes(values[0]), 1)
-                self._chunk = max(1, min(_MAX_CHUNK, _CHUNK_BYTES // nbytes))
-        else:
-            self._submit()
-            indices, keys, rngs, positions = self._in_flight.popleft()
-            _, chunk = self._tasks.take_first()
-            values, error = chunk.values, chunk.error
-            self._submit()
+        """Takes the next records read into the read buffer (with the read's error, if any)."""
+        reader = self._reader
+        error = None
+        try:
+            values = reader.take(_MAX_CHUNK)
+        except StopIteration:
+            values = []
+            self._at_end = True
+        except Exception as e:
+            values, error = [], e
         n = len(values)
-        if rngs is not None:
-            if self._random and rngs and type(rngs[0]) is int:
-                # A placeholder per record: the first random transform builds the
-                # generator; later ones and the batch's metadata share it.
-                rngs = [LazyRng(s) for s in rngs[:n]]
-            else:
-                rngs = rngs[:n]
-        self._raw = [values, indices[:n], keys[:n], rngs, None if positions is None else positions[:n]]
+        start = reader._next_index - n  # (consecutive: the reader skips nothing else)
+        indices, keys, rngs = self._locator.columns(start, start + n)
+        if rngs is not None and self._random and rngs and type(rngs[0]) is int:
+            # A placeholder per record: the first random transform builds the
+            # generator; later ones and the batch's metadata share it.
+            rngs = [LazyRng(s) for s in rngs]
+        positions = None if self._positions is None else list(range(start, start + n))
+        self._raw = [values, indices, keys, rngs, positions]
         self._raw_error = error
 
     def _fill(self, need: int) -> None:
@@ -412,10 +468,7 @@ class ChunkedRecordsDatasetIterator(SkippingReader, NextIndexState, DatasetItera
             while len(self._values) < size:
                 if self._error is not None:
                     raise self._error
-                if (
-                    not self._raw[0] and self._raw_error is None and self._read_until >= self._length
-                    and not self._in_flight
-                ):
+                if not self._raw[0] and self._raw_error is None and self._at_end:
                     break
                 self._fill(size - len(self._values))
                 if stacker is not None and stacker.active:
@@ -496,28 +549,12 @@ class ChunkedRecordsDatasetIterator(SkippingReader, NextIndexState, DatasetItera
     # -- the rest of the protocol (the state is SkippingReader's) -------------------------
 
     def start_prefetch(self) -> None:
-        if self._tasks is not None and not self._closed and not self._in_flight and not self._values:
-            self._submit()
+        if not self._closed and not self._values:
+            self._reader.start_prefetch()
 
     def _close(self) -> None:
-        self._values = []  # (No parents: it reads the sampler's records itself.)
-        if self._tasks is not None:
-            self._finalizer()
+        self._values = []
+        super()._close()  # The reader's threads.
 
     def __str__(self) -> str:
         return f"ChunkedRecordsDatasetIterator({stages.describe_op(self._batch)})"
-
-
-class _KeyReads:
-    """What a read thread reads: the source's values of a located chunk's record keys."""
-
-    __slots__ = ("_records", "_keys", "_indices")
-
-    def __init__(self, records: stages.SamplerMapDataset, keys: list, indices: list):
-        self._records, self._keys, self._indices = records, keys, indices
-
-    def _iter_items(self, positions: range) -> Any:
-        return iter(self._records._read_all(self._keys) if self._keys else ())
-
-    def __getitem__(self, i: int) -> Any:
-        return self._records._read_one(self._keys[i], self._indices[i])

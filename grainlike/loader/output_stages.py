@@ -59,8 +59,9 @@ class RecordDataIterDataset(IterDataset):
 
 def _reading_stage(it: DatasetIterator) -> Optional[DatasetIterator]:
     """The stage reading the sampler's records under ``it`` (None: it runs in workers)."""
-    *_, it = walk(it)  # The loader's stages form a chain; the reader (or the chunked stage) ends it.
-    return it if isinstance(it, NextIndexState) else None
+    # The loader's stages form a chain; the first with a next_index, from the
+    # top, reads the records: the reader, or the chunked stage (above its reader).
+    return next((node for node in walk(it) if isinstance(node, NextIndexState)), None)
 
 
 class LoaderStateIterDataset(IterDataset):

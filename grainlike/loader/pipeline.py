@@ -7,9 +7,10 @@
                                                         positions its state skips
       -> one stage per operation, on records            Map, RandomMap, Filter,
                                                         MapWithIndex, Batch, Operation
-      (maps and filters up to the first Batch: one      ChunkedRecordsIterDataset: one
-       stage for the reading and those operations)      stage that reads and skips as
-                                                        the reader, a chunk at a time
+      (maps and filters up to the first Batch: one      ChunkedRecordsIterDataset: those
+       stage for those operations, over the reading     operations a chunk at a time, on
+       of LocatedRecordsMapDataset(records))            the chunks to_iter_dataset()'s
+                                                        reading hands over
       -> RecordDataIterDataset                          each record's data
       -> mp_prefetch (worker_count > 0)                 worker w computes positions
                                                         w, w + W, ... of the shard

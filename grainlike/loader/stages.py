@@ -7,8 +7,9 @@ grain 0.2.18 builds its DataLoader from Dataset stages over ``Record``s (see
   of the sampler's stream: its metadata (global index, record key, rng) and its
   data. A chunk of positions is located in one call of the sampler contract
   (``BaseSampler.locate``, ``located_columns``) and read in one batched read of
-  the source (``SamplerMapDataset.read``): the chunked path (``chunked.py``)
-  locates and reads through the same two.
+  the source (``SamplerMapDataset._read_all``): the chunked path (``chunked.py``)
+  locates and reads through the same two, and reads through ``to_iter_dataset()``
+  as this one does.
 * ``ReadRecordsIterDataset``: its ``to_iter_dataset()``, reading chunks as long
   as the caps allow after the first record, less the positions an elastic
   restore skips (``dataset.elastic.SkippingReader``).
@@ -178,26 +179,6 @@ class SamplerMapDataset(MapDataset):
                 f"source {short_repr(self._data_source)}",
             )
             raise
-
-    def read(self, keys: list, indices: list) -> tuple[list, Optional[BaseException]]:
-        """The source's values of ``keys`` (the records at global ``indices``), in one batched read.
-
-        Returns:
-          The values and None; or, where the batched read fails, the values read
-          one at a time before the first record that fails, and its error (with
-          a note naming the record).
-        """
-        try:
-            return (self._read_all(keys) if keys else []), None
-        except Exception:
-            pass
-        values: list = []
-        for k, g in zip(keys, indices):
-            try:
-                values.append(self._read_one(k, g))
-            except Exception as e:
-                return values, e
-        return values, None
 
     def __getitem__(self, index):
         if isinstance(index, slice):

@@ -161,3 +161,48 @@ def test_close_from_another_thread_ends_a_next_waiting_inside_a_chunk():
         assert len(got) == 1 and isinstance(got[0], ClosedIteratorError), got
     finally:
         release.set()
+
+
+def _array_unless_multiple_of_3(x):
+    import numpy as np
+
+    return None if x % 3 == 0 else np.full(4, x)
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+@pytest.mark.parametrize("k", [1, 5, 64])
+def test_take_returns_what_as_many_nexts_would_with_their_states(threads, k):
+    # Array elements and a filter's Nones (dropped, as next() drops them), read
+    # in the calling thread or in read threads.
+    def make():
+        ds = MapDataset.range(100).filter(lambda x: x % 3 != 0).map(lambda x: __import__("numpy").full(4, x))
+        return iter(ds.to_iter_dataset(ReadOptions(num_threads=threads, prefetch_buffer_size=8)))
+
+    by_take, by_next = make(), make()
+    while True:
+        try:
+            taken = by_take.take(k)
+        except StopIteration:
+            break
+        assert 1 <= len(taken) <= k
+        expected = [next(by_next) for _ in taken]
+        assert [t.tolist() for t in taken] == [e.tolist() for e in expected]
+        assert by_take.get_state() == by_next.get_state()
+    with pytest.raises(StopIteration):
+        next(by_next)
+    assert by_take.get_state() == by_next.get_state() == {"next_index": 100}
+
+
+def test_a_batch_takes_its_elements_and_an_error_drops_the_partial_batch_as_islice():
+    def fail_at_7(x):
+        if x == 7:
+            raise ValueError("seven")
+        return x
+
+    it = iter(MapDataset.range(12).map(fail_at_7).to_iter_dataset().batch(5))
+    assert next(it).tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="seven"):
+        next(it)  # 5 and 6 were taken: they are gone with the batch, as grain drops them
+    assert it.get_state() == {"next_index": 7}
+    with pytest.raises(ValueError, match="seven"):
+        next(it)  # the failing element is read again
