@@ -145,9 +145,23 @@ def _stage_names(loader) -> list:
 
 def test_maps_filters_batch_take_the_chunked_path_with_and_without_read_threads():
     ops = _ops(["square", "filter", "noise", "batch"])
-    assert "ChunkedRecordsDatasetIterator" in _stage_names(_loader(ops, threads=False))
-    assert "ChunkedRecordsDatasetIterator" in _stage_names(_loader(ops, threads=True))
+    for threads in (False, True):
+        # The chunked stage over to_iter_dataset()'s reading, the one every Dataset pipeline reads with.
+        names = _stage_names(_loader(ops, threads=threads))
+        assert names[-2:] == ["ChunkedRecordsDatasetIterator", "_ReadAheadIterator"], names
     assert "ChunkedRecordsDatasetIterator" not in _stage_names(_loader(ops, threads=True, per_record=True))
+
+
+def test_the_chunked_reading_is_to_iter_datasets_reading():
+    from grainlike.dataset.prefetch import PrefetchDatasetIterator
+
+    it = iter(_loader(_ops(["square", "batch"]), threads=True))
+    node = it._iterator
+    while node._parents:
+        node = node._parents[0]
+    assert isinstance(node, PrefetchDatasetIterator) and node._threads == 2
+    next(it)
+    it.close()
 
 
 CASES = [
