@@ -426,20 +426,30 @@ class PrefetchDatasetIterator(SkippingReader, NextIndexState, DatasetIterator):
         """What ``k`` calls of ``next()`` would return, or fewer (at least one), in one call.
 
         A take stops at a read chunk's end, and before a position to check (one
-        an elastic restore skips, a window's end), which one ``next()`` passes:
-        with ``allow_nones`` the elements are at consecutive positions, the last
-        one at ``_next_index - 1``. Raises as ``next()`` does (``StopIteration``
+        an elastic restore skips; without ``allow_nones``, a window's end), which
+        one ``next()`` passes: with ``allow_nones`` the elements are at
+        consecutive positions, the last one at ``_next_index - 1``. Raises as ``next()`` does (``StopIteration``
         at the end).
         """
         ready = self._ready
         while True:
-            n = min(k, len(ready), self._next_check - self._next_index)
+            if not ready and self._error is None and self._next_index < self._length and not self._closed:
+                self._fill()  # (What next() does first; an error or the end is next()'s to raise.)
+            # With allow_nones nothing is dropped, so a window's end needs no look.
+            n = min(k, len(ready), (self._next_skip if self._allow_nones else self._next_check) - self._next_index)
             if n <= 0 or self._closed:
                 return [PrefetchDatasetIterator.__next__(self)]
-            values = [ready.popleft() for _ in range(n)]
+            if n == len(ready):
+                values = list(ready)
+                ready.clear()
+            else:
+                values = [ready.popleft() for _ in range(n)]
             # (Identity: ``in`` would compare arrays element-wise.)
             if self._allow_nones or not any(v is None for v in values):
                 self._next_index += n
+                if self._next_index >= self._window_end:
+                    self._end_window()
+                    self._next_check = min(self._next_skip, self._window_end - 1)
                 return values
             # Nones are dropped (and counted for grain's check) as next() drops
             # them; those after the last element stay for the next call, as

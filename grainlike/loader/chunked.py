@@ -177,20 +177,33 @@ class _Locator:
         self._spans: list = []
         self._lock = threading.Lock()
 
+    def _span(self, start: int, stop: int) -> tuple:
+        with self._lock:
+            for span in self._spans:
+                if span[0] <= start and stop <= span[1]:
+                    return span
+            # A grain-protocol sampler (its own metadata) is called for each
+            # record anyway: it is called for the positions asked only.
+            end = min(self.length, max(stop, start + self._ahead)) if self._vectorised else stop
+            gidx = self._records._global_indices(range(start, end))
+            located = self._records.locator.locate(gidx)
+            self._vectorised = located.metadata is None
+            span = (start, end, gidx, located)
+            self._spans = [span] + self._spans[:1]
+            return span
+
     def columns(self, start: int, stop: int) -> tuple:
         """``stages.located_columns`` of positions ``[start, stop)``."""
-        with self._lock:
-            span = next((x for x in self._spans if x[0] <= start and stop <= x[1]), None)
-            if span is None:
-                # A grain-protocol sampler (its own metadata) is called for each
-                # record anyway: it is called for the positions asked only.
-                end = min(self.length, max(stop, start + self._ahead)) if self._vectorised else stop
-                gidx = self._records._global_indices(range(start, end))
-                located = self._records.locator.locate(gidx)
-                self._vectorised = located.metadata is None
-                span = (start, end, gidx, located)
-                self._spans = [span] + self._spans[:1]
+        span = self._span(start, stop)
         return stages.located_columns(span[2], span[3], start - span[0], stop - span[0])
+
+    def keys(self, start: int, stop: int) -> list:
+        """The record keys of positions ``[start, stop)``."""
+        span = self._span(start, stop)
+        located, lo, hi = span[3], start - span[0], stop - span[0]
+        if located.metadata is not None:
+            return [m.record_key for m in located.metadata[lo:hi]]
+        return located.keys[lo:hi].tolist()
 
 
 class LocatedRecordsMapDataset(MapDataset):
@@ -229,7 +242,7 @@ class LocatedRecordsMapDataset(MapDataset):
         if not len(positions):
             return []
         start, stop = positions[0], positions[-1] + 1
-        _, keys, _ = self._locator.columns(start, stop)
+        keys = self._locator.keys(start, stop)
         skip = self.skip
         if not skip or skip[-1] < start or skip[0] >= stop:
             return self._records._read_all(keys)
