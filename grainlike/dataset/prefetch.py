@@ -166,7 +166,8 @@ def _read(parent: MapDataset, start: int, stop: int) -> tuple[list, Optional[Bas
     thread must not keep the iterator alive.
     """
     try:
-        return list(parent._getitems(range(start, stop))), None
+        values = parent._getitems(range(start, stop))
+        return (values if type(values) is list else list(values)), None  # (read, never changed)
     except Exception:
         pass  # Read one at a time: deliver the elements before the failing one.
     values = []
@@ -434,7 +435,20 @@ class PrefetchDatasetIterator(SkippingReader, NextIndexState, DatasetIterator):
         ready = self._ready
         while True:
             if not ready and self._error is None and self._next_index < self._length and not self._closed:
-                self._fill()  # (What next() does first; an error or the end is next()'s to raise.)
+                if not self._threads and self._allow_nones:
+                    # A whole read chunk, handed over without the buffer when it fits.
+                    values, self._error = _read(self._map_parent, *self._next_chunk())
+                    self._fit_chunk(values)
+                    n = len(values)
+                    if 0 < n <= k and self._next_index + n <= self._next_skip:
+                        self._next_index += n
+                        if self._next_index >= self._window_end:
+                            self._end_window()
+                            self._next_check = min(self._next_skip, self._window_end - 1)
+                        return values
+                    ready.extend(values)
+                else:
+                    self._fill()  # (What next() does first; an error or the end is next()'s to raise.)
             # With allow_nones nothing is dropped, so a window's end needs no look.
             n = min(k, len(ready), (self._next_skip if self._allow_nones else self._next_check) - self._next_index)
             if n <= 0 or self._closed:

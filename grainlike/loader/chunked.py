@@ -262,6 +262,13 @@ class _ReadAheadIterator(PrefetchDatasetIterator):
 
     _double_chunks = False  # Reads only read: after the first record, full chunks.
     _max_chunk_bytes = _CHUNK_BYTES
+    _fitted = False
+
+    def _fit_chunk(self, values: list) -> None:
+        # A source's records are alike: their size is measured on the first chunk only.
+        if not self._fitted and values:
+            self._fitted = True
+            super()._fit_chunk(values)
 
     def __str__(self) -> str:
         return f"ReadAheadIterator(read_options={self._read_options})"
