@@ -307,6 +307,13 @@ def with_pending_skip(state: dict, skip: list[int], next_index: int) -> dict:
     return state
 
 
+def skipped_in(skip: list[int], start: int, stop: int) -> list[int]:
+    """The positions of the sorted list ``skip`` in ``[start, stop)``."""
+    if not skip or skip[-1] < start or skip[0] >= stop:
+        return []
+    return skip[bisect.bisect_left(skip, start) : bisect.bisect_left(skip, stop)]
+
+
 class SkippingReader:
     """Mixed in before ``NextIndexState``: a reader that does not deliver the positions its state skips.
 
@@ -344,10 +351,7 @@ class SkippingReader:
 
     def _skipped(self, start: int, stop: int) -> list[int]:
         """The positions in ``[start, stop)`` not to deliver."""
-        skip = self._skip
-        if not skip or skip[-1] < start:
-            return []
-        return skip[bisect.bisect_left(skip, start) : bisect.bisect_left(skip, stop)]
+        return skipped_in(self._skip, start, stop)
 
     def _skips(self, position: int) -> bool:
         """Whether not to deliver ``position`` (at or after ``_next_skip``); moves ``_next_skip`` past it."""

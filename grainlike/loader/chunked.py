@@ -30,7 +30,6 @@ errors come when the per-record stages would raise them; after an error the next
 
 from __future__ import annotations
 
-import bisect
 import threading
 from typing import Any, Optional, Sequence
 
@@ -48,7 +47,7 @@ from grainlike.core.transforms import (
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
 from grainlike.dataset.filter import FilterThresholdChecker
-from grainlike.dataset.elastic import SkippingReader
+from grainlike.dataset.elastic import SkippingReader, skipped_in
 from grainlike.dataset.map_dataset import MapDataset
 from grainlike.dataset.options import ReadOptions
 from grainlike.dataset.prefetch import NextIndexState, PrefetchDatasetIterator
@@ -229,9 +228,7 @@ class LocatedRecordsMapDataset(MapDataset):
         return self._locator.length
 
     def __getitem__(self, index):
-        skip = self.skip
-        at = bisect.bisect_left(skip, index)
-        if at < len(skip) and skip[at] == index:
+        if skipped_in(self.skip, index, index + 1):
             return None
         # One record (after a batched read failed): its error names it.
         indices, keys, _ = self._locator.columns(index, index + 1)
@@ -243,10 +240,9 @@ class LocatedRecordsMapDataset(MapDataset):
             return []
         start, stop = positions[0], positions[-1] + 1
         keys = self._locator.keys(start, stop)
-        skip = self.skip
-        if not skip or skip[-1] < start or skip[0] >= stop:
+        skipped = set(skipped_in(self.skip, start, stop))
+        if not skipped:
             return self._records._read_all(keys)
-        skipped = set(skip[bisect.bisect_left(skip, start) : bisect.bisect_left(skip, stop)])
         kept = [i for i in range(stop - start) if start + i not in skipped]
         out: list = [None] * (stop - start)
         for i, value in zip(kept, self._records._read_all([keys[i] for i in kept]) if kept else ()):
