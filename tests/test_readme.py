@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 
@@ -14,8 +15,12 @@ def test_readme_example_runs():
     blocks = python_blocks(readme)
     assert blocks, "README.md has no python example"
     namespace = {"__name__": "readme"}
-    for i, code in enumerate(blocks):
-        exec(compile(code, f"README.md block {i + 1}", "exec"), namespace)
+    # The examples deliver what they say without a warning (a warning there is
+    # the first thing a newcomer sees).
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for i, code in enumerate(blocks):
+            exec(compile(code, f"README.md block {i + 1}", "exec"), namespace)
     # What the README's comments promise.
     batch = namespace["batch"]
     assert batch["x"].shape == (32,) and (batch["x2"] == batch["x"] ** 2).all()

@@ -27,9 +27,10 @@ ensure_venv() {
     fi
   done
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    echo "Installing grainlike[$extra] into $venv ..." >&2
+    echo "Installing grainlike[$extra] into $venv (a few minutes the first time; pip lists each package) ..." >&2
     "$venv/bin/python" -m pip install --quiet --upgrade pip >&2
-    "$venv/bin/python" -m pip install --quiet -e "$root[$extra]" >&2
+    # Not --quiet: a first run spends minutes here, and a line per package shows it is moving.
+    "$venv/bin/python" -m pip install --progress-bar off -e "$root[$extra]" >&2
     echo "$want" > "$stamp"
   fi
   PY="$venv/bin/python"

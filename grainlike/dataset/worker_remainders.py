@@ -78,9 +78,11 @@ def warn_if_workers_drop_more(parent: IterDataset, num_workers: int, sequential_
         return
     worker_outputs = sum(count for count, _ in sliced)
     worker_kept = sum(covered(count) for count, covered in sliced)
-    if worker_kept >= kept:
-        return
     from grainlike.dataset.batch import BatchIterDataset
+
+    if worker_kept >= kept:
+        _warn_if_shares_below_batch(parent, num_workers, [covered(count) for count, covered in sliced])
+        return
 
     batch = parent  # The drop_remainder=True batch nearest to the output (_output_count knows the stages).
     while not (isinstance(batch, BatchIterDataset) and batch._drop_remainder):
@@ -97,4 +99,31 @@ def warn_if_workers_drop_more(parent: IterDataset, num_workers: int, sequential_
         f"mp_prefetch (e.g. ....mp_prefetch(options).batch({batch._batch_size}, drop_remainder=True)).",
         WorkersDropRemaindersWarning,
         stacklevel=3,
+    )
+
+
+def _warn_if_shares_below_batch(parent: IterDataset, num_workers: int, shares: list) -> None:
+    """Warns when a worker's slice holds fewer elements than the batch nearest the output.
+
+    Each worker batches its own slice, so such a worker delivers only a partial
+    batch (as in grain) where a pipeline without workers would fill one.
+    """
+    from grainlike.dataset.batch import BatchIterDataset
+
+    batch = parent
+    while not isinstance(batch, BatchIterDataset):
+        batch = getattr(batch, "_parent", None)
+        if not isinstance(batch, IterDataset):
+            return
+    size = batch._batch_size
+    if min(shares) >= size:
+        return
+    fit = max(1, sum(shares) // size)
+    warnings.warn(
+        f"mp_prefetch(num_workers={num_workers}) splits {sum(shares)} elements among its workers; "
+        f"{sum(n < size for n in shares)} of them get fewer than the {size} of {batch}, so they "
+        f"deliver partial batches (as in grain). Use num_workers={fit}{' or 0' if fit == 1 else ' or fewer'}, "
+        f"or batch after mp_prefetch (e.g. ....mp_prefetch(options).batch({size})).",
+        WorkersDropRemaindersWarning,
+        stacklevel=4,
     )

@@ -6,10 +6,11 @@ import contextlib
 import os
 import sys
 import threading
+import warnings
 from typing import Any, Iterator, Optional, Sequence
 
 from grainlike.core import sharding
-from grainlike.core.errors import ClosedIteratorError, InvalidStateError
+from grainlike.core.errors import ClosedIteratorError, InvalidStateError, WorkersDropRemaindersWarning
 from grainlike.core.protocols import ClosesOnExit, OrbaxCheckpointable
 from grainlike.core.transforms import Batch, FilterTransform, Map, MapWithIndex, RandomMap, is_flat_map
 from grainlike.dataset.iter_dataset import IterDataset
@@ -21,6 +22,37 @@ from grainlike.sources.tf_data import TfDataSource, is_tf_dataset
 from grainlike.loader import legacy_state as state_lib
 from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
 from grainlike.sources.protocol import PinsRemoteObjects
+
+
+def _warn_if_worker_shares_below_batch(worker_lengths: Sequence[int], operations: Sequence[Any]) -> None:
+    """Warns when a worker's share of the records is smaller than the first batch.
+
+    Each worker batches only its own records (worker ``w`` reads ``w, w + W, ...``,
+    as in grain), so with fewer records than ``worker_count * batch_size`` some
+    batches are partial (or dropped with ``drop_remainder=True``) although a
+    process without workers would fill them. The output stays grain's.
+    """
+    if len(worker_lengths) < 2:
+        return
+    batch = next((op for op in operations if isinstance(op, Batch)), None)
+    if batch is None or min(worker_lengths) >= batch.batch_size:
+        return
+    records = sum(worker_lengths)
+    fit = max(1, records // batch.batch_size)
+    effect = (
+        "drops those records (drop_remainder=True)"
+        if batch.drop_remainder
+        else f"delivers batches of fewer than {batch.batch_size} elements"
+    )
+    warnings.warn(
+        f"DataLoader(worker_count={len(worker_lengths)}) reads {records} records; each worker "
+        f"batches only its own share, and {sum(n < batch.batch_size for n in worker_lengths)} "
+        f"of the workers get fewer than the {batch.batch_size} of {batch}, so the loader "
+        f"{effect} (as grain does). Use worker_count={fit}{' or 0' if fit == 1 else ' or fewer'}, "
+        "or a smaller batch_size.",
+        WorkersDropRemaindersWarning,
+        stacklevel=3,
+    )
 
 
 def _determine_worker_count(worker_count: Optional[int]) -> int:
@@ -145,6 +177,7 @@ class DataLoader:
             worker_lengths=tuple(state_lib.worker_lengths(self._local_length, worker_count)),
         )
         self._dataset = self._loader_dataset(self._records)
+        _warn_if_worker_shares_below_batch(self._codec.worker_lengths, self._operations)
         if worker_count > 0:
             from grainlike.workers import start
 
