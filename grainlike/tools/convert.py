@@ -505,11 +505,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for path in paths:
         print(f"  {path}")
     print(f"metadata: {args.output}.json")
-    print(
-        "read with: grainlike.ArrayRecordDataSource(grainlike.formats.list_shards("
-        f"{args.output!r})) and grainlike.formats.DecodeRecord()"
-    )
+    # Python that runs as printed (pasted into a file or a notebook cell).
+    print("read with:")
+    print(_READ_HINT.format(prefix=args.output))
     return 0
+
+
+_READ_HINT = """\
+    import grainlike
+    source = grainlike.ArrayRecordDataSource(grainlike.formats.list_shards({prefix!r}))
+    dataset = grainlike.MapDataset.source(source).map(grainlike.formats.DecodeRecord())
+    print(len(dataset), dataset[0])"""
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -250,18 +251,18 @@ def test_tfds_split_keeps_images_encoded(tmp_path):
     assert info["tfds"] == {"name": NAME, "split": "test", "images_encoded": True}
 
 
-def test_the_read_with_line_runs_as_printed(tmp_path, image_dir, capsys):
-    """The snippet convert prints after writing works pasted after ``import grainlike``."""
-    prefix = str(tmp_path / "pets")
-    assert convert.main(["images", str(image_dir), "-o", prefix, "-n", "2"]) == 0
-    line = [l for l in capsys.readouterr().out.splitlines() if l.startswith("read with: ")][-1]
-    source_expr, decode_expr = line[len("read with: "):].split(" and ")
-    code = (
-        "import grainlike\n"
-        f"source = {source_expr}\n"
-        f"decode = {decode_expr}\n"
-        "print(len(source), sorted(decode.map(source[0])))\n"
-    )
+@pytest.mark.parametrize("kind", ["images", "arrays"])
+def test_the_read_with_lines_run_as_printed(tmp_path, image_dir, capsys, kind):
+    """The snippet convert prints after writing runs as printed."""
+    prefix = str(tmp_path / "out")
+    if kind == "images":
+        argv, count = ["images", str(image_dir)], 9  # the folder's 9 images
+    else:
+        np.save(tmp_path / "x.npy", np.arange(12).reshape(6, 2))
+        argv, count = ["arrays", str(tmp_path / "x.npy")], 6  # one record per row
+    assert convert.main([*argv, "-o", prefix, "-n", "2", "-q"]) == 0
+    out = capsys.readouterr().out
+    code = textwrap.dedent(out[out.index("read with:\n") + len("read with:\n"):])
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("9 [")  # the folder's 9 images, decoded to their fields
+    assert result.stdout.startswith(f"{count} {{")  # the first record decoded to its fields
