@@ -134,7 +134,8 @@ def test_string_leaves_are_rejected():
                               sampler=grain.SequentialSampler(4, grain.NoSharding()),
                               operations=[Named(), grain.Batch(2)])
     with InJitIterator(iter(loader), batches_per_call=1, prefetch=0) as feed:
-        with pytest.raises(TypeError, match="numeric leaves only"):
+        # Names the key and the fix where the data is read (JaxSGMC's exclude_keys).
+        with pytest.raises(TypeError, match=r"numeric leaves only.*\['name'\].*exclude_keys=\['name'\]"):
             feed.draw()
 
 

@@ -41,9 +41,17 @@ def _numeric(batch: Any, where: str) -> Any:
     def check(path: str, leaf: Any) -> np.ndarray:
         leaf = np.asarray(leaf)
         if leaf.dtype.kind not in tree.DEVICE_KINDS:
+            # The top-level key is what TfDataSource's exclude_keys (JaxSGMC's) takes.
+            key = path[2:path.index("']")] if path.startswith("['") else None
+            fix = (
+                f"drop it where the data is read: TfDataSource(dataset, exclude_keys=[{key!r}]) for a "
+                f"tf.data pipeline, or a MapTransform that removes key {key!r} from each record"
+                if key is not None
+                else "drop string/object leaves with a MapTransform"
+            )
             raise TypeError(
                 f"{where}: batches must hold numeric leaves only, got dtype {leaf.dtype} "
-                f"at {path or 'the batch'}; drop string/object leaves with a MapTransform"
+                f"at {path or 'the batch'}; {fix}"
             )
         return leaf
 
