@@ -12,7 +12,6 @@ v0's handler (``grainlike.checkpoint.orbax_handler``) writes the same files.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import re
@@ -124,68 +123,13 @@ def _apply_state(iterator: Any, text: str, filename: Any) -> None:
 
 _PROCESS_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")
 
-# Orbax writes a step into ``<step><this suffix><timestamp>`` and renames it when done.
-_ORBAX_TMP_SUFFIX = ".orbax-checkpoint-tmp"
-
-
-def _save_id_path(state_path: Any) -> Any:
-    """The file beside ``process_{i}-of-{n}.json`` that says which save wrote it (grain reads the state as it is)."""
-    return state_path.with_name(state_path.name[: -len(".json")] + ".save.json")
-
-
-def _save_id_text(directory: Any, text: str) -> str:
-    """``_save_id_path``'s text: the step directory's name, which each process finds alone, and the state's hash."""
-    step = directory.parent.name.split(_ORBAX_TMP_SUFFIX)[0]
-    index, count = _process_index_and_count()
-    return json.dumps({
-        "save": step,
-        "process_index": index,
-        "process_count": count,
-        "state_sha256": hashlib.sha256(text.encode()).hexdigest(),
-    })
-
-
 def _write_process_files(directory: Any, text: str) -> None:
-    """Writes this process's state file, then the record of the save it belongs to."""
-    filename = process_state_path(directory)
-    _write_file(filename, text)
-    _write_file(_save_id_path(filename), _save_id_text(directory, text))
+    """Writes this process's state file, the only file of an iterator checkpoint.
 
-
-def _check_one_save(texts: dict, paths: dict) -> None:
-    """Raises ``InvalidStateError`` unless the files ``paths`` (texts ``texts``) come from one save.
-
-    Files without a save record (grain's) are accepted unless others have one.
+    No other file goes beside it: tools read the directory as grain writes it
+    (MaxText counts ``process_*-of-*.json`` to find the process count).
     """
-    saves: dict[str, list[str]] = {}
-    unrecorded = []
-    for i in sorted(paths):
-        path = paths[i]
-        record_path = _save_id_path(path)
-        if not record_path.exists():
-            unrecorded.append(path.name)
-            continue
-        try:
-            record = json.loads(record_path.read_text())
-            save, digest = str(record["save"]), record["state_sha256"]
-        except (ValueError, KeyError, TypeError) as e:
-            raise InvalidStateError(f"the save record {record_path} is unreadable: {e}") from e
-        if digest != hashlib.sha256(texts[i].encode()).hexdigest():
-            raise InvalidStateError(
-                f"{path} is not the state file its save record {record_path.name} (save "
-                f"{save!r}) describes: it was replaced by a file of another save. Restore "
-                "a checkpoint whose process files were all written by one save."
-            )
-        saves.setdefault(save, []).append(path.name)
-    if len(saves) > 1 or (saves and unrecorded):
-        parts = [f"{', '.join(names)} from save {save!r}" for save, names in saves.items()]
-        if unrecorded:
-            parts.append(f"{', '.join(unrecorded)} with no save record")
-        raise InvalidStateError(
-            f"the process files in {paths[min(paths)].parent} come from different saves: "
-            f"{'; '.join(parts)}. Restore a checkpoint whose process files were all "
-            "written by one save."
-        )
+    _write_file(process_state_path(directory), text)
 
 
 def _read_state_for_process(iterator: Any, directory: Any) -> tuple[str, Any]:
@@ -195,22 +139,16 @@ def _read_state_for_process(iterator: Any, directory: Any) -> tuple[str, Any]:
     merges the N states; a Dataset iterator takes the state if all N wrote the same.
     """
     filename = process_state_path(directory)
-    index, count = _process_index_and_count()
+    if filename.exists():
+        # Written whole by a rename: a reader sees the old file or the new one.
+        return filename.read_text(), filename
+    _, count = _process_index_and_count()
     found: dict[int, dict[int, Any]] = {}
     if directory.exists():
         for path in directory.iterdir():
             m = _PROCESS_FILE.fullmatch(path.name)
             if m:
                 found.setdefault(int(m.group(2)), {})[int(m.group(1))] = path
-    if filename.exists():
-        text = filename.read_text()
-        # This process's file against process 0's and the next process's: three
-        # reads per process, not one per process (thousands on a large job). A file
-        # of another save is refused by its process and the one before it, and
-        # process 0's by every process.
-        paths = {i: p for i, p in found[count].items() if i in (0, index, (index + 1) % count)}
-        _check_one_save({i: text if i == index else p.read_text() for i, p in paths.items()}, paths)
-        return text, filename
     found.pop(count, None)
     if len(found) != 1 or set(next(iter(found.values()))) != set(range(next(iter(found)))):
         # No other process count, several, or not all files of one: nothing to merge.
@@ -218,7 +156,6 @@ def _read_state_for_process(iterator: Any, directory: Any) -> tuple[str, Any]:
     ((old_count, paths),) = found.items()
     texts = {i: path.read_text() for i, path in paths.items()}
     where = directory / f"process_*-of-{old_count}.json"
-    _check_one_save(texts, paths)
     try:
         return _elastic_state_text(iterator, texts, old_count), where
     except InvalidStateError as e:

@@ -47,10 +47,8 @@ def test_checkpoint_of_two_processes_restores_on_one_and_on_three(tmp_path, no_l
     # 5 steps of 3 records per process: each shard of 12 records per epoch is in
     # its second epoch.
     before = _job(tmp_path, ckpt, 2, "save", steps=5)
-    # Each process's state and the record of the save it belongs to.
-    assert sorted(p.name for p in ckpt.iterdir()) == [
-        "process_0-of-2.json", "process_0-of-2.save.json", "process_1-of-2.json", "process_1-of-2.save.json"
-    ]
+    # Each process's state, as grain writes it, and nothing else.
+    assert sorted(p.name for p in ckpt.iterdir()) == ["process_0-of-2.json", "process_1-of-2.json"]
     copy = tmp_path / "two_copy"
     shutil.copytree(ckpt, copy)
     _assert_every_record_once(before, _job(tmp_path, ckpt, 1, "restore"))
@@ -66,5 +64,5 @@ def test_checkpoint_of_two_processes_restores_on_one_and_on_three(tmp_path, no_l
 def test_checkpoint_of_one_process_restores_on_two(tmp_path, no_leaks):
     ckpt = tmp_path / "one"
     before = _job(tmp_path, ckpt, 1, "save", steps=3)
-    assert sorted(p.name for p in ckpt.iterdir()) == ["process_0-of-1.json", "process_0-of-1.save.json"]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["process_0-of-1.json"]
     _assert_every_record_once(before, _job(tmp_path, ckpt, 2, "restore"))
