@@ -15,6 +15,8 @@ import asyncio
 import json
 import os
 import re
+import secrets
+import threading
 from typing import Any, Awaitable
 
 from grainlike.core.errors import InvalidStateError, add_note
@@ -190,9 +192,23 @@ def _merger_of(iterator: Any) -> ProcessStatesMerger:
     )
 
 
+def _temporary_name(filename: Any) -> str:
+    """A name beside ``filename`` that no other writer uses, in this process or another.
+
+    Threads of one process saving into one directory (several iterators, or
+    Orbax's commit threads of several saves) each write their own temporary file,
+    so none renames or deletes another's.
+    """
+    return f".{filename.name}.tmp-{os.getpid()}-{threading.get_ident()}-{secrets.token_hex(8)}"
+
+
 def _write_file(filename: Any, text: str) -> None:
-    """Writes ``text`` to ``filename`` whole or not at all (a temporary file renamed over it)."""
-    tmp = filename.parent / f".{filename.name}.tmp-{os.getpid()}"
+    """Writes ``text`` to ``filename`` whole or not at all (a temporary file renamed over it).
+
+    The rename replaces the file in one step: a reader opens either the file
+    that was there or the new one, never a part of either.
+    """
+    tmp = filename.parent / _temporary_name(filename)
     try:
         tmp.write_text(text)
         tmp.replace(filename)
