@@ -104,6 +104,7 @@ def _rules() -> list:
         shuffle.WindowShuffleMapDataset,
         shuffle.WindowShuffleIterDataset,
         slice.SliceMapDataset,
+        slice.ReindexMapDataset,
         repeat.RepeatMapDataset,
         repeat.RepeatIterDataset,
         limit.LimitIterDataset,

@@ -210,16 +210,25 @@ class MapDataset(_Dataset, Generic[T], metaclass=MapDatasetMeta):
 
         return ShuffleMapDataset(self, seed=seed)
 
-    def slice(self, sl: builtins.slice) -> "MapDataset[T]":
+    def slice(self, sl: "builtins.slice | Sequence[int]") -> "MapDataset[T]":
         """The elements at the indices of ``sl``; ``ds[i::n]`` is shard ``i`` of ``n``.
+
+        Args:
+          sl: a ``slice``, or a sequence of ints (a ``MapDataset[int]`` too) of
+            indices into this dataset, which may repeat and come in any order (as
+            grain's main branch; grain 0.2.18 takes a ``slice`` only).
 
         Example:
           >>> list(MapDataset.range(10).slice(slice(1, None, 4)))
           [1, 5, 9]
+          >>> list(MapDataset.range(10).slice([3, 1, 4, 1]))
+          [3, 1, 4, 1]
         """
-        from grainlike.dataset.slice import SliceMapDataset
+        from grainlike.dataset.slice import ReindexMapDataset, SliceMapDataset
 
-        return SliceMapDataset(self, sl)
+        if isinstance(sl, builtins.slice):
+            return SliceMapDataset(self, sl)
+        return ReindexMapDataset(self, sl)
 
     def random_map(self, transform: Any, *, seed: Optional[int] = None) -> "MapDataset":
         """Applies ``transform(element, rng)``, the rng keyed on the seed and the index.

@@ -1,3 +1,3 @@
-from grainlike.dataset.slice import SliceMapDataset
+from grainlike.dataset.slice import ReindexMapDataset, SliceMapDataset
 
-__all__ = ['SliceMapDataset']
+__all__ = ['ReindexMapDataset', 'SliceMapDataset']
