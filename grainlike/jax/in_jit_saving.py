@@ -35,7 +35,6 @@ from grainlike.jax.pytree_dicts import (
     pytree_dict_keys,
     pytree_to_dict,
     register_dictionize_rule,
-    unflatten_dict_leaves,
 )
 from grainlike.jax.sample_collectors import DataCollector, HDF5Collector, MemoryCollector, samples_to_collect
 
@@ -129,7 +128,11 @@ def load(checkpoint_dir: str, init_checkpoint: Any = None, *, chain_id: int = 0,
         arrays = {k: f[k] for k in f.files}
     meta = json.loads(str(arrays.pop("meta")))
     carry_leaves = [arrays.pop(f"carry:{i}") for i in range(meta["carry_leaves"])]
-    carry = None if init_checkpoint is None else unflatten_dict_leaves(init_checkpoint, carry_leaves)
+    carry = None
+    if init_checkpoint is not None:
+        from jax import tree_util
+
+        carry = tree_util.tree_unflatten(tree_util.tree_structure(init_checkpoint), carry_leaves)
     data_state = data.restore(meta["data"]) if meta["data"] is not None and data is not None else None
     return Checkpoint(meta["step"], meta["saved_samples"], carry, data_state, meta["data"], arrays)
 
@@ -263,12 +266,14 @@ def save(data_collector: Optional[DataCollector] = None, checkpoint_every: int =
             )
         one = jax.ShapeDtypeStruct((), jnp.int32)
         leaves = jax.tree.leaves(sample)
-        # A failed save returns 0: the sample is not counted.
-        saved = jax.lax.cond(
+        # A failed save returns 0: the sample is not counted. The count is added as a
+        # weakly typed 0 or 1, so it keeps the type of the state's count (int32 here,
+        # a Python int's weak int32 in JaxSGMC's states).
+        saved = jnp.where(jax.lax.cond(
             keep,
             lambda: host_callback(errors, host_save, one, state.chain_id, state.saved_samples, *leaves)[1],
             lambda: jnp.int32(0),
-        )
+        ) == 1, 1, 0)
         step = state.step + 1
         if checkpoint_every:
             carry_leaves = jax.tree.leaves(checkpoint)

@@ -10,7 +10,7 @@ from typing import Any, Optional
 import numpy as np
 
 from grainlike.core.errors import is_int
-from grainlike.jax.pytree_dicts import pytree_dict_items, pytree_dict_keys, unflatten_dict_leaves
+from grainlike.jax.pytree_dicts import pytree_dict_keys
 
 __all__ = ["DataCollector", "HDF5Collector", "MemoryCollector", "samples_to_collect"]
 
@@ -50,8 +50,31 @@ class DataCollector(abc.ABC):
         """Called after the run; returns what ``postprocess_save`` reports as ``samples``."""
 
 
+def _leaves(tree: Any) -> list:
+    from jax import tree_util
+
+    return tree_util.tree_leaves(tree)
+
+
+def _unflatten(template: Any, leaves: list) -> Any:
+    """``template``'s pytree (JAX's tree structure) with ``leaves``, in ``jax.tree.leaves`` order."""
+    from jax import tree_util
+
+    return tree_util.tree_unflatten(tree_util.tree_structure(template), leaves)
+
+
+def _leaf_names(template: Any) -> list:
+    """Each leaf's name: its key path in ``pytree_to_dict(template)`` joined with ``/``."""
+    return ["/".join(map(str, path)) for path in pytree_dict_keys(template)]
+
+
 class _ArraysCollector(DataCollector):
-    """Each chain's samples in one array per leaf, leading axis ``samples_collected`` (``_allocate`` makes them)."""
+    """Each chain's samples in one array per leaf (``jax.tree.leaves`` order), leading axis ``samples_collected``.
+
+    Any JAX pytree can be saved: the arrays go back into the sample's own tree
+    structure, so namedtuples, registered dataclasses and nodes with or without a
+    dictionize rule come back whole. ``_allocate`` makes the arrays.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -92,10 +115,10 @@ class MemoryCollector(_ArraysCollector):
         self._dir = save_dir
 
     def _allocate(self, chain_id: int, init_sample: Any, n: int) -> list:
-        return [np.zeros((n,) + np.shape(x), np.asarray(x).dtype) for _, x in pytree_dict_items(init_sample)]
+        return [np.zeros((n,) + np.shape(x), np.asarray(x).dtype) for x in _leaves(init_sample)]
 
     def _names(self, chain_id: int) -> list:
-        return ["/".join(k) or "sample" for k in pytree_dict_keys(self._templates[chain_id])]
+        return [name or "sample" for name in _leaf_names(self._templates[chain_id])]
 
     def checkpoint(self, chain_id: int, count: int) -> dict:
         return {f"sample:{name}": a[:count] for name, a in zip(self._names(chain_id), self._arrays[chain_id])}
@@ -110,7 +133,7 @@ class MemoryCollector(_ArraysCollector):
             os.makedirs(self._dir, exist_ok=True)
             np.savez(os.path.join(self._dir, f"chain_{chain_id}.npz"),
                      **dict(zip(self._names(chain_id), samples)))
-        return unflatten_dict_leaves(self._templates[chain_id], samples)
+        return _unflatten(self._templates[chain_id], samples)
 
 
 class HDF5Collector(_ArraysCollector):
@@ -131,8 +154,9 @@ class HDF5Collector(_ArraysCollector):
         self._file = file
 
     def _allocate(self, chain_id: int, init_sample: Any, n: int) -> list:
-        return [self._file.require_dataset("/".join((f"/chain~{chain_id}",) + k), shape=(n,) + np.shape(leaf),
-                                           dtype=np.asarray(leaf).dtype) for k, leaf in pytree_dict_items(init_sample)]
+        return [self._file.require_dataset(f"/chain~{chain_id}/{name}".rstrip("/"), shape=(n,) + np.shape(leaf),
+                                           dtype=np.asarray(leaf).dtype)
+                for name, leaf in zip(_leaf_names(init_sample), _leaves(init_sample))]
 
     def checkpoint(self, chain_id: int, count: int) -> dict:
         self._file.flush()
@@ -143,4 +167,4 @@ class HDF5Collector(_ArraysCollector):
 
     def finished(self, chain_id: int) -> Any:
         self._file.flush()
-        return unflatten_dict_leaves(self._templates[chain_id], self._arrays[chain_id])
+        return _unflatten(self._templates[chain_id], self._arrays[chain_id])

@@ -194,6 +194,9 @@ def test_a_dictionize_rule_names_the_leaves_of_a_users_node():
         def __init__(self, w, b):
             self.w, self.b = w, b
 
+    # A rule names the leaves of a pytree node (JAX leaves are leaves, as in JaxSGMC).
+    jax.tree_util.register_pytree_node(Params, lambda p: ((p.w, p.b), None), lambda _, c: Params(*c))
+
     @io.register_dictionize_rule(Params)
     def _params(node):
         return [("weights", node.w), ("bias", node.b)]
