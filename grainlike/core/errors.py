@@ -132,6 +132,14 @@ class StateTypeError(InvalidStateError, TypeError):
     """A state, or a value in it, has the wrong type (a ``TypeError``, as grain raises)."""
 
 
+class StateTooDeepError(StateKeyError, StateTypeError):
+    """A state nested deeper than any iterator's; refused before any stage reads it.
+
+    grain: a ``KeyError`` (a key missing at the top), a ``TypeError`` (nesting where
+    a number belongs) or a ``RecursionError``; this class is the first two.
+    """
+
+
 class ClosedIteratorError(ValueError, RuntimeError):
     """An iterator was used after ``close()``; the message names the iterator.
 
@@ -240,6 +248,13 @@ class _WorkerFailed(Exception):
     def __init__(self, error: BaseException):
         super().__init__()
         self.error = error
+
+
+class UnsafeSegmentError(PermissionError):
+    """A named shared-memory segment is another user's, or writable by group or others: not read.
+
+    grain: none in grain (it reads any segment it can open).
+    """
 
 
 class SharedMemoryFullError(OSError):

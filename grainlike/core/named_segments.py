@@ -2,6 +2,10 @@
 
 Other processes attach a segment by name without registering it with
 multiprocessing's resource tracker (which would unlink it when they exit).
+Segments are created 0600, and one is attached, or unlinked by a process that
+did not create it, only if it is this user's and nobody else may write it
+(``shm_owner.check_own``): ``/dev/shm`` is shared by all users, and another
+could create a segment under the name first.
 """
 
 from __future__ import annotations
@@ -25,13 +29,28 @@ __all__ = ["SegmentMapping", "attach_untracked", "create_reserved", "unlink_owne
 _tracker_lock = threading.Lock()
 
 
-def attach_untracked(name: str) -> shared_memory.SharedMemory:
-    """Maps an existing segment without registering it with the resource tracker.
+def attach_untracked(name: str, what: str = "shared-memory segment") -> shared_memory.SharedMemory:
+    """Maps an existing segment of this user's without registering it with the resource tracker.
 
     Python < 3.13 registers every ``SharedMemory(name=...)``, and the tracker unlinks
     it when this process exits, destroying it for the owner; unregistering afterwards
     would also drop the owner's entry (one per name, in a tracker shared with the parent).
+
+    Raises:
+      FileNotFoundError: no segment has this name.
+      UnsafeSegmentError: the segment is another user's or writable by others
+        (see ``shm_owner.check_own``); nothing of it was read.
     """
+    shm = _attach(name)
+    try:
+        shm_owner.check_own(shm._fd, name, what)
+    except BaseException:
+        shm.close()
+        raise
+    return shm
+
+
+def _attach(name: str) -> shared_memory.SharedMemory:
     if sys.version_info >= (3, 13):
         return shared_memory.SharedMemory(name=name, track=False)
     with _tracker_lock:
@@ -54,6 +73,8 @@ def create_reserved(name: str, size: int, what: str) -> shared_memory.SharedMemo
     shm_owner.check_free(what, size)
     shm = shared_memory.SharedMemory(name=name, create=True, size=size)
     try:
+        # Created exclusively (O_EXCL), so it is ours; 0600 whatever the default.
+        os.fchmod(shm._fd, 0o600)
         shm_owner.reserve(shm._fd, size, what)
     except BaseException:
         shm.close()
@@ -73,10 +94,23 @@ def unlink_owned(shm: shared_memory.SharedMemory, pid: int) -> None:
 
 
 def unlink_untracked(name: str) -> None:
+    """Removes the name of a segment of this user's that this process did not create.
+
+    Raises:
+      UnsafeSegmentError: the segment is another user's (it is left alone).
+    """
     # SharedMemory.unlink() would also unregister the name from the (shared)
     # resource tracker, which never heard of it from this process.
     if _posixshmem is None:  # pragma: no cover - non-POSIX platforms
         return
+    try:
+        fd = _posixshmem.shm_open("/" + name, os.O_RDONLY | os.O_NOFOLLOW, 0o600)
+    except FileNotFoundError:
+        return
+    try:
+        shm_owner.check_own(fd, name)
+    finally:
+        os.close(fd)
     try:
         _posixshmem.shm_unlink("/" + name)
     except FileNotFoundError:

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Optional
 import numpy as np
 import numpy.typing as npt
 
-from grainlike.core import tree
+from grainlike.core import shm_owner, tree
 
 __all__ = ["SharedMemoryArray", "SharedMemoryArrayMetadata", "copy_to_shm", "open_from_shm", "unlink_shm"]
 
@@ -86,10 +86,20 @@ class SharedMemoryArray(np.ndarray):
 
     @classmethod
     def from_metadata(cls, metadata: SharedMemoryArrayMetadata) -> "SharedMemoryArray":
-        """Maps the segment ``metadata`` names (made by this or another process)."""
-        return cls.from_shared_memory(
-            shared_memory.SharedMemory(metadata.name), metadata.shape, metadata.dtype
-        )
+        """Maps the segment ``metadata`` names (made by this or another process of this user's).
+
+        Raises:
+          UnsafeSegmentError: the segment is another user's or writable by others.
+        """
+        segment = shared_memory.SharedMemory(metadata.name)
+        try:
+            shm_owner.check_own(segment._fd, metadata.name, "SharedMemoryArray's segment")
+        except BaseException:
+            segment.close()
+            # Opening registered it: the tracker would remove another user's segment at exit.
+            shared_memory.resource_tracker.unregister(segment._name, "shared_memory")
+            raise
+        return cls.from_shared_memory(segment, metadata.shape, metadata.dtype)
 
     @property
     def metadata(self) -> SharedMemoryArrayMetadata:

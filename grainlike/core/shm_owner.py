@@ -1,18 +1,25 @@
-"""Named shared-memory segments in ``/dev/shm``: the space they need.
+"""Named shared-memory segments in ``/dev/shm``: the space they need, and whose they are.
 
 The only named segments grainlike makes are those of an ``InMemoryDataSource``
 created with ``name=`` (grain's attach-by-name API); everything else lives in
 anonymous memory (``core.memfd``), which ``/dev/shm``'s size does not limit
 (where ``memfd_create`` is missing, it is a POSIX object unlinked at once,
 which on Linux does count there; macOS has no ``/dev/shm``).
+
+A segment's name is chosen by the user and ``/dev/shm`` is shared by every user of
+the machine, so another user can create a segment under that name first. Every
+named segment is therefore checked (``check_own``, on the open descriptor) to be
+this user's and writable by nobody else before a byte of it is read. See
+docs/security.md.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from typing import Optional
 
-from grainlike.core.errors import SharedMemoryFullError
+from grainlike.core.errors import SharedMemoryFullError, UnsafeSegmentError
 
 SHM_DIR = "/dev/shm"
 
@@ -76,3 +83,51 @@ def reserve(fd: int, size: int, what: str) -> None:
             raise full_error(what, size, free_bytes()) from e
         if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
             raise
+
+
+def _user_name(uid: int) -> str:
+    """``uid`` with its user name where the system knows it: ``65534 (nobody)``."""
+    try:
+        import pwd
+
+        return f"{uid} ({pwd.getpwuid(uid).pw_name})"
+    except (ImportError, KeyError):
+        return str(uid)
+
+
+def check_own(fd: int, name: str, what: str = "shared-memory segment") -> None:
+    """Raises ``UnsafeSegmentError`` unless the open segment ``fd`` is this user's own.
+
+    Checked on the descriptor that will be mapped, so the answer holds for the
+    memory read (a name replaced after the check does not matter): a regular
+    file, owned by this process's user (``os.getuid()``), writable by its owner
+    only. Anything else could have been written by another user, who chose what
+    it holds.
+
+    Args:
+      fd: the segment's descriptor.
+      name: its name, for the message.
+      what: what the segment is, for the message.
+
+    Raises:
+      UnsafeSegmentError: the segment is not a regular file, is another user's,
+        or group or others may write it.
+    """
+    st = os.fstat(fd)
+    uid = os.getuid()
+    problem = None
+    if not stat.S_ISREG(st.st_mode):
+        problem = "is not a regular shared-memory object"
+    elif st.st_uid != uid:
+        problem = f"is owned by uid {_user_name(st.st_uid)}, not by this user (uid {_user_name(uid)})"
+    elif st.st_mode & 0o022:
+        problem = (
+            f"has mode {stat.S_IMODE(st.st_mode):04o}: group or others can write it (grainlike "
+            "creates its segments 0600)"
+        )
+    if problem is not None:
+        raise UnsafeSegmentError(
+            f"{what} {name!r} ({SHM_DIR}/{name.lstrip('/')}) {problem}; refusing to read it "
+            "(another user could have chosen what it holds). Remove it if it is not "
+            "yours to use (ask its owner), or pick another name."
+        )

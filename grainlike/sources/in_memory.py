@@ -7,6 +7,13 @@ pipeline (``memfd.shipping``), a forked child inherits the mapping. With ``name=
 (grain's API) it lives in a named segment (``core.named_segments``) that pickles as
 its name. Layout and record encoding: ``grainlike.sources.formats.in_memory_records``.
 
+Attaching by name (``InMemoryDataSource(name=...)`` without elements) reads a
+segment that any user of the machine could have created first under that name.
+The segment is read only if it is this user's and writable by nobody else
+(``core.shm_owner.check_own``, else ``UnsafeSegmentError``), and even then its
+header is JSON, checked field by field (``formats.in_memory_header``): nothing read
+from a segment is ever unpickled. Named segments are created 0600.
+
 Lifetime rules:
   * The owner (the object that created the data) releases it on ``close()``,
     on ``with`` exit, when it is garbage collected, or at interpreter exit:
@@ -25,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 import secrets
 import threading
 import weakref
@@ -42,8 +48,10 @@ from grainlike.core.named_segments import (
     unlink_owned,
     unlink_untracked,
 )
+from grainlike.sources.formats import in_memory_header
 from grainlike.sources.formats.in_memory_records import (
     MAGIC,
+    PICKLED_HEADER_MAGIC,
     PREFIX,
     align,
     encode_scalars,
@@ -98,8 +106,13 @@ class InMemoryDataSource(ClosingSource):
     Raises:
       ValueError: neither ``elements`` nor ``name`` is given; array leaves of
         different lengths; a 0-d array.
-      TypeError: an element of a type that cannot be stored.
+      TypeError: an element of a type that cannot be stored; with ``name``, also
+        a dict key or container class that the segment's header cannot name
+        (keys: str, int, float, bool, None, bytes, tuples of them; classes:
+        defined at module level).
       FileExistsError: ``name`` is taken by an existing segment.
+      UnsafeSegmentError (a PermissionError): attaching to ``name``, the segment
+        is another user's or writable by group or others; nothing of it is read.
       SharedMemoryFullError (an OSError, ENOSPC): with ``name``, ``/dev/shm``
         has too little free space for the data; raised before anything is
         written.
@@ -184,7 +197,7 @@ class InMemoryDataSource(ClosingSource):
             layout.append((offset, leaf.shape, leaf.dtype))
             offset = align(offset + leaf.nbytes)
         self._meta["leaves"] = layout
-        header = pickle.dumps(self._meta, protocol=pickle.HIGHEST_PROTOCOL)
+        header = in_memory_header.encode(self._meta, named=name is not None)
         data_start = align(PREFIX.size + len(header))
         self._meta["data_start"] = data_start
         size = data_start + max(offset, 1)
@@ -260,7 +273,8 @@ class InMemoryDataSource(ClosingSource):
             if self._getter is not None:
                 return self._getter
             try:
-                shm = attach_untracked(self._name)
+                # Refuses another user's segment before reading a byte of it.
+                shm = attach_untracked(self._name, "InMemoryDataSource: shared-memory segment")
             except FileNotFoundError:
                 raise FileNotFoundError(
                     f"InMemoryDataSource: shared-memory segment {self._name!r} does not "
@@ -269,15 +283,39 @@ class InMemoryDataSource(ClosingSource):
                 ) from None
             mapping = SegmentMapping(shm)
             root = np.asarray(mapping)
-            magic, size = PREFIX.unpack(root[: PREFIX.size].tobytes())
+            if len(root) < PREFIX.size:
+                magic, size = b"", 0
+            else:
+                magic, size = PREFIX.unpack(root[: PREFIX.size].tobytes())
+            if magic == PICKLED_HEADER_MAGIC:
+                raise ValueError(
+                    f"InMemoryDataSource: shared-memory segment {self._name!r} was created "
+                    "by an older grainlike, whose pickled header is not read (a pickle can run "
+                    "code); create it again with this version."
+                )
             if magic != MAGIC:
                 raise ValueError(
                     f"InMemoryDataSource: shared-memory segment {self._name!r} was not "
                     "created by InMemoryDataSource (e.g. it is a Grain ShareableList)."
                 )
             if self._meta is None:
-                self._meta = pickle.loads(root[PREFIX.size : PREFIX.size + size].tobytes())
-                self._meta["data_start"] = align(PREFIX.size + size)
+                data_start = align(PREFIX.size + size)
+                if data_start > len(root):
+                    raise ValueError(
+                        f"InMemoryDataSource: shared-memory segment {self._name!r} has a header "
+                        f"of {size} bytes, longer than the segment ({len(root)} bytes)."
+                    )
+                try:
+                    meta = in_memory_header.decode(
+                        root[PREFIX.size : PREFIX.size + size].tobytes(), len(root) - data_start
+                    )
+                except in_memory_header.HeaderError as e:
+                    raise ValueError(
+                        f"InMemoryDataSource: shared-memory segment {self._name!r} has a "
+                        f"malformed header: {e}"
+                    ) from None
+                meta["data_start"] = data_start
+                self._meta = meta
             del root
             self._bind(mapping)
             return self._getter
@@ -324,6 +362,21 @@ class InMemoryDataSource(ClosingSource):
 
     def __str__(self) -> str:
         return f"InMemoryDataSource(name={self._name}, len={len(self)})"
+
+    def count(self, value: Any) -> int:
+        """How many elements equal ``value`` (grain's, a ``ShareableList``'s, ``count``)."""
+        return sum(1 for element in self.__getitems__(range(len(self))) if value == element)
+
+    def index(self, value: Any) -> int:
+        """The position of the first element equal to ``value`` (grain's, a ``ShareableList``'s, ``index``).
+
+        Raises:
+          ValueError: no element equals ``value``.
+        """
+        for position, element in enumerate(self.__getitems__(range(len(self)))):
+            if value == element:
+                return position
+        raise ValueError(f"{value!r} not in this container")
 
     def close(self) -> None:
         """Stops reading; the owner also releases the data (see the module's lifetime rules). Idempotent."""

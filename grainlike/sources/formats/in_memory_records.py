@@ -1,7 +1,8 @@
 """How ``InMemoryDataSource`` lays its records out in one shared-memory segment.
 
-Segment layout: an 8-byte magic, an 8-byte header length, a pickled header, then
-each leaf buffer at a 64-byte aligned offset. Scalar sequences are stored as four
+Segment layout: an 8-byte magic, an 8-byte header length, a JSON header
+(``in_memory_header``; never a pickle: another process reads it), then each leaf
+buffer at a 64-byte aligned offset. Scalar sequences are stored as four
 leaves: a type code per record, an 8-byte value slot per record (int64 or float64
 bits), and ``offsets`` + one byte buffer for the str / bytes / big-int records.
 Array records are a (nested) dict / tuple of leaves, one row per record.
@@ -20,9 +21,11 @@ from typing import Any, SupportsIndex
 
 import numpy as np
 
-__all__ = ["ALIGN", "MAGIC", "PREFIX", "align", "encode_scalars", "flatten", "is_tree", "make_builder", "scalar_getter"]
+__all__ = ["ALIGN", "MAGIC", "PICKLED_HEADER_MAGIC", "PREFIX", "align", "encode_scalars", "flatten", "is_tree", "make_builder", "scalar_getter"]
 
-MAGIC = b"GLSRC001"
+MAGIC = b"GLSRC002"
+# Segments of grainlike versions whose header was a pickle: never read.
+PICKLED_HEADER_MAGIC = b"GLSRC001"
 PREFIX = struct.Struct("<8sQ")
 ALIGN = 64
 
@@ -97,7 +100,7 @@ def is_tree(elements: Any) -> bool:
 
 
 def flatten(tree: Any, leaves: list, path: str) -> Any:
-    """Returns a picklable tree definition; appends ``(path, array)`` leaves."""
+    """Returns a tree definition (classes, keys, leaf indices); appends ``(path, array)`` leaves."""
     if isinstance(tree, Mapping):
         keys = list(tree.keys())
         children = tuple(flatten(tree[k], leaves, f"{path}[{k!r}]") for k in keys)
