@@ -3,9 +3,9 @@
 The dataset is built by a ``GeneratorBasedBuilder`` defined in this file, stored as
 ArrayRecord in 3 shards per split. Images are given to TFDS as PNG bytes: encoding
 a numpy image needs TensorFlow (``tf.image.encode_png``), passing bytes does not,
-and decoding uses OpenCV / PIL. The builder sets ``code_path = None``: without it,
-TFDS imports ``importlib_resources`` (not installed on Python >= 3.9) for a builder
-defined inside a package.
+and decoding uses OpenCV / PIL. The builder lives in a package (``tests``), where
+TFDS imports ``importlib_resources`` to find its checksums: the ``tfds`` extra
+installs it.
 """
 
 from __future__ import annotations
@@ -51,11 +51,6 @@ def build_tiny_images(data_dir: str, num_shards: int = 3) -> None:
     # clashing in TFDS's registry; tfds.data_source finds the dataset on disk.
     class TinyImages(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         VERSION = tfds.core.Version("1.0.0")
-        # TFDS looks for a checksums file next to a builder defined in a package
-        # (this one lives in ``tests``), which imports the ``importlib_resources``
-        # backport that tfds 4.9.10 only declares for Python < 3.9. There are no
-        # downloads to check, so no code path.
-        code_path = None
 
         def _info(self):
             return tfds.core.DatasetInfo(
