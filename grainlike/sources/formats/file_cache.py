@@ -17,6 +17,7 @@ import secrets
 import stat
 import tempfile
 import threading
+import time
 from concurrent import futures
 from typing import Iterator, Optional
 
@@ -37,8 +38,15 @@ class LocalCache:
     (``.meta-<name>``) records the size and version it was fetched at, and a copy
     that does not match them is fetched again. A full disk raises ``CacheFullError``
     and leaves no partial file. Beyond ``max_bytes`` the least recently used copies
-    are removed, except those ``pinned`` by any process sharing the directory. See
-    docs/security.md.
+    are removed, except those ``pinned`` by any process sharing the directory.
+
+    A copy killed halfway (SIGKILL, SIGTERM, a machine gone) leaves its partial
+    file (``.partial-<name>-<pid>-<random>``). Partial files count against
+    ``max_bytes`` while they exist, and the next fetch in any process (the first
+    in each process, then every eviction) removes those that are this user's,
+    unwritten for ``PARTIAL_IDLE_S`` seconds and whose copy's lock is free: every
+    copy holds that lock from before its partial file exists until it is renamed
+    or removed, so no process is writing them. See docs/security.md.
 
     Args:
       directory: where the copies live; created (0700) if missing.
@@ -95,6 +103,7 @@ class LocalCache:
             info = remote.object_info(url, self._options)
         name = self._name(url, info)
         with self._opened_dir() as dir_fd:
+            self._sweep_once(dir_fd)
             if _valid_copy(dir_fd, name, info):
                 return os.path.join(self._dir, name)
             # One copy at a time per file, across the processes and threads sharing the
@@ -193,20 +202,24 @@ class LocalCache:
                 ) from e
             raise
 
+    def _sweep_once(self, dir_fd: int) -> None:
+        """Removes the partial files killed copies left, on this process's first fetch from the directory."""
+        key = (os.getpid(), self._dir)
+        with _SWEPT_LOCK:
+            if key in _SWEPT:
+                return
+            _SWEPT.add(key)
+        with self._lock:
+            _scan(dir_fd)
+
     def _evict(self, dir_fd: int, keep: str) -> None:
         if self._max_bytes is None:
             return
         with self._lock:
-            entries = []
-            for name in os.listdir(dir_fd):
-                if name.startswith("."):
-                    continue
-                try:
-                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                except OSError:
-                    continue
-                entries.append((st.st_mtime, st.st_size, name))
-            total = sum(size for _, size, _ in entries)
+            entries, partial_bytes = _scan(dir_fd)
+            # Partial files take the disk as much as copies do (a live copy's, or one
+            # not yet removable): they count, though only copies are evicted.
+            total = partial_bytes + sum(size for _, size, _ in entries)
             for _, size, name in sorted(entries):
                 if total <= self._max_bytes:
                     break
@@ -218,6 +231,72 @@ class LocalCache:
 # evicting it (a cache bound smaller than the files read at the same time).
 _PIN_ATTEMPTS = 20
 _SIDECAR_MAX_BYTES = 1 << 16
+
+# A copy's (or its sidecar's) file while it is written: ``_renamed_when_written``'s
+# ``<prefix>-<pid>-<8 hex digits>``; group 1 is the cached name whose lock covers it.
+_PARTIAL = re.compile(r"\.partial-(?:meta-)?(.+)-\d+-[0-9a-f]{8}")
+# Seconds a partial file must have gone unwritten before it is removed (with its
+# copy's lock free). The lock alone tells on one machine; this also keeps a copy
+# running on another machine that shares the directory over a filesystem whose
+# locks do not reach it (a live copy writes its file continually).
+PARTIAL_IDLE_S = 60.0
+# (pid, directory) of the sweeps done: one per process and directory.
+_SWEPT: set = set()
+_SWEPT_LOCK = threading.Lock()
+
+
+def _scan(dir_fd: int) -> tuple[list, int]:
+    """The cached copies ``(mtime, size, name)`` and the bytes of the partial files left.
+
+    Partial files of killed copies are removed on the way (``_remove_stale_partial``).
+    """
+    entries = []
+    partial_bytes = 0
+    now = time.time()
+    for name in os.listdir(dir_fd):
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        if not name.startswith("."):
+            entries.append((st.st_mtime, st.st_size, name))
+            continue
+        match = _PARTIAL.fullmatch(name)
+        if match is None or _remove_stale_partial(dir_fd, name, match.group(1), st, now):
+            continue
+        # The blocks written so far (a copy writes its blocks out of order: the
+        # size is the furthest one's end).
+        blocks = getattr(st, "st_blocks", None)
+        partial_bytes += st.st_size if blocks is None else min(st.st_size, blocks * 512)
+    return entries, partial_bytes
+
+
+def _remove_stale_partial(dir_fd: int, partial: str, name: str, st: os.stat_result, now: float) -> bool:
+    """Removes ``partial`` if a killed copy left it; never another user's, nor one being written.
+
+    Removed only if it is this user's, unwritten for ``PARTIAL_IDLE_S`` seconds,
+    and the lock of its copy (``.lock-<name>``, which every copy holds while its
+    partial files exist) is free now; checked again under that lock.
+    """
+    if st.st_uid != os.geteuid() or now - st.st_mtime < PARTIAL_IDLE_S:
+        return False
+    try:
+        lock = _open_private(dir_fd, f".lock-{name}")
+    except OSError:
+        return False
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        again = os.stat(partial, dir_fd=dir_fd, follow_symlinks=False)
+        if (again.st_ino, again.st_dev, again.st_mtime_ns) != (st.st_ino, st.st_dev, st.st_mtime_ns):
+            return False
+        os.unlink(partial, dir_fd=dir_fd)
+        return True
+    except OSError:
+        return False  # The lock is held (a copy is running), or the file went meanwhile.
+    finally:
+        os.close(lock)  # Releases the lock.
 
 
 def secure_directory(path: str, private: bool = False) -> int:
