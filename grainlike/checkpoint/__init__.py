@@ -5,6 +5,8 @@ named ``PyGrainCheckpoint*``, as in ``grain.python``; in ``orbax_handler``, load
 Orbax on first use) write and read the state files of ``grainlike.core.state_files``
 (``process_{i}-of-{n}.json``, byte for byte grain's), which also holds Orbax v1's
 ``save_state_async`` / ``load_state_async``, used by iterators' ``save``/``load``.
+``elastic_checkpoint`` holds grain main's ``save_elastic_iterator`` /
+``restore_elastic_iterator`` (one ``shard_state_{i}.json`` per data shard).
 """
 
 from grainlike.checkpoint.orbax_handler import ORBAX_CLASS_NAMES as _ORBAX_CLASS_NAMES

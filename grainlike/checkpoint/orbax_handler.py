@@ -27,6 +27,8 @@ import threading
 import types
 from typing import Any
 
+from grainlike.checkpoint import elastic_checkpoint
+from grainlike.core import state_files
 from grainlike.core.protocols import Prefetching, missing_state_methods
 from grainlike.core.state_files import (
     _apply_state,
@@ -87,6 +89,34 @@ def _check_iterator(item: Any, method: str, args_name: str) -> None:
         )
 
 
+def _save_now(directory: Any, item: Any) -> None:
+    """Writes ``item``'s files into the existing ``directory``: its shard states (if any), then its state."""
+    elastic_checkpoint.write_shard_state_texts(directory, elastic_checkpoint.shard_state_texts(item))
+    _write_process_files(directory, _state_text(item))
+
+
+async def _write_item(directory: Any, state: str, shard_texts: dict[int, str]) -> None:
+    """Writes the texts read at ``save()``, once Orbax has created ``directory``."""
+    if shard_texts:
+        if hasattr(directory, "await_creation"):  # Orbax's PathAwaitingCreation
+            directory = await directory.await_creation()
+        await asyncio.to_thread(elastic_checkpoint.write_shard_state_texts, directory, shard_texts)
+    await _write_state(directory, state)
+
+
+def _restores_from_shard_states(directory: Any, item: Any) -> bool:
+    """Whether ``item`` restores from ``shard_state_*.json`` (grain main's rule, plus: such files exist).
+
+    An iterator with shard states restores from them when the checkpoint was
+    written by another number of processes.
+    """
+    return (
+        isinstance(item, elastic_checkpoint.ShardStatesCheckpointable)
+        and state_files._process_index_and_count()[1] != elastic_checkpoint.get_checkpoint_process_count(directory)
+        and any(directory.glob("shard_state_*.json"))
+    )
+
+
 # -- Orbax v0: CheckpointHandler and its args, built on first use --------------------
 
 _build_lock = threading.Lock()
@@ -137,18 +167,20 @@ def _build_orbax_classes() -> dict[str, type]:
                     ).result()
                     return []
                 item = item if item is not None else args.item
-                state = _state_text(item)  # now, not when the write runs
+                # Now, not when the write runs.
+                state = _state_text(item)
+                shard_texts = elastic_checkpoint.shard_state_texts(item)
                 # Orbax's commit thread waits for its "directory created" signals,
                 # then writes; save() does not wait for it.
                 return [
                     ocp_future.CommitFutureAwaitingContractedSignals(
-                        _write_state(directory, state), name="grainlike_iterator_state"
+                        _write_item(directory, state, shard_texts), name="grainlike_iterator_state"
                     )
                 ]
 
             def save(self, directory: Any, item: Any = None, args: Any = None) -> None:
                 item = item if item is not None else args.item
-                _write_process_files(directory, _state_text(item))
+                _save_now(directory, item)
 
             def restore(self, directory: Any, item: Any = None, args: Any = None) -> Any:
                 item = item if item is not None else getattr(args, "item", None)
@@ -157,6 +189,10 @@ def _build_orbax_classes() -> dict[str, type]:
                         "CheckpointRestore needs the iterator to restore into: "
                         "CheckpointRestore(iter(loader))"
                     )
+                if _restores_from_shard_states(directory, item):
+                    # As grain main's handler: no prefetch started.
+                    elastic_checkpoint.restore_elastic_iterator(directory, item)
+                    return item
                 text, filename = _read_state_for_process(item, directory)
                 _apply_state(item, text, filename)
                 # As grain: start the workers now, so loading overlaps the rest
