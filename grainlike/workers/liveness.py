@@ -125,7 +125,9 @@ def died_error(proc: Any, w: int, worker_count: int, state: Any, then: str) -> W
     proc.join(0.5)
     code = proc.exitcode
     who = f"grainlike worker {w} of {worker_count} (pid {proc.pid})"
-    if code is not None and code > 0:
+    if code is not None and not server.exit_status_known(proc):
+        head = f"{who} exited (its exit status is unknown: the worker server that started it has gone)"
+    elif code is not None and code > 0:
         # grain's words first (its tests and users match them), e.g. after sys.exit(n).
         head = f"Worker process was terminated unexpectedly with exit code {code}: {who} exited"
     else:

@@ -1,10 +1,13 @@
 """The worker server: where workers start when they cannot fork from the program.
 
-A ``multiprocessing`` forkserver of grainlike's own (the process-wide one stays
-the program's) that has preloaded ``main``, booted when grainlike is imported
-(``start_server_early``). Workers it forks, or spawns where there is no server
-(``server_supported``), get preparation data naming no main module, so they never
-re-run the user's ``__main__``. Importing this module costs the standard library only.
+A forkserver of grainlike's own (the process-wide one stays the program's) that
+has preloaded ``main``, booted when grainlike is imported (``start_server_early``).
+It speaks multiprocessing's forkserver protocol (``WorkerServer``) with a loop of
+its own (``forkserver_main``) that no peer can stop or block; the workers it
+starts are watched through pidfds, not through it, so its death is no worker's.
+Workers it forks, or spawns where there is no server (``server_supported``), get
+preparation data naming no main module, so they never re-run the user's
+``__main__``. Importing this module costs the standard library only.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ import os
 import re
 import signal
 import stat
+import struct
 import sys
 import tempfile
 import threading
+import time
 import types
 import weakref
 from typing import Any, Callable, Optional
@@ -103,6 +108,71 @@ def _rebound_popen(base: type, method: str, module: types.ModuleType, name: str,
     return type(name, (base,), {method: _rebound(getattr(base, method), module, **replaced), "__module__": __name__})
 
 
+# How long a served worker's exit status may take to come from its server once its pidfd reports the exit.
+_STATUS_WAIT_S = 1.0
+# The exit code multiprocessing reports when a served process's status never came.
+UNKNOWN_EXIT_CODE = 255
+
+
+class _ExitSeenThroughPidfd:
+    """A served worker whose exit is seen through a pidfd (Linux 5.3+), not through its server.
+
+    multiprocessing's forkserver ``Popen`` learns a child's exit from the
+    server's status pipe, so a server that dies makes every worker it started
+    look dead (exit code 255) while it runs on. Here the process's
+    ``sentinel`` is a pidfd of the worker itself, readable once it exits; the
+    exit status still comes from the server, and where the server has gone it
+    is unknown (``status_known`` False, exit code 255).
+    """
+
+    status_known = True
+    _pidfd: Optional[int] = None
+
+    def _launch(self, process_obj: Any) -> None:
+        super()._launch(process_obj)
+        self._status_fd = self.sentinel
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            return  # Seen through the server, as multiprocessing does.
+        from multiprocessing import util
+
+        self._pidfd = pidfd
+        self.sentinel = pidfd
+        self._pidfd_finalizer = util.Finalize(self, os.close, (pidfd,))
+
+    def poll(self, flag: int = os.WNOHANG) -> Optional[int]:
+        if self.returncode is not None or self._pidfd is None:
+            return super().poll(flag)
+        from multiprocessing import forkserver
+        from multiprocessing.connection import wait
+
+        if not wait([self._pidfd], 0 if flag == os.WNOHANG else None):
+            return None
+        code = None
+        if wait([self._status_fd], _STATUS_WAIT_S):
+            try:
+                code = forkserver.read_signed(self._status_fd)
+            except (OSError, EOFError):
+                pass  # Its server has gone.
+        if code is None:
+            self.status_known = False
+            code = UNKNOWN_EXIT_CODE
+        self.returncode = code
+        return code
+
+    def close(self) -> None:
+        super().close()
+        if self._pidfd is not None:
+            self._pidfd = None
+            self._pidfd_finalizer()
+
+
+def exit_status_known(proc: Any) -> bool:
+    """Whether the exit code of process ``proc`` (exited) is its own, not multiprocessing's 255 for "unknown"."""
+    return getattr(getattr(proc, "_popen", None), "status_known", True)
+
+
 @functools.lru_cache(maxsize=None)
 def _worker_popen(server: Any) -> type:
     """The forkserver ``Popen`` that launches through ``server``, with preparation data naming no main module.
@@ -111,13 +181,14 @@ def _worker_popen(server: Any) -> type:
     """
     from multiprocessing import forkserver, popen_forkserver
 
-    return _rebound_popen(
-        popen_forkserver.Popen, "_launch", popen_forkserver, "WorkerPopen",
+    launching = _rebound_popen(
+        popen_forkserver.Popen, "_launch", popen_forkserver, "LaunchingPopen",
         spawn=_SpawnWithoutMain(),
         forkserver=types.SimpleNamespace(
             connect_to_new_process=server.connect_to_new_process, read_signed=forkserver.read_signed
         ),
     )
+    return type("WorkerPopen", (_ExitSeenThroughPidfd, launching), {"__module__": __name__})
 
 
 @functools.lru_cache(maxsize=None)
@@ -184,19 +255,138 @@ def _server_preload() -> tuple:
 
 def running_server(start: bool = True) -> Any:
     """A running worker server preloading at least ``_server_preload()``."""
-    from multiprocessing import forkserver
-
     preload = _server_preload()
     with _lock:
         server = next((s for key, s in _servers.items() if set(preload) <= set(key)), None)
         if server is None:
-            server = forkserver.ForkServer()
+            server = _worker_server_class()()
             server.set_forkserver_preload(list(preload))
             _servers[preload] = server
     if start:
-        _ensure_running(server)
+        server.ensure_running()
         install_exit_on_signals()  # No folder of its own or of multiprocessing may outlive the process.
     return server
+
+
+# The start of the command a worker server runs (``forkserver_main``).
+_SERVE_COMMAND = "from grainlike.workers.server import forkserver_main; "
+
+
+@functools.lru_cache(maxsize=None)
+def _worker_server_class() -> type:
+    """``WorkerServer``, built on first use: importing ``multiprocessing.forkserver`` costs a socket import."""
+    from multiprocessing import forkserver, resource_tracker, spawn, util
+
+    class WorkerServer(forkserver.ForkServer):
+        """multiprocessing's ``ForkServer``, running ``forkserver_main`` at grainlike's own address.
+
+        The client side is multiprocessing's protocol (the requester's pipe ends and
+        descriptors passed over the socket, the forked pid and later the exit code
+        written back), spoken here by this class and by ``forkserver_main``, so that
+        it does not depend on what a Python version's forkserver adds to it. The
+        attributes are ``ForkServer``'s (``_forkserver_pid``, ``_forkserver_address``,
+        ``_forkserver_alive_fd``).
+        """
+
+        def ensure_running(self) -> None:
+            with self._lock:
+                resource_tracker.ensure_running()
+                if self._forkserver_pid is not None:
+                    pid, _ = os.waitpid(self._forkserver_pid, os.WNOHANG)
+                    if not pid:
+                        return  # Still running.
+                    self._forget()
+                import socket
+
+                with socket.socket(socket.AF_UNIX) as listener:
+                    address = _listen_address()
+                    listener.bind(address)
+                    if isinstance(address, str) and not address.startswith("\0"):
+                        os.chmod(address, 0o600)
+                    listener.listen()
+                    # Every process of the program holds the write end: when all are
+                    # gone, the server reads EOF and exits.
+                    alive_r, alive_w = os.pipe()
+                    try:
+                        command = _SERVE_COMMAND + "forkserver_main(%d, %d, %r)" % (
+                            listener.fileno(), alive_r, list(self._preload_modules)
+                        )
+                        exe = spawn.get_executable()
+                        args = [exe, *util._args_from_interpreter_flags(), "-c", command]
+                        pid = util.spawnv_passfds(exe, args, [listener.fileno(), alive_r])
+                    except BaseException:
+                        os.close(alive_w)
+                        raise
+                    finally:
+                        os.close(alive_r)
+                self._forkserver_address = address
+                self._forkserver_alive_fd = alive_w
+                self._forkserver_pid = pid
+
+        def _forget(self) -> None:
+            """Drops a server that has exited (reaped already)."""
+            os.close(self._forkserver_alive_fd)
+            self._forkserver_address = self._forkserver_alive_fd = self._forkserver_pid = None
+
+        def replace(self) -> None:
+            """Ends this server's process (a server that refused a connection is dying or broken); the next use starts another.
+
+            Workers it started go on: their exits are seen through pidfds.
+            """
+            with self._lock:
+                pid = self._forkserver_pid
+                if pid is None:
+                    return
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+                self._forget()
+
+        def connect_to_new_process(self, fds: list) -> tuple:
+            """Asks the server for a process; returns ``(status_r, data_w)`` (see ``ForkServer``)."""
+            import socket
+
+            self.ensure_running()
+            if len(fds) + 4 >= forkserver.MAXFDS_TO_SEND:
+                raise ValueError("too many fds")
+            with socket.socket(socket.AF_UNIX) as client:
+                client.connect(self._forkserver_address)
+                parent_r, child_w = os.pipe()
+                child_r, parent_w = os.pipe()
+                try:
+                    socket.send_fds(
+                        client, [bytes([(len(fds) + 4) % 256])],
+                        [child_r, child_w, self._forkserver_alive_fd, resource_tracker.getfd(), *fds],
+                    )
+                    return parent_r, parent_w
+                except BaseException:
+                    os.close(parent_r)
+                    os.close(parent_w)
+                    raise
+                finally:
+                    os.close(child_r)
+                    os.close(child_w)
+
+    return WorkerServer
+
+
+# Failures to reach a worker server before it received a request (so none was
+# forked): the start can be tried again. Refused or not found, the server is
+# gone or going and a new one is started; reset, it dropped the connection.
+SERVER_FAILURES = (ConnectionRefusedError, FileNotFoundError, ConnectionResetError, BrokenPipeError)
+
+
+def recover(server: Any, error: BaseException) -> None:
+    """After ``error`` starting a worker through ``server``: replaces a server that refused or vanished."""
+    if isinstance(error, (ConnectionRefusedError, FileNotFoundError)) or (
+        server._forkserver_pid is not None and not pid_alive(server._forkserver_pid)
+    ):
+        server.replace()
 
 
 # On Linux a worker server listens at the abstract ``\0grainlike-srv-<pid>-<random>``:
@@ -216,10 +406,29 @@ def abstract_sockets() -> bool:
     return sys.platform.startswith("linux") and hasattr(socket, "SO_PEERCRED")
 
 
-def _abstract_address(family: str) -> str:
+def _abstract_address() -> str:
     import secrets
 
     return f"{_ABSTRACT_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+
+
+def _listen_address() -> Any:
+    """Where a new worker server listens: an abstract address, else a socket file in this process's folder.
+
+    Not multiprocessing's ``pymp-*`` folder, which nothing removes if the program
+    and its server are killed together; ours a later program sweeps.
+    """
+    if abstract_sockets():
+        return _abstract_address()
+    import secrets
+
+    try:
+        return os.path.join(_socket_folder(), f"listener-{secrets.token_hex(4)}")
+    except OSError:
+        # A socket path too long for AF_UNIX under a deep $TMPDIR: multiprocessing's own folder.
+        from multiprocessing import connection
+
+        return connection.arbitrary_address("AF_UNIX")
 
 
 def _sweep_dead_folders(parent: str) -> None:
@@ -285,47 +494,6 @@ def _socket_folder() -> str:
         _sweep_dead_folders(parent)
         _folder = tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}-", dir=parent)
     return _folder
-
-
-@functools.lru_cache(maxsize=None)
-def _abstract_ensure_running() -> Callable[[Any], None]:
-    """``ForkServer.ensure_running``, the standard library's own code, binding an abstract address."""
-    from multiprocessing import connection, forkserver
-
-    abstract = types.SimpleNamespace(**{**vars(connection), "arbitrary_address": _abstract_address})
-    return _rebound(forkserver.ForkServer.ensure_running, forkserver, connection=abstract)
-
-
-def _ensure_running(server: Any) -> None:
-    """Starts ``server`` if it is not running: at an abstract address, else in this process's own folder.
-
-    Not multiprocessing's ``pymp-*`` folder, which nothing removes if the program
-    and its server are killed together; ours a later program sweeps.
-    """
-    if abstract_sockets():
-        _abstract_ensure_running()(server)
-        return
-    from multiprocessing import process
-
-    config = process.current_process()._config
-    with _lock:
-        previous = config.get("tempdir")
-        config["tempdir"] = _socket_folder()
-        try:
-            server.ensure_running()
-        except OSError:
-            # A socket path too long for AF_UNIX under a deep $TMPDIR: multiprocessing's own folder.
-            _restore(config, previous)
-            server.ensure_running()
-        finally:
-            _restore(config, previous)
-
-
-def _restore(config: dict, previous: Optional[str]) -> None:
-    if previous is None:
-        config.pop("tempdir", None)
-    else:
-        config["tempdir"] = previous
 
 
 # Signals whose default action skips exit handlers, leaving multiprocessing's
@@ -395,7 +563,7 @@ def server_fds() -> set:
 
 
 def _started_by_multiprocessing() -> bool:
-    """Whether this interpreter is one multiprocessing started (its forkserver, a spawned child)."""
+    """Whether this interpreter is one multiprocessing started (a forkserver, ours too; a spawned child)."""
     if multiprocessing.parent_process() is not None:
         return True
     argv = list(getattr(sys, "orig_argv", sys.argv))
@@ -403,7 +571,7 @@ def _started_by_multiprocessing() -> bool:
     # ``--multiprocessing-fork`` after it (they import grainlike before parent_process() is set).
     if argv and argv[-1] == "--multiprocessing-fork":
         argv.pop()
-    return len(argv) >= 2 and argv[-2] == "-c" and argv[-1].startswith("from multiprocessing.")
+    return len(argv) >= 2 and argv[-2] == "-c" and argv[-1].startswith(("from multiprocessing.", _SERVE_COMMAND))
 
 
 def start_server_early() -> None:
@@ -425,21 +593,6 @@ def start_quietly() -> None:
         running_server()
     except Exception:
         pass
-
-
-def _own_listener() -> Any:
-    """In a worker server: the address it listens at (None in any other process)."""
-    import socket
-
-    argv = getattr(sys, "orig_argv", sys.argv)
-    found = re.match(r"from multiprocessing\.forkserver import main; main\((\d+), ", argv[-1] if argv else "")
-    if found is None:
-        return None
-    try:
-        with socket.fromfd(int(found.group(1)), socket.AF_UNIX, socket.SOCK_STREAM) as listener:
-            return listener.getsockname()
-    except OSError:
-        return None
 
 
 def _remove_own_socket_at_exit(path: str) -> None:
@@ -482,45 +635,265 @@ def _in_tree(pid: int, root: int) -> bool:
     return False
 
 
-def _check_peers() -> None:
-    """In a worker server at an abstract address: accepts only its own program's processes.
+# A peer of the worker server must send its whole request within this long of
+# connecting (multiprocessing's client sends it at once); then it is dropped.
+REQUEST_TIMEOUT_S = 5.0
+# Connections waiting for their request at once; a new one beyond it drops the oldest.
+_MAX_WAITING = 128
+# Connections accepted per turn of the loop, so that requests already in are served meanwhile.
+_ACCEPTS_PER_TURN = 16
 
-    An abstract socket has no owner or mode, so any local process could connect
-    and have the server unpickle what it sends. ``forkserver.main``'s accept
-    loop gets a socket whose ``accept`` closes every connection whose peer
-    (SO_PEERCRED) is not of this uid and below the program, reporting
-    ECONNABORTED, which the loop skips. Installed when the server preloads this module.
+
+def forkserver_main(listener_fd: int, alive_r: int, preload: list) -> None:
+    """The worker server: forks a worker for each request on its socket, until the program has gone.
+
+    It speaks multiprocessing's forkserver protocol (``WorkerServer``) but, unlike
+    Python's own loop (which dies on any peer's error but ECONNABORTED, and
+    waits without a bound for a peer that connects and sends nothing), it never
+    depends on one peer: every connection is read only when it is readable,
+    without blocking, and dropped if its request has not come within
+    ``REQUEST_TIMEOUT_S``; what a peer sends that is not a request (nothing,
+    a byte, junk, descriptors that are not pipes) closes that connection and
+    whatever descriptors came with it; a flood of connections drops the
+    oldest ones; an error while serving one connection ends that connection
+    only. On Linux (an abstract address) only peers of this uid in the
+    program's process tree are served (``_allowed``); any other connection is
+    closed before a byte is read.
     """
     import socket
-    import struct
-    from multiprocessing import forkserver
 
-    uid, program = os.getuid(), os.getppid()
+    for name in preload:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    from multiprocessing import util
 
-    class _PeerCheckingSocket(socket.socket):
-        def accept(self):
-            conn, address = super().accept()
+    util._close_stdin()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=listener_fd)
+    address = listener.getsockname()
+    abstract = isinstance(address, bytes) or address.startswith("\0") or not address
+    if not abstract:
+        _remove_own_socket_at_exit(address)
+    _Server(listener, alive_r, check_peers=abstract and hasattr(socket, "SO_PEERCRED")).run()
+
+
+def _ignore_signal(*_: Any) -> None:
+    """SIGCHLD's handler: the signal only wakes the loop (through the wakeup fd)."""
+
+
+class _Server:
+    """The state of ``forkserver_main``'s loop."""
+
+    def __init__(self, listener: Any, alive_r: int, check_peers: bool):
+        import selectors
+
+        self.listener = listener
+        listener.setblocking(False)
+        self.alive_r = alive_r
+        self.check_peers = check_peers
+        self.uid, self.program = os.getuid(), os.getppid()
+        # Connections waiting for their request -> deadline, oldest first.
+        self.waiting: dict = {}
+        # Forked pid -> the requester's status pipe (write end), for its exit code.
+        self.children: dict = {}
+        self.sig_r, self.sig_w = os.pipe()
+        os.set_blocking(self.sig_r, False)
+        os.set_blocking(self.sig_w, False)
+        self.selector = selectors.DefaultSelector()
+        self.handlers: dict = {}
+
+    def run(self) -> None:
+        import selectors
+
+        self.handlers = {
+            signal.SIGCHLD: signal.signal(signal.SIGCHLD, _ignore_signal),
+            signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),  # Ctrl-C is the program's.
+        }
+        signal.set_wakeup_fd(self.sig_w)
+        for fileobj in (self.listener, self.alive_r, self.sig_r):
+            self.selector.register(fileobj, selectors.EVENT_READ)
+        while True:
+            timeout = None
+            if self.waiting:
+                timeout = max(0.0, next(iter(self.waiting.values())) - time.monotonic())
+            ready = {key.fileobj for key, _ in self.selector.select(timeout)}
+            if self.alive_r in ready:
+                try:
+                    if not os.read(self.alive_r, 1):
+                        return  # Every process of the program has gone.
+                except OSError:
+                    return
+            if self.sig_r in ready:
+                self._guarded(self._reap)
+            for conn in [c for c in ready if c in self.waiting]:
+                self._guarded(self._serve, conn)
+            if self.listener in ready:
+                self._guarded(self._accept)
+            self._expire()
+
+    def _guarded(self, step: Callable, *args: Any) -> None:
+        """Runs one step; its failure is that step's only (a peer's request, an exit code not delivered)."""
+        try:
+            step(*args)
+        except Exception:  # noqa: BLE001 - nothing one peer does may end the server
+            pass
+
+    def _allowed(self, conn: Any) -> bool:
+        """Whether the peer of ``conn`` is of this uid and in the program's process tree (SO_PEERCRED)."""
+        if not self.check_peers:
+            return True  # A socket file in a 0700 folder: only this user reaches it.
+        import socket
+        import struct
+
+        try:
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            pid, uid, _ = struct.unpack("3i", creds)
+        except OSError:
+            return False
+        return uid == self.uid and _in_tree(pid, self.program)
+
+    def _accept(self) -> None:
+        import selectors
+
+        for _ in range(_ACCEPTS_PER_TURN):
             try:
-                pid, peer_uid, _ = struct.unpack(
-                    "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-                )
-                allowed = peer_uid == uid and _in_tree(pid, program)
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
             except OSError:
-                allowed = False
-            if not allowed:
+                # Out of descriptors (peers holding many connections): the oldest go.
+                if not self.waiting:
+                    return
+                self._drop(next(iter(self.waiting)))
+                continue
+            if not self._allowed(conn):
+                conn.close()  # Before a byte is read.
+                continue
+            conn.setblocking(False)
+            if len(self.waiting) >= _MAX_WAITING:
+                self._drop(next(iter(self.waiting)))
+            self.waiting[conn] = time.monotonic() + REQUEST_TIMEOUT_S
+            self.selector.register(conn, selectors.EVENT_READ)
+
+    def _drop(self, conn: Any) -> None:
+        self.waiting.pop(conn, None)
+        try:
+            self.selector.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self.waiting:
+            conn, deadline = next(iter(self.waiting.items()))
+            if deadline > now:
+                return
+            self._drop(conn)
+
+    def _serve(self, conn: Any) -> None:
+        """Reads one request from ``conn`` (readable) and forks for it; anything else just ends ``conn``."""
+        import socket
+        from multiprocessing import forkserver
+
+        fds: list = []
+        try:
+            try:
+                data, fds, flags, _ = socket.recv_fds(conn, 1, forkserver.MAXFDS_TO_SEND + 1)
+            except (BlockingIOError, InterruptedError):
+                return  # Not readable after all: drop it (a real client's request is there at once).
+            if (
+                not data
+                or flags & getattr(socket, "MSG_CTRUNC", 0)
+                or not 2 <= len(fds) <= forkserver.MAXFDS_TO_SEND
+                or data[0] != len(fds) % 256
+            ):
+                return
+            child_r, child_w, *inherited = fds
+            if not (stat.S_ISFIFO(os.fstat(child_r).st_mode) and stat.S_ISFIFO(os.fstat(child_w).st_mode)):
+                return
+            # Writes of the pid and the exit code must never wait for the requester.
+            os.set_blocking(child_w, False)
+            pid = self._fork(child_r, child_w, inherited)
+            fds.remove(child_w)  # Kept for the exit code.
+            self.children[pid] = child_w
+            try:
+                os.write(child_w, _SIGNED.pack(pid))
+            except OSError:
+                pass  # The requester has gone; its process is reaped as any other.
+        finally:
+            self._drop(conn)
+            for fd in fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def _fork(self, child_r: int, child_w: int, inherited: list) -> int:
+        pid = os.fork()
+        if pid:
+            return pid
+        code = 1
+        try:
+            # The server's own descriptors and the other requests' are not the worker's.
+            self.selector.close()
+            self.listener.close()
+            for conn in list(self.waiting):
                 conn.close()
-                raise OSError(errno.ECONNABORTED, "grainlike worker server: a connection from another user or program was refused")
-            return conn, address
+            for fd in [self.alive_r, self.sig_r, self.sig_w, child_w, *self.children.values()]:
+                os.close(fd)
+            code = _serve_one(child_r, inherited, self.handlers)
+        except Exception:
+            sys.excepthook(*sys.exc_info())  # As multiprocessing's forkserver: the worker's start failed.
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
 
-    forkserver.socket = types.SimpleNamespace(**{**vars(socket), "socket": _PeerCheckingSocket})
+    def _reap(self) -> None:
+        """Collects exited children and writes each one's exit code to its requester."""
+        try:
+            os.read(self.sig_r, 65536)
+        except OSError:
+            pass
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            fd = self.children.pop(pid, None)
+            if fd is None:
+                continue
+            try:
+                os.write(fd, _SIGNED.pack(os.waitstatus_to_exitcode(status)))
+            except OSError:
+                pass  # The requester has gone or stopped reading.
+            finally:
+                os.close(fd)
 
 
-if _started_by_multiprocessing() and multiprocessing.parent_process() is None:  # In a worker server, maybe.
-    _address = _own_listener()
-    if isinstance(_address, bytes) and _address.startswith(_ABSTRACT_PREFIX.encode()):
-        _check_peers()
-    elif isinstance(_address, str) and _address:
-        _remove_own_socket_at_exit(_address)
+# multiprocessing's forkserver numbers (pids, exit codes) on the wire.
+_SIGNED = struct.Struct("q")
+
+
+def _serve_one(child_r: int, fds: list, handlers: dict) -> int:
+    """In the forked child: runs the process the requester sends over ``child_r``, as multiprocessing's forkserver does.
+
+    ``fds`` are the requester's: the program's alive pipe, its resource
+    tracker's pipe, then the descriptors the process inherits.
+    """
+    from multiprocessing import forkserver, resource_tracker, spawn
+
+    signal.set_wakeup_fd(-1)
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    if len(fds) < 2:
+        return 1  # Not a worker's request.
+    forkserver._forkserver._forkserver_alive_fd, resource_tracker._resource_tracker._fd = fds[0], fds[1]
+    forkserver._forkserver._inherited_fds = fds[2:]
+    return spawn._main(child_r, os.dup(child_r))
 
 
 def _after_fork_in_child() -> None:

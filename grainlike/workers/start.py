@@ -173,10 +173,8 @@ def launch(
             else:
                 cls, target = (server.WorkerProcess if served else server.SpawnedWorkerProcess), _worker_entry
             proc = cls(target=target, args=args, name=f"grainlike-worker-{w}", daemon=True)
-            if served:
-                server.server_of[proc] = serving
             try:
-                proc.start()
+                _start(proc, serving if served else None)
             except BaseException:
                 os.close(stack_r)
                 raise
@@ -199,6 +197,32 @@ def launch(
         if sd.progress is not None:
             sd.progress.close_fd()
         memfd.close_all(sd.shipped)  # Every worker has its copy.
+
+
+# Tries to start a worker through the worker server before the failure is raised.
+_SERVER_TRIES = 3
+
+
+def _start(proc: Any, serving: Any) -> None:
+    """Starts ``proc``, through the worker server ``serving`` unless None.
+
+    A server that has died (or refuses connections while dying) is replaced, and
+    one that dropped the request is asked again: the next iterator starts even
+    if something made the last server end.
+    """
+    if serving is None:
+        proc.start()
+        return
+    for attempt in range(_SERVER_TRIES):
+        server.server_of[proc] = serving
+        try:
+            proc.start()
+            return
+        except server.SERVER_FAILURES as e:
+            server.server_of.pop(proc, None)
+            if attempt == _SERVER_TRIES - 1:
+                raise
+            server.recover(serving, e)
 
 
 def _worker_entry(*args) -> None:
