@@ -21,6 +21,7 @@ from typing import Any, Awaitable
 
 from grainlike.core.errors import InvalidStateError, add_note
 from grainlike.core.protocols import Checkpointable, ProcessStatesMerger, missing_state_methods
+from grainlike.core.state_depth import check_depth
 
 __all__ = ["ProcessStatesMerger", "load_state_async", "process_state_path", "save_state_async"]
 
@@ -78,14 +79,34 @@ def _current_state(iterator: Any) -> Any:
     return iterator.get_state() if isinstance(iterator, Checkpointable) else None
 
 
-def _state_from_text(iterator: Any, text: str) -> Any:
-    """The file's text in the form ``iterator.set_state`` takes."""
+def _parse_json(text: str, source: Any) -> Any:
+    """The JSON state in ``text``, read from ``source``.
+
+    Raises:
+      InvalidStateError: ``text`` is not JSON (empty, a pickle, too deep to parse),
+        or ``StateTooDeepError``: it nests deeper than any state; both name ``source``.
+    """
+    try:
+        text.encode()  # Bytes that were not UTF-8 are read as lone surrogates.
+        state = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        head = text[:40] + ("..." if len(text) > 40 else "")
+        raise InvalidStateError(
+            f"{source} does not hold a JSON state ({type(e).__name__}: {str(e)[:200]}): {head!r}"
+        ) from None
+    check_depth(state, source)
+    return state
+
+
+def _state_from_text(iterator: Any, text: str, source: Any = None) -> Any:
+    """The file's text (from ``source``) in the form ``iterator.set_state`` takes."""
     current = _current_state(iterator)
     if isinstance(current, dict):
-        return json.loads(text)
+        return _parse_json(text, source)
     if isinstance(current, str):
         return text
-    return text.encode()
+    # Bytes that are not UTF-8 go back as read (decoded with "surrogateescape").
+    return text.encode(errors="surrogateescape")
 
 
 def _missing_state_error(filename: Any) -> ValueError:
@@ -110,7 +131,7 @@ def _missing_state_error(filename: Any) -> ValueError:
 
 
 def _apply_state(iterator: Any, text: str, filename: Any) -> None:
-    state = _state_from_text(iterator, text)
+    state = _state_from_text(iterator, text, filename)
     try:
         iterator.set_state(state)
     except Exception as e:
@@ -143,7 +164,7 @@ def _read_state_for_process(iterator: Any, directory: Any) -> tuple[str, Any]:
     filename = process_state_path(directory)
     if filename.exists():
         # Written whole by a rename: a reader sees the old file or the new one.
-        return filename.read_text(), filename
+        return filename.read_bytes().decode(errors="surrogateescape"), filename
     _, count = _process_index_and_count()
     found: dict[int, dict[int, Any]] = {}
     if directory.exists():
@@ -156,7 +177,7 @@ def _read_state_for_process(iterator: Any, directory: Any) -> tuple[str, Any]:
         # No other process count, several, or not all files of one: nothing to merge.
         raise _missing_state_error(filename)
     ((old_count, paths),) = found.items()
-    texts = {i: path.read_text() for i, path in paths.items()}
+    texts = {i: path.read_bytes().decode(errors="surrogateescape") for i, path in paths.items()}
     where = directory / f"process_*-of-{old_count}.json"
     try:
         return _elastic_state_text(iterator, texts, old_count), where
@@ -167,7 +188,7 @@ def _read_state_for_process(iterator: Any, directory: Any) -> tuple[str, Any]:
 def _elastic_state_text(iterator: Any, texts: dict, old_count: int) -> str:
     """The state text for this process, continuing the states of ``old_count`` processes."""
     if isinstance(_current_state(iterator), dict):
-        states = {i: json.loads(t) for i, t in texts.items()}
+        states = {i: _parse_json(t, f"process_{i}-of-{old_count}.json") for i, t in texts.items()}
         if len(states) != old_count or any(s != states[0] for s in states.values()):
             raise InvalidStateError(
                 f"the checkpoint holds the states of {len(states)} of {old_count} processes, "

@@ -92,6 +92,15 @@ class DatasetIterator(OrbaxCheckpointable, Iterator[T], abc.ABC):
     ``save``/``load``. Not thread-safe: one thread uses an iterator at a time.
     """
 
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        if cls.__module__.startswith("grainlike."):
+            # grainlike's stages refuse too deep a state before reading it
+            # (``dataset.state.guard_set_state``); users' own stages are left as written.
+            from grainlike.dataset.state import guard_set_state
+
+            guard_set_state(cls)
+
     def __init__(self, parents: Union["DatasetIterator", Sequence["DatasetIterator"]] = ()):
         super().__init__()
         # One iterator is one parent, whatever its class (tuple() of an iterator

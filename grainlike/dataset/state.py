@@ -1,12 +1,44 @@
-"""Validating the states given to ``set_state``, before anything changes."""
+"""Validating the states given to ``set_state``, before anything changes.
+
+Every ``set_state`` of grainlike's iterator stages first refuses a state nested
+deeper than ``MAX_STATE_DEPTH`` (``guard_set_state``, applied to each stage class),
+(``core.state_depth``), so a hostile state (a 100,000-deep JSON object) is an
+``InvalidStateError``, never a ``RecursionError`` in whichever stage first prints,
+copies or compares it.
+"""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import numpy as np
 
 from grainlike.core.errors import InvalidStateError, StateIndexError, StateKeyError, StateTypeError, is_int
+from grainlike.core.state_depth import MAX_STATE_DEPTH, check_depth  # noqa: F401  (re-exported)
+
+
+def guard_set_state(cls: type) -> None:
+    """Makes ``cls.set_state`` refuse too deep a state before it runs.
+
+    Wraps the ``set_state`` the class resolves to, unless it is wrapped already (a
+    base's) or abstract: also one a mixin that is no iterator stage defines.
+    """
+    set_state = getattr(cls, "set_state", None)
+    if (
+        not callable(set_state)
+        or getattr(set_state, "_checks_depth", False)
+        or getattr(set_state, "__isabstractmethod__", False)
+    ):
+        return
+
+    @functools.wraps(set_state)
+    def checked(self: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
+        check_depth(state, self)
+        return set_state(self, state, *args, **kwargs)
+
+    checked._checks_depth = True  # type: ignore[attr-defined]
+    setattr(cls, "set_state", checked)
 
 
 def require_keys(state: Any, stage: Any, keys: Sequence[str]) -> dict:
