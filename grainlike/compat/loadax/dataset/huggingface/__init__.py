@@ -1,0 +1,3 @@
+"""``loadax.dataset.huggingface``: Hugging Face datasets (the ``datasets`` package)."""
+
+from grainlike.compat.loadax.dataset.huggingface.dataset import HuggingFaceDataset as HuggingFaceDataset
