@@ -5,10 +5,19 @@ Another process maps the same memory from the small ``SharedMemoryArrayMetadata`
 hand; grainlike's own workers use memory without names (``core.memfd``). The last
 user must call ``unlink_on_del()`` on one array, or the segment outlives the
 processes, as in grain.
+
+It is also the type of the arrays ``mp_prefetch`` (and so a DataLoader with
+workers) delivers, as in grain: ``as_delivered`` types, in a worker, the leaves
+grain's workers would copy into shared memory; the hand-off keeps the types, and
+the consumer gets ``SharedMemoryArray`` views on the anonymous memory the worker
+wrote (nothing copied). Those have no named segment (``shm`` is None): they
+pickle by value, ``metadata`` says it has no name to give, and
+``unlink_on_del()`` has nothing to do (the memory goes with its last array).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import mmap
@@ -22,7 +31,14 @@ import numpy.typing as npt
 
 from grainlike.core import shm_owner, tree
 
-__all__ = ["SharedMemoryArray", "SharedMemoryArrayMetadata", "copy_to_shm", "open_from_shm", "unlink_shm"]
+__all__ = [
+    "SharedMemoryArray",
+    "SharedMemoryArrayMetadata",
+    "as_delivered",
+    "copy_to_shm",
+    "open_from_shm",
+    "unlink_shm",
+]
 
 
 @dataclasses.dataclass(slots=True, frozen=True)
@@ -106,8 +122,11 @@ class SharedMemoryArray(np.ndarray):
         """Name, shape and dtype: what another process needs to map this array."""
         if not isinstance(self.shm, shared_memory.SharedMemory):
             raise ValueError(
-                "this SharedMemoryArray has no shared-memory segment of its own (it was "
-                "made by a view or a copy); send the array it came from"
+                "this SharedMemoryArray has no named shared-memory segment: it is a copy, "
+                "or an array a worker handed over in anonymous shared memory, which has no "
+                "name to give. Pickle it (it pickles by value), or copy it into a new "
+                "segment: `b = SharedMemoryArray(a.shape, a.dtype); b[...] = a`, and send "
+                "`b.metadata`"
             )
         return SharedMemoryArrayMetadata(name=self.shm.name, shape=self.shape, dtype=self.dtype)
 
@@ -126,7 +145,12 @@ class SharedMemoryArray(np.ndarray):
         return obj.view(np.ndarray)
 
     def __reduce_ex__(self, protocol: int) -> Any:
-        # A SharedMemory pickles as its name: the data never goes through the pickle.
+        # An array over a whole named segment pickles as the segment's name: the
+        # data never goes through the pickle. Any other (a view, a copy, an array a
+        # worker handed over in anonymous memory) pickles its data, and is still a
+        # SharedMemoryArray when loaded: a name would map the wrong bytes, or none.
+        if self.shm is None or not isinstance(self.base, mmap.mmap):
+            return super().__reduce_ex__(protocol)
         return self.from_shared_memory, (self.shm, self.shape, self.dtype)
 
     def unlink_on_del(self) -> None:
@@ -186,16 +210,21 @@ def _is_metadata(x: Any) -> bool:
     return isinstance(x, SharedMemoryArrayMetadata)
 
 
+def _goes_to_shm(leaf: Any, min_size: int) -> bool:
+    """Whether grain's workers hand ``leaf`` over in shared memory (its ``copy_to_shm``'s test)."""
+    return (
+        isinstance(leaf, np.ndarray)
+        and not leaf.dtype.hasobject  # object arrays hold pointers into this process
+        and leaf.flags.c_contiguous
+        and leaf.size != 0  # a segment cannot be empty
+        and leaf.nbytes >= min_size
+    )
+
+
 def _copy_leaf_to_shm(leaf: Any, min_size: int) -> Any:
     if isinstance(leaf, SharedMemoryArray) and leaf.shm is not None:
         return leaf.metadata
-    if (
-        not isinstance(leaf, np.ndarray)
-        or leaf.dtype.hasobject  # object arrays hold pointers into this process
-        or not leaf.flags.c_contiguous
-        or leaf.size == 0  # a segment cannot be empty
-        or leaf.nbytes < min_size
-    ):
+    if not _goes_to_shm(leaf, min_size):
         return leaf
     out = SharedMemoryArray(leaf.shape, leaf.dtype)
     np.copyto(out, leaf, casting="no")
@@ -255,3 +284,45 @@ def unlink_shm(struct: Any) -> None:
     For a structure from ``copy_to_shm`` that will never be opened.
     """
     tree.map_structure(_unlink_leaf, struct, is_leaf=_is_metadata)
+
+
+# The containers JAX's tree functions walk (grain maps its workers' outputs with
+# them): an unregistered dataclass or dict subclass is one leaf, arrays and all.
+_JAX_NODES = frozenset({dict, list, tuple, type(None), collections.OrderedDict, collections.defaultdict})
+_SCALARS = frozenset({int, float, bool, str, bytes, type(None)})
+
+
+def _jax_leaf(x: Any) -> bool:
+    t = type(x)
+    return t not in _JAX_NODES and not (isinstance(x, tuple) and hasattr(t, "_fields"))
+
+
+def _delivered_leaf(leaf: Any, min_size: int) -> Any:
+    if not isinstance(leaf, SharedMemoryArray) and _goes_to_shm(leaf, min_size):
+        return leaf.view(SharedMemoryArray)
+    return leaf
+
+
+def as_delivered(struct: Any, min_size: int = 0) -> Any:
+    """``struct`` with the leaves grain's workers hand over in shared memory typed ``SharedMemoryArray``.
+
+    What the consumer of grain's ``mp_prefetch`` gets from a worker: each
+    C-contiguous, non-empty numpy array of at least ``min_size`` bytes without
+    Python objects becomes a ``SharedMemoryArray`` (here a view: nothing is
+    copied and no segment is made); a ``SharedMemoryArray`` stays one whatever
+    its size; other leaves, and everything inside a dataclass or another object
+    JAX's tree functions take as a leaf, stay as they are. A worker calls it on
+    each output before handing it over; the hand-off keeps the types.
+
+    Args:
+      struct: a worker's output.
+      min_size: the pipeline's ``DatasetOptions.min_shm_size``.
+
+    Example:
+      >>> out = as_delivered({"x": np.arange(3), "s": "a", "t": np.arange(6)[::2]})
+      >>> [type(v).__name__ for v in out.values()]
+      ['SharedMemoryArray', 'str', 'ndarray']
+    """
+    if type(struct) in _SCALARS:
+        return struct
+    return tree.map_structure(lambda leaf: _delivered_leaf(leaf, min_size), struct, is_leaf=_jax_leaf)

@@ -14,6 +14,7 @@ import cloudpickle
 from grainlike.core import pickling
 from grainlike.core.errors import add_note
 from grainlike.core.protocols import TakesAllocator
+from grainlike.core.shared_memory_array import as_delivered
 from grainlike.core.transforms import transform_name
 from grainlike.core.tree import Allocator
 from grainlike.dataset import worker_slice
@@ -146,6 +147,8 @@ class WorkerSliceTask:
             ctx.mp_context = MultiprocessingContext(process_index=worker_index, process_count=worker_count)
             if self.dataset_options is not None:
                 ctx.dataset_options = self.dataset_options.merge(ctx.dataset_options)
+        # The consumer gets grain's element types: its workers' arrays are SharedMemoryArrays.
+        min_shm_size = it._ctx.dataset_options.min_shm_size if isinstance(it, DatasetIterator) else 0
         self._iterator = it
         try:
             if state is not None:
@@ -155,7 +158,7 @@ class WorkerSliceTask:
                     element = next(it)
                 except StopIteration:
                     return
-                yield snapshot(it.get_state()), element
+                yield snapshot(it.get_state()), as_delivered(element, min_shm_size)
         finally:
             self._iterator = None
             it.close()

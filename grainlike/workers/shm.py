@@ -10,6 +10,13 @@ mappings hold no descriptors, so holding any number of batches costs none.
 The consumer (``SegmentReader``) maps each segment once. The arrays of one
 message reference a lease on that mapping; when the last of them goes, the
 segment is returned to the worker for reuse.
+
+The hand-off keeps each array's type and layout: a ``SharedMemoryArray``
+arrives as a ``SharedMemoryArray`` (a view on the consumer's mapping), a plain
+array as a plain one, a Fortran-ordered one in Fortran order. Which leaves are
+``SharedMemoryArray``s is the task's choice (``mp_prefetch`` makes grain's:
+``core.shared_memory_array.as_delivered``); batches stacked with
+``SegmentPool.alloc`` are, as grain's workers stack into shared memory.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import numpy as np
 
 from grainlike.core import memfd, tree
 from grainlike.core.memfd import Region, new_segment
+from grainlike.core.shared_memory_array import SharedMemoryArray
 
 # Leaves smaller than this travel inline through the pipe: below it a segment's
 # map costs more than pickling the bytes.
@@ -87,16 +95,24 @@ def recv_fds(conn: Any, count: int) -> list:
     return fds
 
 
+# ShmLeaf.layout: how the consumer views the segment's bytes.
+_PLAIN, _FORTRAN, _SHARED = 0, 1, 2
+
+
 class ShmLeaf:
-    """A message's stand-in for an array in a segment."""
+    """A message's stand-in for an array in a segment.
 
-    __slots__ = ("seg_id", "shape", "dtype")
+    ``layout`` is ``_PLAIN`` (a C-ordered ndarray), ``_FORTRAN`` (an ndarray
+    in Fortran order) or ``_SHARED`` (a C-ordered ``SharedMemoryArray``).
+    """
 
-    def __init__(self, seg_id: int, shape: tuple, dtype: str):
-        self.seg_id, self.shape, self.dtype = seg_id, shape, dtype
+    __slots__ = ("seg_id", "shape", "dtype", "layout")
+
+    def __init__(self, seg_id: int, shape: tuple, dtype: Any, layout: int = _PLAIN):
+        self.seg_id, self.shape, self.dtype, self.layout = seg_id, shape, dtype, layout
 
     def __reduce__(self):
-        return (ShmLeaf, (self.seg_id, self.shape, self.dtype))
+        return (ShmLeaf, (self.seg_id, self.shape, self.dtype, self.layout))
 
 
 class _Segment:
@@ -141,13 +157,19 @@ class SegmentPool:
         return _Segment(seg_id, size, region)
 
     def alloc(self, shape: tuple, dtype: np.dtype) -> np.ndarray:
-        """An array for a stacked leaf: in a segment if large, else ordinary memory."""
+        """An array for a stacked leaf: in a segment if large, else ordinary memory.
+
+        A ``SharedMemoryArray`` unless it holds Python objects or nothing (as
+        grain's workers stack batches into shared memory); it arrives as one.
+        """
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if nbytes < INLINE_LIMIT or dtype.hasobject:
+        if dtype.hasobject or nbytes == 0:
             return np.empty(shape, dtype)
+        if nbytes < INLINE_LIMIT:
+            return np.empty(shape, dtype).view(SharedMemoryArray)
         seg = self._take(nbytes)
-        arr = _on(seg.region, shape, dtype)
+        arr = _on(seg.region, shape, dtype).view(SharedMemoryArray)
         self._pending[id(arr)] = (arr, seg)
         return arr
 
@@ -157,16 +179,24 @@ class SegmentPool:
         def leaf(x: Any) -> Any:
             if not isinstance(x, np.ndarray):
                 return x
+            layout = _SHARED if isinstance(x, SharedMemoryArray) else _PLAIN
             hit = self._pending.pop(id(x), None)
             if hit is not None and hit[0] is x:
                 seg = hit[1]
             elif x.nbytes >= INLINE_LIMIT and not x.dtype.hasobject:
                 seg = self._take(x.nbytes)
-                np.copyto(_on(seg.region, x.shape, x.dtype), x)
+                if layout == _PLAIN and x.flags.f_contiguous and not x.flags.c_contiguous:
+                    # As a pickle keeps it: the transpose's C order is x's Fortran order.
+                    layout = _FORTRAN
+                    np.copyto(_on(seg.region, x.shape[::-1], x.dtype), x.T)
+                else:
+                    np.copyto(_on(seg.region, x.shape, x.dtype), x)
             else:
                 return x
             self._lent[seg.seg_id] = seg
-            return ShmLeaf(seg.seg_id, x.shape, x.dtype.str)
+            # A structured dtype's str (|V12) loses its fields.
+            dtype = x.dtype.str if x.dtype.names is None else x.dtype
+            return ShmLeaf(seg.seg_id, x.shape, dtype, layout)
 
         out = tree.map_structure(leaf, batch)
         # Leaves allocated but not part of the output (a batch_fn dropped them).
@@ -219,9 +249,15 @@ class SegmentReader:
                 os.close(fd)
 
     def array(self, leaf: ShmLeaf) -> np.ndarray:
+        """The array ``leaf`` stands for, of its type and layout, on the mapping (nothing copied)."""
         region = self._regions[leaf.seg_id]
         lease = _Lease(region)
         weakref.finalize(lease, self._on_release, leaf.seg_id).atexit = False
+        layout = leaf.layout
+        if layout == _SHARED:
+            return _on(lease, leaf.shape, leaf.dtype).view(SharedMemoryArray)
+        if layout == _FORTRAN:
+            return _on(lease, tuple(leaf.shape)[::-1], leaf.dtype).T
         return _on(lease, leaf.shape, leaf.dtype)
 
     def materialize(self, batch: Any) -> Any:

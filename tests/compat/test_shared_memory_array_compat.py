@@ -147,7 +147,7 @@ def test_async_deletion_frees_segments():
 def test_metadata_of_a_copy_names_the_problem():
     a = SharedMemoryArray((2,), dtype=np.int8)
     copied = a.copy()
-    with pytest.raises(ValueError, match="no shared-memory segment"):
+    with pytest.raises(ValueError, match="no named shared-memory segment"):
         copied.metadata  # noqa: B018
     a.unlink_on_del()
     del a
