@@ -1,9 +1,13 @@
 """Failure detection: whether a worker moves, what it was doing, how it ended.
 
-Each worker records, in a page shared with the consumer (``Progress``), the last
-time its main thread was seen somewhere new. A worker awaited for longer than
-``stall_timeout_s`` without moving is reported (``WorkerStalledError``) with the
-Python stack it dumps into a pipe on ``STACK_SIGNAL`` (``read_stack``).
+Each worker counts its moves in a page shared with the consumer (``Progress``):
+the count goes up whenever its main thread was seen somewhere new or it used
+CPU time. The consumer times a worker with its own clock only
+(``StallWatch``): a worker awaited for longer than ``stall_timeout_s`` during
+which its count did not change is reported (``WorkerStalledError``) with the
+Python stack it dumps into a pipe on ``STACK_SIGNAL`` (``read_stack``). Time
+during which the consumer itself did not run (the whole job stopped with
+SIGSTOP or Ctrl-Z, a debugger, the machine asleep) is not counted.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from grainlike.workers import server
 
 # How often a consumer waiting for an output looks at liveness and close().
 POLL_S = 0.5
+# A look that comes this much later than POLL_S after the one before means the
+# consumer did not run in between (stopped, suspended): that gap is not counted.
+SUSPENDED_GAP_S = 1.0
 # How long a stalled worker gets to write its stack.
 _STACK_WAIT_S = 2.0
 # ``MultiprocessingOptions.stall_timeout_s``'s default.
@@ -32,18 +39,20 @@ STARTUP_TIMEOUT_S = 60.0
 STACK_SIGNAL = signal.SIGUSR1
 
 
-def allowed_stall_s(stall_timeout_s: float, last_progress: float) -> float:
-    """How long a worker whose last reported progress is ``last_progress`` (0.0: none yet) may not move."""
-    return max(stall_timeout_s, STARTUP_TIMEOUT_S) if last_progress == 0.0 else stall_timeout_s
+def allowed_stall_s(stall_timeout_s: float, moves: float) -> float:
+    """How long a worker that has reported ``moves`` moves (0: none yet, it is starting) may not move."""
+    return max(stall_timeout_s, STARTUP_TIMEOUT_S) if not moves else stall_timeout_s
 
 
 class Progress:
-    """One float64 per worker, shared by the pool and its workers: last progress time.
+    """One uint64 per worker, shared by the pool and its workers: how many times the worker was seen moving.
 
-    Times are ``time.monotonic()``, one clock for every process of a Linux machine.
+    A count, never a time: the consumer measures how long a count stays the
+    same with its own clock, so nothing a worker writes (or a transform does to
+    the worker's clock) can make a stuck worker look alive for longer.
     """
 
-    _SLOT = struct.Struct("d")
+    _SLOT = struct.Struct("Q")
 
     def __init__(self, worker_count: int):
         size = max(worker_count * self._SLOT.size, mmap.PAGESIZE)
@@ -55,7 +64,7 @@ class Progress:
             raise
         self.size = size
 
-    def last(self, w: int) -> float:
+    def moves(self, w: int) -> int:
         return self._SLOT.unpack_from(self.mm, w * self._SLOT.size)[0]
 
     def close_fd(self) -> None:
@@ -67,6 +76,37 @@ class Progress:
     def close(self) -> None:
         self.close_fd()
         self.mm.close()
+
+
+class StallWatch:
+    """How long one worker has been awaited without moving, on the consumer's own clock.
+
+    ``look()`` is called about every ``POLL_S`` while the consumer waits; the
+    time between two looks counts unless it is longer than ``POLL_S +
+    SUSPENDED_GAP_S``, which means this process did not run meanwhile: then the
+    worker, stopped or asleep with it, is not blamed for it. A change of the
+    worker's move count starts the count again.
+    """
+
+    def __init__(self, progress: Optional[Progress], w: int):
+        self._progress = progress
+        self._w = w
+        self.moves = 0 if progress is None else progress.moves(w)
+        self._last = time.monotonic()
+        self.still_s = 0.0
+
+    def look(self) -> float:
+        """The seconds counted since the worker last moved (or since the wait began)."""
+        now = time.monotonic()
+        gap, self._last = now - self._last, now
+        if gap <= POLL_S + SUSPENDED_GAP_S:
+            self.still_s += gap
+        if self._progress is not None:
+            moves = self._progress.moves(self._w)
+            if moves != self.moves:
+                self.moves = moves
+                self.still_s = 0.0
+        return self.still_s
 
 
 def process_state(pid: int) -> str:
@@ -139,10 +179,10 @@ def died_error(proc: Any, w: int, worker_count: int, state: Any, then: str) -> W
 
 
 def check_progress(
-    sd: Any, w: int, worker_count: int, state: Any, stall_timeout_s: Optional[float], waiting_since: float,
+    sd: Any, w: int, worker_count: int, state: Any, stall_timeout_s: Optional[float], watch: StallWatch,
     then: Callable[[], str],
 ) -> None:
-    """Raises ``WorkerStalledError`` if worker ``w`` has not moved for the stall timeout.
+    """Raises ``WorkerStalledError`` if worker ``w`` has not moved for the stall timeout (``watch``'s count).
 
     Only the time since the consumer began waiting counts: before that, the
     worker may rightly have been idle with its buffer full. A worker still
@@ -152,12 +192,10 @@ def check_progress(
     timeout = stall_timeout_s
     if timeout is None:
         return
-    last = waiting_since
+    still = watch.look()
     if sd.progress is not None:
-        reported = sd.progress.last(w)
-        timeout = allowed_stall_s(timeout, reported)
-        last = max(last, reported)
-    if time.monotonic() - last < timeout:
+        timeout = allowed_stall_s(timeout, watch.moves)
+    if still < timeout:
         return
     pid = sd.procs[w].pid
     letter = process_state(pid)

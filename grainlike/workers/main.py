@@ -159,9 +159,10 @@ _BUSY_CPU_S = 0.002
 class _Progress:
     """This worker's slot of the pool's progress page (see ``liveness.Progress``).
 
-    ``sample()`` stores the time whenever the worker moved since the last sample:
+    ``sample()`` counts a move whenever the worker moved since the last sample:
     it used CPU time (in any thread but the sampling one), or its main thread is
-    somewhere else. A worker blocked in one call stops updating it.
+    somewhere else. A worker blocked in one call stops counting. Only the count
+    is shared: the consumer times it with its own clock.
     """
 
     def __init__(self, fd: int, slot: int):
@@ -174,11 +175,12 @@ class _Progress:
         self._where = None
         self._cpu = 0.0
         self._sampled = 0.0
+        self._moves = 0
         self.sample(force=True)
 
     def sample(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._sampled < 0.25:
+        now = _monotonic()
+        if not force and 0.0 <= now - self._sampled < 0.25:
             return
         self._sampled = now
         cpu = time.process_time() - time.thread_time()
@@ -186,8 +188,14 @@ class _Progress:
         where = None if frame is None else (id(frame), frame.f_lasti)
         del frame
         if force or where != self._where or cpu - self._cpu >= _BUSY_CPU_S:
-            struct.pack_into("d", self._mm, self._offset, now)
+            self._moves += 1
+            struct.pack_into("Q", self._mm, self._offset, self._moves)
         self._where, self._cpu = where, cpu
+
+
+# The clock as this module was loaded: a transform that replaces time.monotonic
+# does not change when the worker samples itself.
+_monotonic = time.monotonic
 
 
 # glibc's mallopt parameters, and the largest values its own adaptive thresholds

@@ -16,7 +16,6 @@ import multiprocessing.connection
 import os
 import pickle
 import threading
-import time
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
@@ -32,7 +31,15 @@ from grainlike.core.errors import (
 )
 from grainlike.workers import server, shm
 from grainlike.workers.error_transfer import rebuild_error
-from grainlike.workers.liveness import DEFAULT_STALL_TIMEOUT_S, POLL_S, Progress, check_progress, died_error, exited
+from grainlike.workers.liveness import (
+    DEFAULT_STALL_TIMEOUT_S,
+    POLL_S,
+    Progress,
+    StallWatch,
+    check_progress,
+    died_error,
+    exited,
+)
 from grainlike.workers.messages import END, ERR, OUT, OUTS, READY, RESET, RESET_DONE, START, TICK, WorkerTask
 from grainlike.workers.shutdown import JOIN_TIMEOUT_S, Shutdown, live_pools, quietly, stop_in_background, stop_process
 from grainlike.workers.start import launch, pickle_task
@@ -200,14 +207,14 @@ class WorkerPool(ClosesOnExit):
         """Worker ``w``'s next message (or ``read(connection)``), watching for close(), its exit and its progress."""
         sd = self._shutdown
         conn, proc = sd.results[w], sd.procs[w]
-        waiting_since = time.monotonic()
+        watch = StallWatch(sd.progress, w)
         while True:
             if self._closed:
                 raise self._closed_error(w)
             try:
                 ready = multiprocessing.connection.wait([conn, proc.sentinel], timeout=POLL_S)
                 if not ready:
-                    check_progress(sd, w, self._w, self.states[w], self._stall_timeout_s, waiting_since, self._then)
+                    check_progress(sd, w, self._w, self.states[w], self._stall_timeout_s, watch, self._then)
                     continue
                 if conn in ready or conn.poll():
                     try:
