@@ -124,7 +124,7 @@ class ElementwiseMapDataset(UserTransformStage, MapDataset):
             return None
         try:
             return self._apply(index, element)
-        except Exception as e:
+        except BaseException as e:  # (sys.exit() too: noted, then raised)
             note_element(e, self, f"index {index}")
             raise
 
@@ -135,7 +135,7 @@ class ElementwiseMapDataset(UserTransformStage, MapDataset):
             if x is not None:
                 try:
                     x = apply(i, x)
-                except Exception as e:
+                except BaseException as e:  # (sys.exit() too: noted, then raised)
                     note_element(e, self, f"index {i}")
                     raise
             yield x
@@ -148,7 +148,7 @@ class ElementwiseMapDataset(UserTransformStage, MapDataset):
         try:
             for i, x in zip(indices, elements):
                 append(None if x is None else apply(i, x))
-        except Exception as e:
+        except BaseException as e:  # (sys.exit() too: noted, then raised)
             note_element(e, self, f"index {indices[len(out)]}")
             raise
         return out
@@ -210,7 +210,7 @@ class _MapDatasetIterator(PassThroughStateIterator):
             return None
         try:
             return self._fn(element)
-        except Exception as e:
+        except BaseException as e:  # (sys.exit() too: noted, then raised)
             note_iterator(e, self, self._parent)
             raise
 
@@ -244,7 +244,7 @@ class _CountingIterator(DatasetIterator):
         if element is not None:
             try:
                 element = self._apply(self._count, element)
-            except Exception as e:
+            except BaseException as e:  # (sys.exit() too: noted, then raised)
                 note_iterator(e, self, self._parent)
                 raise
         self._count += 1

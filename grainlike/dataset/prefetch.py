@@ -170,11 +170,14 @@ def _read(parent: MapDataset, start: int, stop: int) -> tuple[list, Optional[Bas
         return (values if type(values) is list else list(values)), None  # (read, never changed)
     except Exception:
         pass  # Read one at a time: deliver the elements before the failing one.
+    except BaseException as e:
+        # sys.exit(), KeyboardInterrupt: raised at the chunk's first element (not read again).
+        return [], e
     values = []
     for i in range(start, stop):
         try:
             values.append(parent[i])
-        except Exception as e:
+        except BaseException as e:
             return values, e
     return values, None
 
@@ -209,12 +212,12 @@ def _read_into(chunk: _Chunk, parent: MapDataset, start: int, stop: int, tasks: 
                 if chunk.waiting:
                     tasks.wake()
             return
-        except Exception:
+        except BaseException:  # (sys.exit() too: the thread would end, and the chunk with it)
             pass
         for i in range(start + len(values), stop):
             try:
                 append(parent[i])
-            except Exception as e:
+            except BaseException as e:
                 chunk.error = e
                 return
     finally:

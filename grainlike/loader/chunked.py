@@ -437,6 +437,9 @@ class ChunkedRecordsDatasetIterator(SkippingReader, NextIndexState, DatasetItera
         except Exception as e:
             stages.note_transform(e, op, indices[len(out)], keys[len(out)])
             return out, e
+        except BaseException as e:  # sys.exit(), KeyboardInterrupt: noted, raised now (next() restarts the batch)
+            stages.note_transform(e, op, indices[len(out)], keys[len(out)])
+            raise
         return out, None
 
     def _filter(self, op: Any, values: list, indices: list, keys: list, rngs: Optional[list], positions: list) -> tuple:
@@ -454,6 +457,9 @@ class ChunkedRecordsDatasetIterator(SkippingReader, NextIndexState, DatasetItera
                 failed = e
                 stages.note_transform(e, op, indices[i], keys[i])
                 break
+            except BaseException as e:  # sys.exit(), KeyboardInterrupt: noted, raised now
+                stages.note_transform(e, op, indices[i], keys[i])
+                raise
             if checker is not None:
                 try:
                     checker.check(ok)

@@ -297,7 +297,7 @@ class _MapRecordsIterator(PassThroughStateIterator):
         r = self._pull()
         try:
             r.data = self._fn(r.data)
-        except Exception as e:
+        except BaseException as e:  # (sys.exit() too: noted, then raised)
             note_record(e, self._op, r)
             raise
         return r
@@ -313,7 +313,7 @@ class _RandomMapRecordsIterator(_MapRecordsIterator):
         r = self._pull()
         try:
             r.data = self._fn(r.data, r.metadata.rng)
-        except Exception as e:
+        except BaseException as e:  # (sys.exit() too: noted, then raised)
             note_record(e, self._op, r)
             raise
         return r
@@ -326,7 +326,7 @@ class _MapWithIndexRecordsIterator(_MapRecordsIterator):
         r = self._pull()
         try:
             r.data = self._fn(r.metadata.index, r.data)
-        except Exception as e:
+        except BaseException as e:  # (sys.exit() too: noted, then raised)
             note_record(e, self._op, r)
             raise
         return r
@@ -358,7 +358,7 @@ class _FilterRecordsIterator(_MapRecordsIterator):
             r = pull()
             try:
                 keep = fn(r.data)
-            except Exception as e:
+            except BaseException as e:  # (sys.exit() too: noted, then raised)
                 note_record(e, self._op, r)
                 raise
             if checker is not None:

@@ -16,7 +16,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from multiprocessing.reduction import ForkingPickler
 
@@ -26,7 +26,7 @@ import numpy as np  # Also preloaded for the forked workers.
 from grainlike.core import memfd
 from grainlike.workers import server, shm
 from grainlike.workers.error_transfer import describe_origin, explain_unpicklable, send_error
-from grainlike.workers.messages import END, OUT, OUTS, READY, RESET, RESET_DONE, START, STOP, TICK
+from grainlike.workers.messages import END, EXIT, OUT, OUTS, READY, RESET, RESET_DONE, START, STOP, TICK
 
 
 # Small outputs travel up to this many to a message, and up to about this many
@@ -49,10 +49,11 @@ class _Outbox:
     back the ones before it. Nothing else changes: outputs, order, states.
     """
 
-    def __init__(self, results: Any, credits: threading.Semaphore, stop: threading.Event):
+    def __init__(self, results: Any, credits: threading.Semaphore, stop: threading.Event, guard: Callable[[], None]):
         self._results = results
         self._credits = credits
         self._stop = stop
+        self._guard = guard  # Called before anything is queued or sent (see run's own_process).
         self._lock = threading.Lock()  # One sender at a time; guards the group.
         self._group: list = []
         self._bytes = 0
@@ -78,6 +79,7 @@ class _Outbox:
 
     def add(self, pickled: bytes) -> None:
         """Queues one small output (its pickled ``(state, output)``)."""
+        self._guard()
         with self._lock:
             if not self._group:
                 self._since = time.monotonic()
@@ -93,6 +95,7 @@ class _Outbox:
 
     def send(self, message: bytes, fds: list) -> None:
         """Sends one output's message (after the waiting group), then its new segments' fds."""
+        self._guard()
         with self._lock:
             try:
                 self._send_group(credit=True)
@@ -110,8 +113,24 @@ class _Outbox:
 
     def flush(self, credit: bool = True) -> None:
         """Sends the waiting group (before an end or an error message)."""
+        self._guard()
         with self._lock:
             self._send_group(credit)
+
+    def send_last(self, message: Any, timeout: float) -> bool:
+        """Sends the waiting group and then ``message`` without credits, if no other send holds the socket within ``timeout``.
+
+        For the report of a worker about to end: returns whether it was sent.
+        """
+        self._guard()
+        if not self._lock.acquire(timeout=timeout):
+            return False
+        try:
+            self._send_group(credit=False)
+            self._results.send(message)
+            return True
+        finally:
+            self._lock.release()
 
     def restart(self) -> None:
         """Drops the waiting group (a reset: the consumer drops those outputs anyway); the next output leaves at once."""
@@ -141,15 +160,70 @@ class _Outbox:
             self._lock.release()
 
 
-def _exit_as(error: SystemExit) -> None:
-    """Ends this process at once with ``error``'s exit status, as the interpreter would."""
+# os._exit as the interpreter defines it: a worker replaces ``os._exit`` for the
+# user's code (``_ExitReports``); its own exits use this.
+_real_exit = os._exit
+
+
+def _exit_code(error: BaseException) -> int:
+    """The exit status the interpreter would end with for ``error`` raised to the top (1 for what is not SystemExit)."""
+    if not isinstance(error, SystemExit):
+        return 1
     code = error.code
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
-        code = 1
+        return 1
+    return code or 0
+
+
+def _exit_now(code: int) -> None:
+    """Ends this process at once with ``code``, its output flushed."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code or 0)
+    _real_exit(code)
+
+
+def _code_frames(tb: Any = None, frame: Any = None) -> list:
+    """``(filename, line, qualified name)`` of a traceback's frames, or of a stack from ``frame`` out; innermost last."""
+    out = []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        out.append((code.co_filename, tb.tb_lineno, getattr(code, "co_qualname", code.co_name)))
+        tb = tb.tb_next
+    stack = []
+    while frame is not None:
+        code = frame.f_code
+        stack.append((code.co_filename, frame.f_lineno, getattr(code, "co_qualname", code.co_name)))
+        frame = frame.f_back
+    return out + stack[::-1]
+
+
+def _user_frame(frames: list) -> str:
+    """The innermost frame outside grainlike and the standard library: where the user's code was."""
+    import sysconfig
+
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    stdlib = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+    for filename, line, name in reversed(frames):
+        if not os.path.abspath(filename).startswith((ours, stdlib)):
+            return f"{name} ({filename}, line {line})"
+    if not frames:
+        return "an unknown place"
+    filename, line, name = frames[-1]
+    return f"{name} ({filename}, line {line})"
+
+
+def exit_report(state: Any, code: int, what: str, tb: Any = None, frame: Any = None, notes: Any = ()) -> tuple:
+    """An ``EXIT`` message: the user's code ended the worker (``what``: ``sys.exit(3)``, ``os._exit(4)``...).
+
+    Where: the traceback ``tb`` of the exception that ends it, or the stack from ``frame`` out.
+    """
+    import traceback
+
+    frames = _code_frames(tb, frame)
+    summaries = traceback.extract_tb(tb) if tb is not None else traceback.extract_stack(frame)
+    stack = "".join(traceback.format_list(summaries)).rstrip()
+    return (EXIT, state, code, what, _user_frame(frames), [str(n) for n in notes], stack)
 
 
 # CPU time (of the process, less the sampling thread) per sample that counts as progress.
@@ -245,6 +319,95 @@ def _watch(watch) -> "_Progress | None":
     return None if progress_fd is None else _Progress(progress_fd, slot)
 
 
+class _ForkedFromWorker:
+    """What a process forked by the user's code inside a worker may still do: nothing of the worker's.
+
+    The child of ``os.fork()`` in a transform is a copy of the worker, down to its
+    socket to the consumer and its shared-memory segments. At the fork (an
+    ``os.register_at_fork`` handler, run by ``os.fork`` and multiprocessing's
+    fork alike), its copies of the worker's results socket and control pipe
+    are replaced by ``/dev/null``, so no byte it writes reaches the consumer and
+    it takes no message meant for the worker, and it is set to be killed when
+    the worker's thread that forked it ends (``PR_SET_PDEATHSIG``), so nothing
+    it leaves outlives the job. Should it go on into the worker's loop (the
+    transform returned in the child), ``check()`` ends it at the first step
+    that belongs to the worker: allocating an output's memory, sending.
+    """
+
+    def __init__(self, worker_index: int, fds: list):
+        self.pid = os.getpid()
+        self._worker_index = worker_index
+        self._fds = fds
+        self._prctl = None
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                self._prctl = ctypes.CDLL(None).prctl  # Looked up now: the child only calls it.
+            except (ImportError, OSError, AttributeError):
+                pass
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._after_fork_in_child)
+
+    def _after_fork_in_child(self) -> None:
+        if os.getpid() == self.pid:
+            return
+        try:
+            null = os.open(os.devnull, os.O_RDWR)
+            try:
+                for fd in self._fds:
+                    os.dup2(null, fd)
+            finally:
+                os.close(null)
+        except OSError:
+            pass
+        if self._prctl is not None:
+            self._prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+
+    def check(self) -> None:
+        """Ends this process if it is not the worker itself but a copy the user's code forked."""
+        if os.getpid() == self.pid:
+            return
+        try:
+            print(
+                f"grainlike: process {os.getpid()}, forked by the user's code in worker "
+                f"{self._worker_index} (pid {self.pid}), went on into the worker's loop; it "
+                "ends here, as only the worker delivers outputs (a forked child should end "
+                "with os._exit())",
+                file=sys.stderr, flush=True,
+            )
+        finally:
+            _real_exit(0)
+
+
+class _ExitReports:
+    """In a worker: ``os._exit`` called by the user's code tells the consumer why the worker ends.
+
+    While the worker runs its task, ``os._exit`` is replaced by a function that
+    sends an ``EXIT`` report (the caller's stack, the worker's state) before the
+    process ends as ``os._exit`` ends it. A process the user's code forked
+    (``os._exit`` is how it should end) exits at once, reporting nothing.
+    """
+
+    def __init__(self, outbox: _Outbox, own: _ForkedFromWorker):
+        self._outbox = outbox
+        self._own = own
+        self.running = False  # The task is running: an os._exit now is the user's.
+        self.state: Any = None  # The state after the worker's last output.
+
+    def install(self) -> None:
+        os._exit = self._exit
+
+    def _exit(self, code: int) -> None:
+        if self.running and os.getpid() == self._own.pid:
+            try:
+                report = exit_report(self.state, code, f"os._exit({code!r})", frame=sys._getframe(1))
+                self._outbox.send_last(report, timeout=1.0)
+            except BaseException:  # noqa: B902 - the exit happens whatever the report does
+                pass
+        _real_exit(code)
+
+
 def run(
     task_bytes: bytes,
     worker_index: int,
@@ -272,6 +435,10 @@ def run(
     for ``START``: meanwhile the consumer computes this worker's first outputs.
     An ``idle`` worker (already exhausted) produces nothing until a reset.
 
+    ``sys.exit()``, ``os._exit()`` and ``KeyboardInterrupt`` in the user's code
+    end the worker after an ``EXIT`` report naming where they were called; a
+    process the user's code forks never delivers anything (``_ForkedFromWorker``).
+
     ``watch`` is ``(progress fd or None, slot, stack fd)``: where the worker
     records its progress and writes its stacks on ``SIGUSR1``. ``shipped`` maps
     tokens to descriptors of anonymous memory the task refers to (see
@@ -280,6 +447,7 @@ def run(
     # Ctrl-C goes to the whole process group; the consumer stops the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     server.default_exit_signals()  # Inherited from a consumer it forked from: a worker ends at once.
+    own = _ForkedFromWorker(worker_index, [results.fileno(), control.fileno()])
     shm.raise_fd_limit()
     keep_freed_memory()
     memfd.receive(shipped or {})
@@ -295,6 +463,12 @@ def run(
     reset_lock = threading.Lock()
     reset_at: list = [None]
     pool_lock = threading.Lock()
+    task = None
+    outputs: Any = None
+
+    def send(message: tuple) -> None:
+        own.check()
+        results.send(message)
 
     def listen() -> None:
         try:
@@ -309,7 +483,7 @@ def run(
                 outbox.send_if_due()
                 if idle_tick:
                     if consumer_pid and not server.pid_alive(consumer_pid):
-                        os._exit(0)  # The consumer is gone.
+                        _real_exit(0)  # The consumer is gone.
                     continue
                 msg = control.recv()
                 if msg[0] == TICK:
@@ -329,7 +503,7 @@ def run(
                 elif msg[0] == STOP:
                     break
         except (EOFError, OSError):
-            os._exit(0)
+            _real_exit(0)
         stop.set()
         started.set()
         wake.set()
@@ -343,7 +517,9 @@ def run(
             except Exception:  # noqa: BLE001 - the worker exits either way
                 pass
 
-    outbox = _Outbox(results, credits, stop)
+    outbox = _Outbox(results, credits, stop, own.check)
+    exits = _ExitReports(outbox, own)
+    exits.install()
     threading.Thread(target=listen, name="grainlike-control", daemon=True).start()
 
     produced = 0
@@ -353,11 +529,9 @@ def run(
     if pool is not None:
 
         def alloc(shape, dtype):
+            own.check()  # A forked copy must not write into the worker's segments.
             with pool_lock:
                 return pool.alloc(shape, dtype)
-
-    task = None
-    outputs: Any = None
 
     def interrupted() -> bool:
         return stop.is_set() or reset_at[0] is not None
@@ -366,19 +540,23 @@ def run(
         """Sends the outputs from ``start`` on, then the end or the error; stops early if interrupted."""
         nonlocal task, outputs, produced, busy, waited
         state = start
+        exits.state = state
+        exits.running = True
         try:
             if task is None:
                 task = cloudpickle.loads(task_bytes)
                 if hold and first:
-                    results.send((READY,))
+                    send((READY,))
                     started.wait()
                     state = start = start_at[0]
+                    exits.state = state
             if stop.is_set():
                 return  # Stopped while held: nothing to produce.
             outputs = task.outputs(worker_index, worker_count, start, alloc)
             t0 = clock()
             before = start
             for state, output in outputs:
+                own.check()
                 unsent = []
                 inline = True
                 if pool is not None:
@@ -407,6 +585,7 @@ def run(
                     outbox.add(message)
                 else:
                     outbox.send(message, [u[2] for u in unsent])
+                exits.state = state
                 del message
                 if interrupted():
                     return
@@ -416,23 +595,34 @@ def run(
             if not interrupted():
                 outbox.flush()
             if not interrupted():
-                results.send((END, task.end_state(worker_index, worker_count, state)))
+                send((END, task.end_state(worker_index, worker_count, state)))
         except BaseException as e:  # noqa: B902 - everything goes to the consumer
+            exits.running = False
+            if os.getpid() != own.pid and not isinstance(e, Exception):
+                _exit_now(_exit_code(e))  # A forked copy ending itself with sys.exit().
+            own.check()
+            if not isinstance(e, Exception):
+                # sys.exit(), KeyboardInterrupt raised by the user's code (the worker
+                # ignores SIGINT): the worker ends, as the interpreter would, after
+                # reporting where (the consumer raises WorkerDiedError naming it).
+                if not stop.is_set():
+                    report = exit_report(
+                        state, _exit_code(e), _what_ended(e), tb=e.__traceback__, notes=getattr(e, "__notes__", ()),
+                    )
+                    outbox.send_last(report, timeout=5.0)
+                _exit_now(_exit_code(e))
             if not stop.is_set():
                 # The outputs before it are delivered first (without a credit: the
                 # consumer reads every message in order).
                 outbox.flush(credit=False)
-            if isinstance(e, SystemExit):
-                # sys.exit() in the user's code ends this worker with its code; the
-                # consumer reports the exit (WorkerDiedError, as grain's RuntimeError).
-                _exit_as(e)
-            if not stop.is_set():
                 try:
                     send_error(results, state, e)
                 except Exception:
                     # Without a report the consumer would wait for this worker: exit,
                     # so that it reports the exit instead.
-                    os._exit(70)
+                    _real_exit(70)
+        finally:
+            exits.running = False
 
     first = True
     while True:
@@ -460,7 +650,7 @@ def run(
                 pass
             outputs = None
         outbox.restart()
-        results.send((RESET_DONE, epoch))
+        send((RESET_DONE, epoch))
     if profile:
         logging.getLogger("grainlike").warning(
             "grainlike worker %d of %d: %d outputs, %.3f s producing (%.2f ms each), "
@@ -470,3 +660,10 @@ def run(
     stop.wait()
     results.close()
     sys.stdout.flush()
+
+
+def _what_ended(error: BaseException) -> str:
+    """How the user's code ended the worker, as it was written: ``sys.exit(3)``, ``KeyboardInterrupt``."""
+    if isinstance(error, SystemExit):
+        return f"sys.exit({error.code!r})" if error.code is not None else "sys.exit()"
+    return type(error).__name__

@@ -14,6 +14,11 @@ From a worker, on its results socket:
   travelling together. Takes one credit.
 - ``END``: ``(END, state)``, the worker has no more outputs.
 - ``ERR``: ``(ERR, state, ...)``, an error (``error_transfer.send_error``).
+- ``EXIT``: ``(EXIT, state, code, what, where, notes, stack)``, the user's code
+  ended the worker (``what``: ``sys.exit(3)``, ``os._exit(1)``,
+  ``KeyboardInterrupt``; ``where``: the user's frame; ``notes``: the
+  exception's, naming the transform and element; ``stack``: the traceback).
+  The process then exits with ``code``; the consumer raises ``WorkerDiedError``.
 - ``READY``: ``(READY,)``, a held worker has loaded its task.
 - ``RESET_DONE``: ``(RESET_DONE, epoch)``, the worker dropped everything it
   computed from before the ``RESET`` numbered ``epoch`` and goes on from that
@@ -42,6 +47,7 @@ OUT = "out"
 OUTS = "outs"
 END = "end"
 ERR = "err"
+EXIT = "exit"
 READY = "ready"
 RESET_DONE = "reset_done"
 # From the consumer.

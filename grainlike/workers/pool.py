@@ -40,7 +40,7 @@ from grainlike.workers.liveness import (
     died_error,
     exited,
 )
-from grainlike.workers.messages import END, ERR, OUT, OUTS, READY, RESET, RESET_DONE, START, TICK, WorkerTask
+from grainlike.workers.messages import END, ERR, EXIT, OUT, OUTS, READY, RESET, RESET_DONE, START, TICK, WorkerTask
 from grainlike.workers.shutdown import JOIN_TIMEOUT_S, Shutdown, live_pools, quietly, stop_in_background, stop_process
 from grainlike.workers.start import launch, pickle_task
 
@@ -349,6 +349,8 @@ class WorkerPool(ClosesOnExit):
                 continue
             if kind == ERR:
                 raise self._failure(w, rebuild_error(w, self._shutdown.procs[w].pid, msg))
+            if kind == EXIT:
+                raise self._failure(w, self._exit_error(w, msg))
             raise RuntimeError(f"unexpected message from worker {w}: {kind!r}")
 
     def _message(self, w: int) -> tuple:
@@ -365,11 +367,27 @@ class WorkerPool(ClosesOnExit):
             raise self._failure(w, e, responsive=False) from None
         return msg
 
+    def _exit_error(self, w: int, msg: tuple) -> WorkerDiedError:
+        """The error for worker ``w``'s ``EXIT`` report: the user's code ended it (``main.exit_report``)."""
+        _, _, code, what, where, notes, stack = msg
+        pid = self._shutdown.procs[w].pid
+        who = f"grainlike worker {w} of {self._w} (pid {pid})"
+        if what.startswith(("sys.exit", "os._exit")):
+            head = f"Worker process was terminated unexpectedly with exit code {code}: {who} ended: {what}"
+        else:
+            head = f"{who} ended: {what} was raised"
+        about = "".join(f" {note}." if not note.endswith(".") else f" {note}" for note in notes)
+        return WorkerDiedError(
+            f"{head} in {where}, in the user's code computing its next output (its state after "
+            f"its last delivered output: {self.states[w]!r}, where a restore retries).{about} "
+            f"{self._then()}\nThe worker's stack:\n{stack}"
+        )
+
     def _drain_stale(self, w: int) -> None:
         """Drops worker ``w``'s messages from before its latest reset, up to its ``RESET_DONE``.
 
         Outputs are dropped as if delivered (their segments and credits go back),
-        an end or an error is ignored; a death or stall is reported as ever.
+        an end, an error or an exit report is ignored; a death or stall is reported as ever.
         """
         while self._resetting[w] is not None:
             msg = self._message(w)
@@ -460,6 +478,8 @@ class WorkerPool(ClosesOnExit):
             msg = self._message(w)
             if msg[0] == ERR:  # The task failed to load in the worker.
                 raise self._failure(w, rebuild_error(w, sd.procs[w].pid, msg))
+            if msg[0] == EXIT:
+                raise self._failure(w, self._exit_error(w, msg))
             if msg[0] != READY:
                 raise RuntimeError(f"unexpected message from held worker {w}: {msg[0]!r}")
             local = self._local.pop(w, None)
