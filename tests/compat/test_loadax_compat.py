@@ -660,6 +660,17 @@ def test_a_batch_with_no_loaded_item_ends_iteration_and_next_goes_on_as_in_loada
     assert runs[0] == runs[1] == [[0, 1], "stop", [4, 5], "Progress(items_processed=6, items_total=10)"]
 
 
+def _read_threads():
+    return {t for t in threading.enumerate() if t.name.startswith("grainlike-read")}
+
+
+def _wait_for(condition, timeout_s=30):
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
 def test_workers_read_in_parallel_threads():
     # Each read waits until another read is running: one thread alone would time out.
     barrier = threading.Barrier(2, timeout=30)
@@ -681,11 +692,27 @@ def test_prefetch_reads_batch_size_times_factor_items_ahead():
                     workers=1, prefetch=3)
     it = iter(loader)
     assert next(it) == [0, 1]
-    deadline = time.monotonic() + 30
-    while len(read) < 2 * 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert _wait_for(lambda: len(read) >= 2 * 3)
     assert read[:6] == list(range(6))
     assert list(it)[-1] == [38, 39]
+
+
+def test_read_threads_end_when_the_iterator_is_dropped_or_closed():
+    import gc
+
+    before = _read_threads()
+    loader = _build(lc, lc.RangeDataset(0, 1000), 2, workers=3, prefetch=4)
+    it = iter(loader)
+    next(it)
+    assert _read_threads() - before
+    del it
+    gc.collect()
+    assert _wait_for(lambda: not _read_threads() - before)
+    it = iter(loader)
+    next(it)
+    it.close()
+    assert _wait_for(lambda: not _read_threads() - before)
+    assert next(it, "ended") == "ended"
 
 
 def test_naive_loader_reads_in_the_calling_thread_as_loadax():

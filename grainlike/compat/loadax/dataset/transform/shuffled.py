@@ -55,7 +55,7 @@ class ShuffledDataset(Dataset[DatasetItem]):
       >>> import jax
       >>> from grainlike.compat.loadax import InMemoryDataset
       >>> [int(x) for x in ShuffledDataset(InMemoryDataset([1, 2, 3, 4, 5]), jax.random.PRNGKey(0))]
-      [3, 5, 1, 2, 4]
+      [1, 2, 5, 4, 3]
 
     Args:
       dataset: the dataset shuffled.
