@@ -237,3 +237,25 @@ def test_checkpoint_carry_of_any_pytree_comes_back_from_load(tmp_path):
     assert [np.asarray(x).tolist() for x in jax.tree.leaves(checkpoint.carry)] == [
         np.asarray(x).tolist() for x in jax.tree.leaves(carry)]
     assert checkpoint.arrays["sample:x"].tolist() == [5.0]
+
+
+class RuledPair(NamedTuple):
+    first: jax.Array
+    second: jax.Array
+
+
+@io.register_dictionize_rule(RuledPair)
+def _ruled_pair(node):
+    return [("x", node.first), ("y", node.second)]
+
+
+def test_a_rule_for_a_namedtuple_saves_every_field_and_names_them_as_jaxsgmc_does(tmp_path):
+    # JaxSGMC tries the rules of dict, list and tuple first: a namedtuple is named by
+    # its fields whatever rule is registered for it.
+    tree = RuledPair(jnp.float32(0), jnp.zeros(3, jnp.int32))
+    assert io.pytree_dict_keys(tree) == [("first",), ("second",)]
+    out = _save_three(tree, io.MemoryCollector(save_dir=str(tmp_path)))
+    _assert_holds_the_three_samples(tree, out["samples"])
+    assert type(out["samples"]) is RuledPair
+    with np.load(tmp_path / "chain_0.npz") as f:
+        assert sorted(f.files) == ["first", "second"]
