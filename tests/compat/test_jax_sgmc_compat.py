@@ -200,6 +200,30 @@ def test_loader_get_batches_save_state_and_load_state_equal_jaxsgmcs(ref, gl, kw
     assert run(gl) == run(ref)
 
 
+def test_a_pickled_loader_continues_its_chains_and_bad_modes_are_refused_alike(ref, gl):
+    import pickle
+
+    def run(m):
+        loader = m.numpy_loader.NumpyDataLoader(**arrays(10))
+        chain = loader.register_random_pipeline(2, mb_size=3, shuffle=True)
+        loader.get_batches(chain)
+        copy = pickle.loads(pickle.dumps(loader))
+        out = [plain(loader.get_batches(chain)), plain(copy.get_batches(chain))]
+        init_fn, _, release = m.data.random_reference_data(loader, 2, 3)
+        with pytest.raises(ValueError) as refused:
+            init_fn(in_epochs=True)
+        out.append(str(refused.value))
+        with pytest.raises(ValueError) as refused:
+            m.data.random_reference_data(loader, 2, 11)
+        out.append(str(refused.value))
+        release()
+        return out
+
+    gl_out = run(gl)
+    assert gl_out == run(ref)
+    assert gl_out[0] == gl_out[1]
+
+
 @pytest.mark.parametrize("n, mb_size, cache", [(10, 4, 2), (13, 5, 4)])
 def test_full_reference_data_maps_as_jaxsgmc_does(ref, gl, n, mb_size, cache):
     def run(m):

@@ -115,6 +115,15 @@ class NumpyDataLoader(NumpyBase, HostDataLoader):
         self._chains: List[dict] = []
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_lock"]  # a new one after unpickling
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def register_random_pipeline(self, cache_size: int = 1, mb_size: Optional[int] = None, in_epochs: bool = False,
                                  shuffle: bool = False, **kwargs: Any) -> int:
         """A new chain of random batches; its id.
