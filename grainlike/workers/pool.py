@@ -19,6 +19,8 @@ import threading
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
+from multiprocessing.reduction import ForkingPickler
+
 from grainlike.core import memfd
 from grainlike.core.protocols import ClosesOnExit
 from grainlike.core.errors import (
@@ -119,6 +121,8 @@ class WorkerPool(ClosesOnExit):
         self._released = [collections.deque() for _ in range(worker_count)]
         # Per worker, the pickled (state, output)s of an OUTS message not yet returned.
         self._inbox = [collections.deque() for _ in range(worker_count)]
+        # Per worker, a message read whose reception here failed part way (``_message``).
+        self._partial: list = [None] * worker_count
         # Per worker, the reset whose RESET_DONE is still to come (its messages until then are stale).
         self._resetting: list = [None] * worker_count
         self._resets = 0
@@ -203,8 +207,8 @@ class WorkerPool(ClosesOnExit):
             "state of its last delivered output"
         )
 
-    def _recv(self, w: int, read: Optional[Callable[[Any], Any]] = None) -> Any:
-        """Worker ``w``'s next message (or ``read(connection)``), watching for close(), its exit and its progress."""
+    def _recv(self, w: int, read: Callable[[Any], Any]) -> Any:
+        """``read(connection)`` of worker ``w``'s socket once it is readable, watching for close(), its exit and its progress."""
         sd = self._shutdown
         conn, proc = sd.results[w], sd.procs[w]
         watch = StallWatch(sd.progress, w)
@@ -218,7 +222,7 @@ class WorkerPool(ClosesOnExit):
                     continue
                 if conn in ready or conn.poll():
                     try:
-                        return conn.recv() if read is None else read(conn)
+                        return read(conn)
                     except EOFError:
                         pass  # The worker is gone; report how.
                 error = self._died_error(w)
@@ -282,6 +286,10 @@ class WorkerPool(ClosesOnExit):
             raise
         except _WorkerFailed as failed:
             raise failed.error from None
+        except _ReceiveFailed as failed:
+            # Nothing was delivered and the workers go on: the next call receives the same output.
+            self.states, self.next_worker, self.exhausted = before
+            raise failed.error from None
         except BaseException:
             if not self._closed:
                 # Interrupted half way (a message half read, or taken but not
@@ -330,10 +338,9 @@ class WorkerPool(ClosesOnExit):
                 self.states[w] = state
                 self._advance(w)
                 return output
-            msg = self._message(w)
+            msg, output = self._message(w)
             kind = msg[0]
             if kind == OUT:
-                output = self._shutdown.readers[w].materialize(msg[2])
                 self.states[w] = msg[1]
                 self._advance(w)
                 self._tick(w)
@@ -354,18 +361,69 @@ class WorkerPool(ClosesOnExit):
             raise RuntimeError(f"unexpected message from worker {w}: {kind!r}")
 
     def _message(self, w: int) -> tuple:
-        """Worker ``w``'s next message, with the descriptors of an ``OUT``'s new segments mapped."""
+        """Worker ``w``'s next message, fully received: ``(message, output)`` (an ``OUT``'s output, else None).
+
+        Receiving takes steps in this process: reading the bytes, unpickling
+        them, receiving and mapping an ``OUT``'s new segments, making its arrays.
+        A failure after the bytes were read and before the arrays are made
+        (``MemoryError``, a mapping refused under memory pressure) keeps the
+        message half received and raises ``_ReceiveFailed``: the next call goes
+        on from the step that failed, so the output is neither lost nor repeated
+        and no worker counts as ended. A failure while reading the bytes or
+        making the arrays leaves the stream or the segments in an unknown state:
+        it is raised as it is, and the pool's owner restarts the workers from
+        the last delivered outputs.
+        """
+        part = self._partial[w]
         try:
-            msg = self._recv(w)
-            if msg[0] == OUT and msg[3]:
-                # New segments: their descriptors follow the message.
-                fds = self._recv(w, functools.partial(shm.recv_fds, count=len(msg[3])))
-                self._shutdown.readers[w].add(msg[3], fds)
+            if part is None:
+                part = _Partial(self._recv(w, _read_bytes))
+                self._partial[w] = part
+            if part.msg is None:
+                part.msg = ForkingPickler.loads(part.raw)
+            msg = part.msg
+            output = None
+            if msg[0] == OUT:
+                if msg[3] and part.fds is None:
+                    # New segments: their descriptors follow the message.
+                    self._partial[w] = None  # (A failure receiving them breaks the stream.)
+                    part.fds = self._recv(w, functools.partial(shm.recv_fds, count=len(msg[3])))
+                    self._partial[w] = part
+                if part.fds:
+                    self._map_segments(w, msg[3], part.fds)
+                    part.close_fds()
+                self._partial[w] = None  # (A failure making the arrays may have released segments.)
+                output = self._shutdown.readers[w].materialize(msg[2])
         except WorkerDiedError as e:
             raise self._failure(w, e) from None
         except WorkerStalledError as e:
             raise self._failure(w, e, responsive=False) from None
-        return msg
+        except _WorkerFailed:
+            raise
+        except Exception as e:
+            if self._partial[w] is None or self._closed:
+                raise
+            add_note(
+                e,
+                f"grainlike: this process failed receiving an output of worker {w} (its "
+                "bytes are kept here); nothing was delivered, and the next next() "
+                "receives the same output again",
+            )
+            raise _ReceiveFailed(e) from None
+        self._partial[w] = None
+        return msg, output
+
+    def _map_segments(self, w: int, segments: list, fds: list) -> None:
+        """Maps an ``OUT``'s new segments from copies of ``fds``, which stay open for another try."""
+        copies: list = []
+        try:
+            for fd in fds:
+                copies.append(os.dup(fd))
+        except BaseException:
+            for fd in copies:
+                os.close(fd)
+            raise
+        self._shutdown.readers[w].add(segments, copies)  # (Closes the copies.)
 
     def _exit_error(self, w: int, msg: tuple) -> WorkerDiedError:
         """The error for worker ``w``'s ``EXIT`` report: the user's code ended it (``main.exit_report``)."""
@@ -390,12 +448,10 @@ class WorkerPool(ClosesOnExit):
         an end, an error or an exit report is ignored; a death or stall is reported as ever.
         """
         while self._resetting[w] is not None:
-            msg = self._message(w)
+            msg, output = self._message(w)
+            del output  # Let go at once: the segments are released.
             kind = msg[0]
-            if kind == OUT:
-                self._shutdown.readers[w].materialize(msg[2])  # Let go at once: the segments are released.
-                self._tick(w)
-            elif kind == OUTS:
+            if kind in (OUT, OUTS):
                 self._tick(w)
             elif kind == RESET_DONE and msg[1] == self._resetting[w]:
                 self._resetting[w] = None
@@ -443,7 +499,7 @@ class WorkerPool(ClosesOnExit):
                     self.close()
                     return False
                 self._resetting[w] = self._resets
-                self._inbox[w].clear()
+                self._inbox[w].clear()  # (A half-received message is drained as stale.)
             self.states, self.next_worker, self.exhausted = position
         finally:
             self._calls += 1
@@ -475,7 +531,7 @@ class WorkerPool(ClosesOnExit):
         for w in range(sd.launched):
             if not self._held[w] or self.exhausted[w] or self._failed[w] or not sd.results[w].poll():
                 continue
-            msg = self._message(w)
+            msg, _ = self._message(w)
             if msg[0] == ERR:  # The task failed to load in the worker.
                 raise self._failure(w, rebuild_error(w, sd.procs[w].pid, msg))
             if msg[0] == EXIT:
@@ -542,6 +598,10 @@ class WorkerPool(ClosesOnExit):
         """
         self._closed = True
         live_pools.discard(self)
+        for w, part in enumerate(self._partial):
+            if part is not None:
+                self._partial[w] = None
+                quietly(part.close_fds)
         for local in self._local.values():
             quietly(local.close)  # Never let cleanup hide what is being raised.
         self._local.clear()
@@ -551,3 +611,32 @@ class WorkerPool(ClosesOnExit):
             stop_in_background(self._shutdown)
         else:
             self._shutdown(JOIN_TIMEOUT_S)
+
+
+def _read_bytes(conn: Any) -> bytes:
+    """One message's bytes from a worker's socket (unpickled separately: see ``WorkerPool._message``)."""
+    return conn.recv_bytes()
+
+
+class _Partial:
+    """A worker's message read from its socket whose reception here is not complete."""
+
+    __slots__ = ("raw", "msg", "fds")
+
+    def __init__(self, raw: bytes):
+        self.raw = raw
+        self.msg: Any = None
+        self.fds: Optional[list] = None  # An OUT's segment descriptors, until mapped.
+
+    def close_fds(self) -> None:
+        fds, self.fds = self.fds, []
+        for fd in fds or ():
+            os.close(fd)
+
+
+class _ReceiveFailed(Exception):
+    """Carries an error raised while a worker's message was half received (``WorkerPool._message``)."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
