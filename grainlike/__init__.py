@@ -121,11 +121,13 @@ _MORE = {
     "grainlike.sources.hf": ("HuggingFaceDataSource",),
     "grainlike.sources.formats.remote_files": ("RemoteOptions",),
 }
-# Submodules; ``loader`` is also callable (grainlike.loader(source) is the builder),
-# ``formats`` is the record format grainlike-convert writes (grainlike only).
+# Submodules, attributes before they are imported as grain's are after ``import
+# grain``; ``loader`` is also callable (grainlike.loader(source) is the builder),
+# ``formats`` is the record format grainlike-convert writes (grainlike only), and
+# ``_src`` holds grain's private module paths.
 _SUBMODULES = (
-    "checkpoint", "constants", "experimental", "formats", "loader", "multiprocessing", "python", "samplers",
-    "sharding", "transforms",
+    "_src", "checkpoint", "constants", "experimental", "formats", "loader", "multiprocessing", "python", "samplers",
+    "sharding", "sources", "transforms",
 )
 _LAZY = {name: f"{module}:{name}" for table in (_PUBLIC, _MORE) for module, names in table.items() for name in names}
 _LAZY.update({name: f"grainlike.{name}" for name in _SUBMODULES}, io="grainlike.jax.in_jit_saving")

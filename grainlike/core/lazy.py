@@ -51,3 +51,23 @@ def attach(
         return sorted(set(module_globals) | set(targets))
 
     return __getattr__, __dir__
+
+
+def attach_submodules(module_globals: dict) -> tuple[Callable[[str], Any], Callable[[], list]]:
+    """Returns ``(__getattr__, __dir__)`` for a package whose submodules are attributes.
+
+    After ``import grain`` its packages hold the submodules grain's own imports
+    loaded (``grain._src.python.dataset``, ...); a package that uses this reaches
+    each of its submodules as an attribute without importing any of them first.
+
+    Args:
+      module_globals: the package's ``globals()`` (it has ``__path__``).
+
+    Returns:
+      The package's ``__getattr__`` and ``__dir__``.
+    """
+    import pkgutil
+
+    package = module_globals["__name__"]
+    names = {info.name for info in pkgutil.iter_modules(module_globals["__path__"])}
+    return attach(module_globals, {name: f"{package}.{name}" for name in sorted(names)})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import threading
 from typing import Any, Iterator, Sequence, TypeVar, Union
 
@@ -155,6 +156,17 @@ class DatasetIterator(OrbaxCheckpointable, Iterator[T], abc.ABC):
         """What ``close`` does, once: a stage releases its own threads, processes and files here."""
         for parent in self._parents:
             parent.close()
+
+    @functools.cached_property
+    def _stats(self) -> Any:
+        """grain's statistics recorder of this stage, for stages written for grain; it records nothing.
+
+        See ``grainlike.dataset.stats``: ``with self._stats.record_self_time():``
+        and ``self._stats.record_output_spec(x)`` run as in grain.
+        """
+        from grainlike.dataset.stats import stats_of
+
+        return stats_of(self)
 
     def _assert_not_closed(self) -> None:
         if self._closed:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import builtins
+import functools
 from typing import Any, Callable, Generic, Iterator, Optional, Sequence, TypeVar
 
 from grainlike.dataset.dataset_node import _Dataset
@@ -130,6 +131,17 @@ class MapDataset(_Dataset, Generic[T], metaclass=MapDatasetMeta):
         rest are computed, as grain delivers an element whose successor never finishes.
         """
         return iter(self._getitems(indices))
+
+    @functools.cached_property
+    def _stats(self) -> Any:
+        """grain's statistics recorder of this stage, for stages written for grain; it records nothing.
+
+        See ``grainlike.dataset.stats``: ``with self._stats.record_self_time():``
+        and ``self._stats.record_output_spec(x)`` run as in grain.
+        """
+        from grainlike.dataset.stats import stats_of
+
+        return stats_of(self)
 
     def batch(
         self,

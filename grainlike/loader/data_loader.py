@@ -55,17 +55,34 @@ def _warn_if_worker_shares_below_batch(worker_lengths: Sequence[int], operations
     )
 
 
-def _determine_worker_count(worker_count: Optional[int]) -> int:
-    if worker_count is None:
-        return os.cpu_count() or 1
-    if isinstance(worker_count, bool) or not isinstance(worker_count, int):
-        raise TypeError(f"worker_count must be an int or None, got {worker_count!r}")
-    if worker_count < 0:
-        raise ValueError(
-            "Worker count should be greater than or equal zero. "
-            f"Current worker_count is {worker_count}."
-        )
-    return worker_count
+def _determine_worker_count(input_worker_count: Optional[int]) -> int:
+    """grain's rule for a worker count: the one given, as an int; ``None``: one per CPU.
+
+    grain's private helper of this name (``grain._src.python.data_loader``), which
+    projects import to size their own pools; it checks nothing else.
+
+    Raises:
+      ValueError: ``None`` and the number of CPUs is unknown.
+    """
+    if input_worker_count is not None:
+        return int(input_worker_count)
+    cpus = os.cpu_count()
+    if cpus is None:
+        raise ValueError("Can't determine worker count. Please set worker count.")
+    return cpus
+
+
+def _checked_worker_count(worker_count: Optional[int]) -> int:
+    """The DataLoader's ``worker_count``, checked, with ``None`` as one per CPU."""
+    if worker_count is not None:
+        if isinstance(worker_count, bool) or not isinstance(worker_count, int):
+            raise TypeError(f"worker_count must be an int or None, got {worker_count!r}")
+        if worker_count < 0:
+            raise ValueError(
+                "Worker count should be greater than or equal zero. "
+                f"Current worker_count is {worker_count}."
+            )
+    return _determine_worker_count(worker_count)
 
 
 class DataLoader:
@@ -132,7 +149,7 @@ class DataLoader:
         warm_start: bool = False,
         stall_timeout_s: Optional[float] = 300.0,
     ):
-        worker_count = _determine_worker_count(worker_count)
+        worker_count = _checked_worker_count(worker_count)
         if isinstance(worker_buffer_size, bool) or not isinstance(worker_buffer_size, int):
             raise TypeError(f"worker_buffer_size must be an int, got {worker_buffer_size!r}")
         if worker_buffer_size < 0:

@@ -14,7 +14,7 @@ from grainlike.core.lazy import attach as _attach
 
 __getattr__, __dir__ = _attach(
     globals(),
-    {name: f"grainlike:{name}" for name in _grainlike._LAZY if name not in ("experimental", "python")},
+    {name: f"grainlike:{name}" for name in _grainlike._LAZY if name not in ("experimental", "python", "_src")},
 )
 
 # Replaces the star import's grainlike.experimental (a package attribute is set when

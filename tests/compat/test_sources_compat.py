@@ -203,3 +203,25 @@ def test_array_record_errors_compatible(grain_ref, files):
 
 def test_array_record_protocol(grain_ref, files):
     assert isinstance(gl.ArrayRecordDataSource(files), grain_ref.RandomAccessDataSource)
+
+
+@pytest.mark.parametrize("elements", IN_MEMORY_CASES)
+def test_in_memory_count_and_index_like_grain(grain_ref, elements):
+    # grain's source is a ShareableList, whose count() and index() it inherits.
+    theirs = grain_ref.InMemoryDataSource(elements)
+    probes = [*elements, 7, "absent", b"", 0.0]
+    try:
+        with gl.InMemoryDataSource(elements) as ours:
+            for value in probes:
+                assert ours.count(value) == theirs.count(value), value
+                try:
+                    expected = theirs.index(value)
+                except ValueError as e:
+                    with pytest.raises(ValueError) as got:
+                        ours.index(value)
+                    assert str(got.value) == str(e)
+                else:
+                    assert ours.index(value) == expected, value
+    finally:
+        theirs.close()
+        theirs.unlink()

@@ -61,7 +61,6 @@ def _import_jax_as_grains_tree_lib_does() -> None:
 
 # grain-internal modules with no counterpart in grainlike -> why a test file imports them.
 _PLACEHOLDERS = {
-    "grain._src.python.dataset.stats": "dataset_test.py patches its execution-statistics periods in 2 tests",
     "grain.proto": "the package of execution_summary_pb2",
     "grain.proto.execution_summary_pb2": "dataset_test.py imports grain's execution-summary protobuf and uses none of it",
 }

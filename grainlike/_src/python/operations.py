@@ -1,3 +1,3 @@
-from grainlike.core.operations import BatchOperation, FilterOperation, MapOperation, RandomMapOperation
+from grainlike.core.operations import BatchOperation, FilterOperation, MapOperation, Operation, RandomMapOperation
 
-__all__ = ['BatchOperation', 'FilterOperation', 'MapOperation', 'RandomMapOperation']
+__all__ = ['BatchOperation', 'FilterOperation', 'MapOperation', 'Operation', 'RandomMapOperation']

@@ -1,3 +1,4 @@
+from grainlike.experimental import ThreadPrefetchIterDataset
 from grainlike.jax.device_put import device_put
 
-__all__ = ["device_put"]
+__all__ = ["ThreadPrefetchIterDataset", "device_put"]
