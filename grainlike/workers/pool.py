@@ -593,7 +593,7 @@ class WorkerPool(ClosesOnExit):
         Args:
           dropped: the pool's owner is being collected, so nothing will read what
             the workers compute: a worker in the middle of an output is
-            terminated after 0.1 s rather than 2 s, from a background thread
+            terminated after 0.03 s rather than 2 s, from a background thread
             (exit waits for it), and the caller (a finalizer) returns at once.
         """
         self._closed = True

@@ -322,7 +322,7 @@ def test_del_does_not_wait_for_a_worker_that_must_be_killed(no_leaks):
     del it
     took = time.monotonic() - start
     assert took < _STOP_S, f"del waited {took:.3f} s for the worker"
-    # Asked, then 0.1 s, SIGTERM (ignored), 1 s, SIGKILL.
+    # Asked, then 0.03 s, SIGTERM (ignored), 1 s, SIGKILL.
     gone = _seconds_until(lambda: worker_children() <= children, timeout=10)
     assert gone is not None and 1.0 <= gone < 1.0 + 2 * _STOP_S, gone
 
