@@ -311,3 +311,19 @@ def test_the_builder_is_grainlike_loader_in_a_fresh_process():
     code = "import grainlike; print([b.tolist() for b in grainlike.loader(list(range(5))).batch(2).build()])"
     out = subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=ROOT, capture_output=True, text=True)
     assert out.stdout.strip() == "[[0, 1], [2, 3], [4]]"
+
+
+def test_grains_submodules_are_attributes_loaded_on_first_use():
+    # After ``import grain``, grain.sources, grain.samplers, ... and grain._src are
+    # attributes; grainlike's are too, listed by dir() and imported only when read.
+    code = (
+        "import sys, grainlike\n"
+        "names = ('sources', 'samplers', 'sharding', 'transforms', 'constants', 'multiprocessing', 'checkpoint',\n"
+        "         'experimental', 'python', '_src')\n"
+        "assert all(n in dir(grainlike) for n in names), [n for n in names if n not in dir(grainlike)]\n"
+        "assert not [n for n in names if f'grainlike.{n}' in sys.modules]\n"
+        "assert grainlike.sources.RandomAccessDataSource is grainlike.RandomAccessDataSource\n"
+        "assert grainlike._src.python.dataset.stats.Stats.__module__ == 'grainlike.dataset.stats'\n"
+        "assert 'stats' in dir(grainlike._src.python.dataset)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=ROOT)
