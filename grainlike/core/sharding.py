@@ -76,3 +76,25 @@ def even_split(num_records: int, options: ShardOptions) -> tuple[int, int]:
         start += min(options.shard_index, remainder)
         end += min(options.shard_index + 1, remainder)
     return start, end
+
+
+def strided_shard_size(num_indices: int, options: ShardOptions) -> int:
+    """How many of the indices ``0 .. num_indices - 1`` a DataLoader shard reads.
+
+    The DataLoader's shard ``i`` of ``n`` reads the sampler's global indices ``i,
+    i + n, i + 2n, ...``. With ``drop_remainder`` every shard reads
+    ``num_indices // n`` of them, and the last ``num_indices % n`` indices are
+    read by no shard; without it, as grain's main branch (grain 0.2.18 always
+    drops them), the first ``num_indices % n`` shards read one index more, so
+    every index is read by exactly one shard.
+
+    Example:
+      >>> [strided_shard_size(10, ShardOptions(i, 3)) for i in range(3)]
+      [4, 3, 3]
+      >>> [strided_shard_size(10, ShardOptions(i, 3, drop_remainder=True)) for i in range(3)]
+      [3, 3, 3]
+    """
+    per_shard, remainder = divmod(num_indices, options.shard_count)
+    if options.drop_remainder:
+        return per_shard
+    return per_shard + (1 if options.shard_index < remainder else 0)

@@ -28,6 +28,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from grainlike.core.errors import InvalidStateError
+from grainlike.core.sharding import strided_shard_size
 from grainlike.dataset.elastic import round_robin_frontier
 from grainlike.loader import legacy_state as state_lib
 
@@ -170,7 +171,7 @@ def _shard_codec(codec: state_lib.LegacyState, sampler: Any, worker_count: int, 
         shard_count=options.shard_count,
         sampler_repr=sampler_repr,
         data_source_repr=codec.data_source_repr,
-        worker_lengths=tuple(state_lib.worker_lengths(len(sampler) // options.shard_count, worker_count)),
+        worker_lengths=tuple(state_lib.worker_lengths(strided_shard_size(len(sampler), options), worker_count)),
     )
 
 

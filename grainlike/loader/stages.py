@@ -40,7 +40,7 @@ from grainlike.core.errors import add_note
 from grainlike.core.protocols import close_if_closeable
 from grainlike.core.record import LazyRng, Record, RecordMetadata
 from grainlike.core.samplers import BaseSampler, as_sampler
-from grainlike.core.sharding import ShardOptions
+from grainlike.core.sharding import ShardOptions, strided_shard_size
 from grainlike.core.transforms import (
     Batch,
     MapWithIndexTransform,
@@ -81,9 +81,12 @@ class SamplerMapDataset(MapDataset):
 
     Element ``i`` is ``Record(metadata, source[metadata.record_key])`` for the
     sampler's global index ``(start + i * step) * shard_count + shard_index``
-    (``start, step``: 0 and 1 unless sliced). Slicing (a worker's share) stays a
-    ``SamplerMapDataset``, so a chunk of positions is always one vectorised
-    ``locate`` and one batched read.
+    (``start, step``: 0 and 1 unless sliced). The shard has
+    ``strided_shard_size(len(sampler), shard_options)`` positions: without
+    ``drop_remainder`` the first ``len(sampler) % shard_count`` shards read one
+    more (grain's main branch; grain 0.2.18 drops them whatever the option).
+    Slicing (a worker's share) stays a ``SamplerMapDataset``, so a chunk of
+    positions is always one vectorised ``locate`` and one batched read.
 
     Args:
       data_source: random-access source (``len`` and ``[key]``; ``__getitems__``
@@ -107,7 +110,7 @@ class SamplerMapDataset(MapDataset):
         self._locator: BaseSampler = as_sampler(sampler)
         self._shard_index = shard_options.shard_index
         self._shard_count = shard_options.shard_count
-        self._local_length = len(self._locator) // self._shard_count
+        self._local_length = strided_shard_size(len(self._locator), shard_options)
         self._start, self._step, self._length = 0, 1, self._local_length
 
     @property

@@ -208,7 +208,11 @@ def _sampler_of(data: dict, shard: Optional[tuple[int, int]] = None) -> Any:
 def _codec(data: dict, workers: int, shard_index: int, shard_count: int, sampler: Any) -> Any:
     from grainlike.loader import legacy_state as state_lib
 
-    local_length = len(sampler) // shard_count if sampler is not None else sys.maxsize // 2
+    if sampler is None:
+        local_length = sys.maxsize // 2
+    else:
+        options = sharding.ShardOptions(shard_index, shard_count, sampler.shard_options.drop_remainder)
+        local_length = sharding.strided_shard_size(len(sampler), options)  # as the DataLoader's shard
     return state_lib.LegacyState(
         workers,
         shard_index,
