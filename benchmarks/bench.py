@@ -53,6 +53,7 @@ SECTIONS: dict[str, str] = {
     "W12": "benchmarks.device_feed",
     "W14": "benchmarks.tfrecord_read",
     "W15": "benchmarks.dropped_iterators",
+    "W16": "benchmarks.ray_workers",
 }
 DESCRIPTIONS = {
     "W1": "1e6 small int records, identity map, Batch(128): records/s",

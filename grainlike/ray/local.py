@@ -77,8 +77,9 @@ def init_local(**kwargs: Any) -> Any:
 
     ``ray.init(address="local", include_dashboard=False,
     _node_ip_address="127.0.0.1", **kwargs)`` with Ray's processes bound to
-    127.0.0.1 (see ``loopback``). Ray's own token authentication (on by default
-    for a local instance since Ray 2.52) stays as Ray sets it.
+    127.0.0.1 (see ``loopback``). Ray's token authentication stays as Ray sets
+    it (Ray 2.60 turns it on for a local instance unless ``RAY_AUTH_MODE`` says
+    otherwise).
 
     Args:
       **kwargs: more arguments of ``ray.init`` (``num_cpus``,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 import time
 import uuid
@@ -31,7 +32,13 @@ import weakref
 from typing import Any, Optional, Sequence
 
 from grainlike.core import pickling
-from grainlike.core.errors import ClosedIteratorError, WorkerDiedError, WorkerStalledError, add_note
+from grainlike.core.errors import (
+    ClosedIteratorError,
+    ForeignWorkersError,
+    WorkerDiedError,
+    WorkerStalledError,
+    add_note,
+)
 from grainlike.ray.actor import SliceWorker
 from grainlike.ray.local import connect
 from grainlike.ray.options import RayOptions
@@ -168,6 +175,7 @@ class RayWorkerPool:
         self._actors: dict = {}
         self._finalizer = weakref.finalize(self, _kill_all, self._actors)
         self._started = False
+        self._owner_pid: Optional[int] = None  # the process that started the actors
         self._closed = False
         self.restarts = 0  # workers restarted after a failure, in all
 
@@ -189,6 +197,7 @@ class RayWorkerPool:
     def start(self) -> None:
         """Connects to Ray and starts every worker that has outputs left."""
         if self._started:
+            self._check_owner()
             return
         if self._closed:
             raise ClosedIteratorError("the Ray worker pool is closed")
@@ -198,6 +207,7 @@ class RayWorkerPool:
             raise self._task.pickling_error(e) from e
         ray = connect(self._options.address)
         self._ray = ray
+        self._owner_pid = os.getpid()
         self._payload = ray.put(payload)
         self._actor_class = ray.remote(SliceWorker)
         self._started = True
@@ -205,6 +215,14 @@ class RayWorkerPool:
         for worker in self._workers:
             if not self.exhausted[worker.index]:
                 self._send_calls(worker)
+
+    def _check_owner(self) -> None:
+        if self._owner_pid != os.getpid():
+            raise ForeignWorkersError(
+                f"this iterator's Ray actors belong to process {self._owner_pid}; process "
+                f"{os.getpid()} is a fork of it, which cannot use its Ray connection. In the "
+                "child, create a new iterator (then set_state() to continue from a position)."
+            )
 
     def _warn_if_short_of_cpus(self) -> None:
         cpus = self._options.actor_kwargs().get("num_cpus") or 0
