@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 from grainlike.core import memfd
 from grainlike.core.errors import WorkerDiedError, WorkerStalledError
 from grainlike.workers import server
+from grainlike.workers.worker_process import exit_status_known
 
 # How often a consumer waiting for an output looks at liveness and close().
 POLL_S = 0.5
@@ -165,7 +166,7 @@ def died_error(proc: Any, w: int, worker_count: int, state: Any, then: str) -> W
     proc.join(0.5)
     code = proc.exitcode
     who = f"grainlike worker {w} of {worker_count} (pid {proc.pid})"
-    if code is not None and not server.exit_status_known(proc):
+    if code is not None and not exit_status_known(proc):
         head = f"{who} exited (its exit status is unknown: the worker server that started it has gone)"
     elif code is not None and code > 0:
         # grain's words first (its tests and users match them), e.g. after sys.exit(n).
@@ -175,6 +176,22 @@ def died_error(proc: Any, w: int, worker_count: int, state: Any, then: str) -> W
     return WorkerDiedError(
         f"{head} before finishing its outputs "
         f"(its state after its last delivered output: {state!r}). {then}"
+    )
+
+
+def exit_error(pid: int, w: int, worker_count: int, state: Any, msg: tuple, then: str) -> WorkerDiedError:
+    """The error for worker ``w``'s ``EXIT`` report: the user's code ended it (``guards.exit_report``)."""
+    _, _, code, what, where, notes, stack = msg
+    who = f"grainlike worker {w} of {worker_count} (pid {pid})"
+    if what.startswith(("sys.exit", "os._exit")):
+        head = f"Worker process was terminated unexpectedly with exit code {code}: {who} ended: {what}"
+    else:
+        head = f"{who} ended: {what} was raised"
+    about = "".join(f" {note}" if note.endswith(".") else f" {note}." for note in notes)
+    return WorkerDiedError(
+        f"{head} in {where}, in the user's code computing its next output (its state after "
+        f"its last delivered output: {state!r}, where a restore retries).{about} {then}"
+        f"\nThe worker's stack:\n{stack}"
     )
 
 

@@ -26,7 +26,16 @@ import numpy as np  # Also preloaded for the forked workers.
 from grainlike.core import memfd
 from grainlike.workers import server, shm
 from grainlike.workers.error_transfer import describe_origin, explain_unpicklable, send_error
-from grainlike.workers.messages import END, EXIT, OUT, OUTS, READY, RESET, RESET_DONE, START, STOP, TICK
+from grainlike.workers.guards import (
+    ExitReports,
+    ForkedFromWorker,
+    exit_code,
+    exit_now,
+    exit_report,
+    real_exit,
+    what_ended,
+)
+from grainlike.workers.messages import END, OUT, OUTS, READY, RESET, RESET_DONE, START, STOP, TICK
 
 
 # Small outputs travel up to this many to a message, and up to about this many
@@ -160,72 +169,6 @@ class _Outbox:
             self._lock.release()
 
 
-# os._exit as the interpreter defines it: a worker replaces ``os._exit`` for the
-# user's code (``_ExitReports``); its own exits use this.
-_real_exit = os._exit
-
-
-def _exit_code(error: BaseException) -> int:
-    """The exit status the interpreter would end with for ``error`` raised to the top (1 for what is not SystemExit)."""
-    if not isinstance(error, SystemExit):
-        return 1
-    code = error.code
-    if code is not None and not isinstance(code, int):
-        print(code, file=sys.stderr)
-        return 1
-    return code or 0
-
-
-def _exit_now(code: int) -> None:
-    """Ends this process at once with ``code``, its output flushed."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    _real_exit(code)
-
-
-def _code_frames(tb: Any = None, frame: Any = None) -> list:
-    """``(filename, line, qualified name)`` of a traceback's frames, or of a stack from ``frame`` out; innermost last."""
-    out = []
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        out.append((code.co_filename, tb.tb_lineno, getattr(code, "co_qualname", code.co_name)))
-        tb = tb.tb_next
-    stack = []
-    while frame is not None:
-        code = frame.f_code
-        stack.append((code.co_filename, frame.f_lineno, getattr(code, "co_qualname", code.co_name)))
-        frame = frame.f_back
-    return out + stack[::-1]
-
-
-def _user_frame(frames: list) -> str:
-    """The innermost frame outside grainlike and the standard library: where the user's code was."""
-    import sysconfig
-
-    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    stdlib = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
-    for filename, line, name in reversed(frames):
-        if not os.path.abspath(filename).startswith((ours, stdlib)):
-            return f"{name} ({filename}, line {line})"
-    if not frames:
-        return "an unknown place"
-    filename, line, name = frames[-1]
-    return f"{name} ({filename}, line {line})"
-
-
-def exit_report(state: Any, code: int, what: str, tb: Any = None, frame: Any = None, notes: Any = ()) -> tuple:
-    """An ``EXIT`` message: the user's code ended the worker (``what``: ``sys.exit(3)``, ``os._exit(4)``...).
-
-    Where: the traceback ``tb`` of the exception that ends it, or the stack from ``frame`` out.
-    """
-    import traceback
-
-    frames = _code_frames(tb, frame)
-    summaries = traceback.extract_tb(tb) if tb is not None else traceback.extract_stack(frame)
-    stack = "".join(traceback.format_list(summaries)).rstrip()
-    return (EXIT, state, code, what, _user_frame(frames), [str(n) for n in notes], stack)
-
-
 # CPU time (of the process, less the sampling thread) per sample that counts as progress.
 _BUSY_CPU_S = 0.002
 
@@ -319,95 +262,6 @@ def _watch(watch) -> "_Progress | None":
     return None if progress_fd is None else _Progress(progress_fd, slot)
 
 
-class _ForkedFromWorker:
-    """What a process forked by the user's code inside a worker may still do: nothing of the worker's.
-
-    The child of ``os.fork()`` in a transform is a copy of the worker, down to its
-    socket to the consumer and its shared-memory segments. At the fork (an
-    ``os.register_at_fork`` handler, run by ``os.fork`` and multiprocessing's
-    fork alike), its copies of the worker's results socket and control pipe
-    are replaced by ``/dev/null``, so no byte it writes reaches the consumer and
-    it takes no message meant for the worker, and it is set to be killed when
-    the worker's thread that forked it ends (``PR_SET_PDEATHSIG``), so nothing
-    it leaves outlives the job. Should it go on into the worker's loop (the
-    transform returned in the child), ``check()`` ends it at the first step
-    that belongs to the worker: allocating an output's memory, sending.
-    """
-
-    def __init__(self, worker_index: int, fds: list):
-        self.pid = os.getpid()
-        self._worker_index = worker_index
-        self._fds = fds
-        self._prctl = None
-        if sys.platform.startswith("linux"):
-            try:
-                import ctypes
-
-                self._prctl = ctypes.CDLL(None).prctl  # Looked up now: the child only calls it.
-            except (ImportError, OSError, AttributeError):
-                pass
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._after_fork_in_child)
-
-    def _after_fork_in_child(self) -> None:
-        if os.getpid() == self.pid:
-            return
-        try:
-            null = os.open(os.devnull, os.O_RDWR)
-            try:
-                for fd in self._fds:
-                    os.dup2(null, fd)
-            finally:
-                os.close(null)
-        except OSError:
-            pass
-        if self._prctl is not None:
-            self._prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-
-    def check(self) -> None:
-        """Ends this process if it is not the worker itself but a copy the user's code forked."""
-        if os.getpid() == self.pid:
-            return
-        try:
-            print(
-                f"grainlike: process {os.getpid()}, forked by the user's code in worker "
-                f"{self._worker_index} (pid {self.pid}), went on into the worker's loop; it "
-                "ends here, as only the worker delivers outputs (a forked child should end "
-                "with os._exit())",
-                file=sys.stderr, flush=True,
-            )
-        finally:
-            _real_exit(0)
-
-
-class _ExitReports:
-    """In a worker: ``os._exit`` called by the user's code tells the consumer why the worker ends.
-
-    While the worker runs its task, ``os._exit`` is replaced by a function that
-    sends an ``EXIT`` report (the caller's stack, the worker's state) before the
-    process ends as ``os._exit`` ends it. A process the user's code forked
-    (``os._exit`` is how it should end) exits at once, reporting nothing.
-    """
-
-    def __init__(self, outbox: _Outbox, own: _ForkedFromWorker):
-        self._outbox = outbox
-        self._own = own
-        self.running = False  # The task is running: an os._exit now is the user's.
-        self.state: Any = None  # The state after the worker's last output.
-
-    def install(self) -> None:
-        os._exit = self._exit
-
-    def _exit(self, code: int) -> None:
-        if self.running and os.getpid() == self._own.pid:
-            try:
-                report = exit_report(self.state, code, f"os._exit({code!r})", frame=sys._getframe(1))
-                self._outbox.send_last(report, timeout=1.0)
-            except BaseException:  # noqa: B902 - the exit happens whatever the report does
-                pass
-        _real_exit(code)
-
-
 def run(
     task_bytes: bytes,
     worker_index: int,
@@ -437,7 +291,7 @@ def run(
 
     ``sys.exit()``, ``os._exit()`` and ``KeyboardInterrupt`` in the user's code
     end the worker after an ``EXIT`` report naming where they were called; a
-    process the user's code forks never delivers anything (``_ForkedFromWorker``).
+    process the user's code forks never delivers anything (``guards``).
 
     ``watch`` is ``(progress fd or None, slot, stack fd)``: where the worker
     records its progress and writes its stacks on ``SIGUSR1``. ``shipped`` maps
@@ -447,7 +301,7 @@ def run(
     # Ctrl-C goes to the whole process group; the consumer stops the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     server.default_exit_signals()  # Inherited from a consumer it forked from: a worker ends at once.
-    own = _ForkedFromWorker(worker_index, [results.fileno(), control.fileno()])
+    own = ForkedFromWorker(worker_index, [results.fileno(), control.fileno()])
     shm.raise_fd_limit()
     keep_freed_memory()
     memfd.receive(shipped or {})
@@ -483,7 +337,7 @@ def run(
                 outbox.send_if_due()
                 if idle_tick:
                     if consumer_pid and not server.pid_alive(consumer_pid):
-                        _real_exit(0)  # The consumer is gone.
+                        real_exit(0)  # The consumer is gone.
                     continue
                 msg = control.recv()
                 if msg[0] == TICK:
@@ -503,7 +357,7 @@ def run(
                 elif msg[0] == STOP:
                     break
         except (EOFError, OSError):
-            _real_exit(0)
+            real_exit(0)
         stop.set()
         started.set()
         wake.set()
@@ -518,7 +372,7 @@ def run(
                 pass
 
     outbox = _Outbox(results, credits, stop, own.check)
-    exits = _ExitReports(outbox, own)
+    exits = ExitReports(outbox, own)
     exits.install()
     threading.Thread(target=listen, name="grainlike-control", daemon=True).start()
 
@@ -599,7 +453,7 @@ def run(
         except BaseException as e:  # noqa: B902 - everything goes to the consumer
             exits.running = False
             if os.getpid() != own.pid and not isinstance(e, Exception):
-                _exit_now(_exit_code(e))  # A forked copy ending itself with sys.exit().
+                exit_now(exit_code(e))  # A forked copy ending itself with sys.exit().
             own.check()
             if not isinstance(e, Exception):
                 # sys.exit(), KeyboardInterrupt raised by the user's code (the worker
@@ -607,10 +461,10 @@ def run(
                 # reporting where (the consumer raises WorkerDiedError naming it).
                 if not stop.is_set():
                     report = exit_report(
-                        state, _exit_code(e), _what_ended(e), tb=e.__traceback__, notes=getattr(e, "__notes__", ()),
+                        state, exit_code(e), what_ended(e), tb=e.__traceback__, notes=getattr(e, "__notes__", ()),
                     )
                     outbox.send_last(report, timeout=5.0)
-                _exit_now(_exit_code(e))
+                exit_now(exit_code(e))
             if not stop.is_set():
                 # The outputs before it are delivered first (without a credit: the
                 # consumer reads every message in order).
@@ -620,7 +474,7 @@ def run(
                 except Exception:
                     # Without a report the consumer would wait for this worker: exit,
                     # so that it reports the exit instead.
-                    _real_exit(70)
+                    real_exit(70)
         finally:
             exits.running = False
 
@@ -661,9 +515,3 @@ def run(
     results.close()
     sys.stdout.flush()
 
-
-def _what_ended(error: BaseException) -> str:
-    """How the user's code ended the worker, as it was written: ``sys.exit(3)``, ``KeyboardInterrupt``."""
-    if isinstance(error, SystemExit):
-        return f"sys.exit({error.code!r})" if error.code is not None else "sys.exit()"
-    return type(error).__name__

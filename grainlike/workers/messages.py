@@ -18,7 +18,8 @@ From a worker, on its results socket:
   ended the worker (``what``: ``sys.exit(3)``, ``os._exit(1)``,
   ``KeyboardInterrupt``; ``where``: the user's frame; ``notes``: the
   exception's, naming the transform and element; ``stack``: the traceback).
-  The process then exits with ``code``; the consumer raises ``WorkerDiedError``.
+  The process then exits with ``code``; the consumer raises ``WorkerDiedError``
+  (``guards.exit_report``).
 - ``READY``: ``(READY,)``, a held worker has loaded its task.
 - ``RESET_DONE``: ``(RESET_DONE, epoch)``, the worker dropped everything it
   computed from before the ``RESET`` numbered ``epoch`` and goes on from that

@@ -40,9 +40,11 @@ from grainlike.workers.liveness import (
     StallWatch,
     check_progress,
     died_error,
+    exit_error,
     exited,
 )
 from grainlike.workers.messages import END, ERR, EXIT, OUT, OUTS, READY, RESET, RESET_DONE, START, TICK, WorkerTask
+from grainlike.workers.receiving import PartialMessage, ReceiveFailed, map_segments, read_bytes
 from grainlike.workers.shutdown import JOIN_TIMEOUT_S, Shutdown, live_pools, quietly, stop_in_background, stop_process
 from grainlike.workers.start import launch, pickle_task
 
@@ -286,7 +288,7 @@ class WorkerPool(ClosesOnExit):
             raise
         except _WorkerFailed as failed:
             raise failed.error from None
-        except _ReceiveFailed as failed:
+        except ReceiveFailed as failed:
             # Nothing was delivered and the workers go on: the next call receives the same output.
             self.states, self.next_worker, self.exhausted = before
             raise failed.error from None
@@ -357,7 +359,7 @@ class WorkerPool(ClosesOnExit):
             if kind == ERR:
                 raise self._failure(w, rebuild_error(w, self._shutdown.procs[w].pid, msg))
             if kind == EXIT:
-                raise self._failure(w, self._exit_error(w, msg))
+                raise self._failure(w, exit_error(self._shutdown.procs[w].pid, w, self._w, self.states[w], msg, self._then()))
             raise RuntimeError(f"unexpected message from worker {w}: {kind!r}")
 
     def _message(self, w: int) -> tuple:
@@ -367,7 +369,7 @@ class WorkerPool(ClosesOnExit):
         them, receiving and mapping an ``OUT``'s new segments, making its arrays.
         A failure after the bytes were read and before the arrays are made
         (``MemoryError``, a mapping refused under memory pressure) keeps the
-        message half received and raises ``_ReceiveFailed``: the next call goes
+        message half received and raises ``ReceiveFailed``: the next call goes
         on from the step that failed, so the output is neither lost nor repeated
         and no worker counts as ended. A failure while reading the bytes or
         making the arrays leaves the stream or the segments in an unknown state:
@@ -377,7 +379,7 @@ class WorkerPool(ClosesOnExit):
         part = self._partial[w]
         try:
             if part is None:
-                part = _Partial(self._recv(w, _read_bytes))
+                part = PartialMessage(self._recv(w, read_bytes))
                 self._partial[w] = part
             if part.msg is None:
                 part.msg = ForkingPickler.loads(part.raw)
@@ -390,7 +392,7 @@ class WorkerPool(ClosesOnExit):
                     part.fds = self._recv(w, functools.partial(shm.recv_fds, count=len(msg[3])))
                     self._partial[w] = part
                 if part.fds:
-                    self._map_segments(w, msg[3], part.fds)
+                    map_segments(self._shutdown.readers[w], msg[3], part.fds)
                     part.close_fds()
                 self._partial[w] = None  # (A failure making the arrays may have released segments.)
                 output = self._shutdown.readers[w].materialize(msg[2])
@@ -409,37 +411,9 @@ class WorkerPool(ClosesOnExit):
                 "bytes are kept here); nothing was delivered, and the next next() "
                 "receives the same output again",
             )
-            raise _ReceiveFailed(e) from None
+            raise ReceiveFailed(e) from None
         self._partial[w] = None
         return msg, output
-
-    def _map_segments(self, w: int, segments: list, fds: list) -> None:
-        """Maps an ``OUT``'s new segments from copies of ``fds``, which stay open for another try."""
-        copies: list = []
-        try:
-            for fd in fds:
-                copies.append(os.dup(fd))
-        except BaseException:
-            for fd in copies:
-                os.close(fd)
-            raise
-        self._shutdown.readers[w].add(segments, copies)  # (Closes the copies.)
-
-    def _exit_error(self, w: int, msg: tuple) -> WorkerDiedError:
-        """The error for worker ``w``'s ``EXIT`` report: the user's code ended it (``main.exit_report``)."""
-        _, _, code, what, where, notes, stack = msg
-        pid = self._shutdown.procs[w].pid
-        who = f"grainlike worker {w} of {self._w} (pid {pid})"
-        if what.startswith(("sys.exit", "os._exit")):
-            head = f"Worker process was terminated unexpectedly with exit code {code}: {who} ended: {what}"
-        else:
-            head = f"{who} ended: {what} was raised"
-        about = "".join(f" {note}." if not note.endswith(".") else f" {note}" for note in notes)
-        return WorkerDiedError(
-            f"{head} in {where}, in the user's code computing its next output (its state after "
-            f"its last delivered output: {self.states[w]!r}, where a restore retries).{about} "
-            f"{self._then()}\nThe worker's stack:\n{stack}"
-        )
 
     def _drain_stale(self, w: int) -> None:
         """Drops worker ``w``'s messages from before its latest reset, up to its ``RESET_DONE``.
@@ -535,7 +509,7 @@ class WorkerPool(ClosesOnExit):
             if msg[0] == ERR:  # The task failed to load in the worker.
                 raise self._failure(w, rebuild_error(w, sd.procs[w].pid, msg))
             if msg[0] == EXIT:
-                raise self._failure(w, self._exit_error(w, msg))
+                raise self._failure(w, exit_error(self._shutdown.procs[w].pid, w, self._w, self.states[w], msg, self._then()))
             if msg[0] != READY:
                 raise RuntimeError(f"unexpected message from held worker {w}: {msg[0]!r}")
             local = self._local.pop(w, None)
@@ -612,31 +586,3 @@ class WorkerPool(ClosesOnExit):
         else:
             self._shutdown(JOIN_TIMEOUT_S)
 
-
-def _read_bytes(conn: Any) -> bytes:
-    """One message's bytes from a worker's socket (unpickled separately: see ``WorkerPool._message``)."""
-    return conn.recv_bytes()
-
-
-class _Partial:
-    """A worker's message read from its socket whose reception here is not complete."""
-
-    __slots__ = ("raw", "msg", "fds")
-
-    def __init__(self, raw: bytes):
-        self.raw = raw
-        self.msg: Any = None
-        self.fds: Optional[list] = None  # An OUT's segment descriptors, until mapped.
-
-    def close_fds(self) -> None:
-        fds, self.fds = self.fds, []
-        for fd in fds or ():
-            os.close(fd)
-
-
-class _ReceiveFailed(Exception):
-    """Carries an error raised while a worker's message was half received (``WorkerPool._message``)."""
-
-    def __init__(self, error: BaseException):
-        super().__init__(str(error))
-        self.error = error

@@ -17,7 +17,7 @@ import threading
 from typing import Any
 
 from grainlike.core import memfd, pickling
-from grainlike.workers import server, shm
+from grainlike.workers import server, shm, worker_process
 from grainlike.workers.messages import WorkerTask
 from grainlike.workers.shutdown import Shutdown
 
@@ -171,7 +171,7 @@ def launch(
                 cls, target = multiprocessing.context.ForkProcess, _forked_entry
                 args = ([result_r.fileno(), control_w.fileno(), stack_r], *_as_inherited(args))
             else:
-                cls, target = (server.WorkerProcess if served else server.SpawnedWorkerProcess), _worker_entry
+                cls, target = (worker_process.WorkerProcess if served else worker_process.SpawnedWorkerProcess), _worker_entry
             proc = cls(target=target, args=args, name=f"grainlike-worker-{w}", daemon=True)
             try:
                 _start(proc, serving if served else None)
@@ -214,12 +214,12 @@ def _start(proc: Any, serving: Any) -> None:
         proc.start()
         return
     for attempt in range(_SERVER_TRIES):
-        server.server_of[proc] = serving
+        worker_process.server_of[proc] = serving
         try:
             proc.start()
             return
         except server.SERVER_FAILURES as e:
-            server.server_of.pop(proc, None)
+            worker_process.server_of.pop(proc, None)
             if attempt == _SERVER_TRIES - 1:
                 raise
             server.recover(serving, e)

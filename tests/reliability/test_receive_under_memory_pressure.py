@@ -83,7 +83,7 @@ def _inject(monkeypatch, where: str) -> None:
 
         monkeypatch.setattr(pool_module, "ForkingPickler", Loads)
     else:  # Reading the message's bytes: the stream's position is then unknown.
-        monkeypatch.setattr(pool_module, "_read_bytes", _FailOnce(pool_module._read_bytes, 7, MemoryError()))
+        monkeypatch.setattr(pool_module, "read_bytes", _FailOnce(pool_module.read_bytes, 7, MemoryError()))
 
 
 @pytest.mark.parametrize("where", ["mapping", "unpickling", "reading"])

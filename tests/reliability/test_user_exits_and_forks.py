@@ -23,7 +23,7 @@ from grainlike.core.errors import WorkerDiedError
 from grainlike.dataset import MapDataset
 from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
 from tests.helpers import leaks
-from tests.reliability.user_code import ExitAt, ForkAt, first
+from tests.reliability.user_code import ExitAt, ForkAndWait, ForkAt, first
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -142,3 +142,14 @@ def test_a_process_forked_by_a_transform_delivers_nothing_and_outlives_nothing(n
     assert children and all(pid != os.getpid() for pid in children)
     # The copy went when the worker did.
     assert leaks.wait_until(lambda: all(leaks.process_ended(pid) for pid in children), timeout=10)
+
+
+def test_processes_a_transform_forks_and_ends_itself_work_as_without_workers(no_leaks):
+    # A child (and its own child) that do their work and end with os._exit()
+    # are left alone: the guard acts only on a copy that goes on as the worker.
+    ds = MapDataset.range(12).map(ForkAndWait()).to_iter_dataset()
+    it = iter(ds.mp_prefetch(MultiprocessingOptions(num_workers=2)))
+    try:
+        assert list(it) == list(range(12))
+    finally:
+        it.close()

@@ -49,6 +49,21 @@ class ForkAt(grain.MapTransform):
         return x
 
 
+class ForkAndWait(grain.MapTransform):
+    """Forks a child that forks a grandchild; each ends with os._exit, and the element is the grandchild's status."""
+
+    def map(self, x):
+        pid = os.fork()
+        if pid == 0:
+            grandchild = os.fork()
+            if grandchild == 0:
+                os._exit(int(x) % 50)
+            _, status = os.waitpid(grandchild, 0)
+            os._exit(os.waitstatus_to_exitcode(status))
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status)
+
+
 class ClockForwardThenHang(grain.MapTransform):
     """On element ``at``: moves the worker's clock a day ahead, works for a while, then hangs."""
 
