@@ -298,7 +298,12 @@ def _jax_leaf(x: Any) -> bool:
 
 
 def _delivered_leaf(leaf: Any, min_size: int) -> Any:
-    if not isinstance(leaf, SharedMemoryArray) and _goes_to_shm(leaf, min_size):
+    if isinstance(leaf, SharedMemoryArray):
+        if leaf.shm is not None or _goes_to_shm(leaf, min_size):
+            return leaf  # grain sends a segment's name whatever its size
+        # Stacked by a worker's allocator where grain's worker would stack a plain array.
+        return leaf.view(np.ndarray)
+    if _goes_to_shm(leaf, min_size):
         return leaf.view(SharedMemoryArray)
     return leaf
 
@@ -308,11 +313,12 @@ def as_delivered(struct: Any, min_size: int = 0) -> Any:
 
     What the consumer of grain's ``mp_prefetch`` gets from a worker: each
     C-contiguous, non-empty numpy array of at least ``min_size`` bytes without
-    Python objects becomes a ``SharedMemoryArray`` (here a view: nothing is
-    copied and no segment is made); a ``SharedMemoryArray`` stays one whatever
-    its size; other leaves, and everything inside a dataclass or another object
-    JAX's tree functions take as a leaf, stay as they are. A worker calls it on
-    each output before handing it over; the hand-off keeps the types.
+    Python objects is a ``SharedMemoryArray`` (here a view: nothing is copied
+    and no segment is made), every other array a plain one, except that a
+    ``SharedMemoryArray`` on a named segment stays one whatever its size; other
+    leaves, and everything inside a dataclass or another object JAX's tree
+    functions take as a leaf, stay as they are. A worker calls it on each
+    output before handing it over; the hand-off keeps the types.
 
     Args:
       struct: a worker's output.

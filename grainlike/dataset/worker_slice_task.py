@@ -18,6 +18,7 @@ from grainlike.core.shared_memory_array import as_delivered
 from grainlike.core.transforms import transform_name
 from grainlike.core.tree import Allocator
 from grainlike.dataset import worker_slice
+from grainlike.dataset.batch import BatchIterDataset
 from grainlike.dataset.dataset_node import _Dataset, parents, walk
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator, MultiprocessingContext
@@ -138,8 +139,13 @@ class WorkerSliceTask:
         self._worker_dataset = ds
         if worker_count > 1:
             worker_slice.set_slice(ds, slice(worker_index, None, worker_count), self._sequential_slice)
-        if alloc is not None and isinstance(ds, TakesAllocator):
-            ds.set_allocator(alloc)  # The parent's batches are the outputs: stack them in shared memory.
+        # The parent's batches are the outputs: stack them in shared memory where grain's
+        # workers do (a batch at the top with several workers; a DataLoader's with any),
+        # all of it, whatever min_shm_size says. Elsewhere grain stacks in ordinary memory,
+        # in np.stack's layout, and the hand-off copies its large leaves into shared memory.
+        stacks = isinstance(ds, TakesAllocator) and (worker_count > 1 or not isinstance(ds, BatchIterDataset))
+        if alloc is not None and stacks:
+            ds.set_allocator(alloc)
         it = ds.__iter__()
         if isinstance(it, DatasetIterator):
             # Random stages on iterators draw per process (grain's mp_context).
@@ -148,7 +154,7 @@ class WorkerSliceTask:
             if self.dataset_options is not None:
                 ctx.dataset_options = self.dataset_options.merge(ctx.dataset_options)
         # The consumer gets grain's element types: its workers' arrays are SharedMemoryArrays.
-        min_shm_size = it._ctx.dataset_options.min_shm_size if isinstance(it, DatasetIterator) else 0
+        min_shm_size = it._ctx.dataset_options.min_shm_size if isinstance(it, DatasetIterator) and not stacks else 0
         self._iterator = it
         try:
             if state is not None:

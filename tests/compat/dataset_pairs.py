@@ -23,6 +23,7 @@ from grainlike.dataset.shuffle import WindowShuffleIterDataset, WindowShuffleMap
 from grainlike.dataset.thread_prefetch import ThreadPrefetchIterDataset
 from grainlike.dataset.zip import ZipIterDataset, ZipMapDataset
 from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
+from tests.helpers.leaf_types import type_name
 
 GRAINLIKE = types.SimpleNamespace(
     name="grainlike",
@@ -93,15 +94,14 @@ def grain_namespace(grain: Any) -> types.SimpleNamespace:
 
 
 def assert_same(expected: Any, actual: Any, path: str = "") -> None:
-    """Equal values of the same types, arrays with the same dtype and shape."""
+    """Equal values of the same types (``type_name``), arrays with the same dtype and shape."""
+    assert type_name(expected) == type_name(actual), f"{path}: {type_name(expected)} != {type_name(actual)}"
     if isinstance(expected, np.ndarray):
-        assert isinstance(actual, np.ndarray), f"{path}: {type(actual)} is not an array"
         assert expected.dtype == actual.dtype and expected.shape == actual.shape, (
             f"{path}: {expected.dtype}{expected.shape} != {actual.dtype}{actual.shape}"
         )
         np.testing.assert_array_equal(expected, actual, err_msg=path)
         return
-    assert type(expected) is type(actual), f"{path}: {type(expected)} != {type(actual)}"
     if isinstance(expected, dict):
         assert expected.keys() == actual.keys(), path
         for k in expected:

@@ -31,7 +31,10 @@ def grain_started(grain_ref):
     it = iter(grain_ref.MapDataset.range(2).to_iter_dataset().mp_prefetch(options))
     list(it)
     it.close()
-    return grain_ref
+    yield grain_ref
+    # grain's arrays are deleted while their module can still release them (not at exit).
+    _grain_runs.clear()
+    gc.collect()
 
 
 def _pipeline(lib, workers, n=17, buffer_size=1):
@@ -84,7 +87,8 @@ def _grain_run(grain_ref, workers):
 
 def _plain(value):
     if isinstance(value, np.ndarray):
-        return np.array(value, subok=False)
+        # A copy of the same type (grain's SharedMemoryArray without its segment).
+        return np.array(value, subok=False).view(type(value))
     if isinstance(value, (tuple, list)):
         return type(value)(_plain(v) for v in value)
     if isinstance(value, dict):

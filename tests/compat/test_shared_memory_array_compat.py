@@ -180,3 +180,33 @@ def test_copy_to_shm_and_back_as_grains_helpers(grain_mp):
     sent = copy_to_shm({"a": struct["a"]})
     unlink_shm(sent)
     assert not _segment_exists(sent["a"].name)
+
+
+def test_arrays_from_workers_are_shared_memory_arrays_without_a_name():
+    # What grain users do with a SharedMemoryArray from its workers works on grainlike's,
+    # which live in anonymous memory (no named segment).
+    import grainlike
+
+    ds = grainlike.MapDataset.range(4).map(lambda i: np.full((128, 128), i, np.float32)).to_iter_dataset()
+    it = iter(ds.batch(2).mp_prefetch(grainlike.MultiprocessingOptions(num_workers=1)))
+    batches = list(it)
+    it.close()
+    a = batches[1]
+    assert type(a) is SharedMemoryArray and a.shm is None
+    assert float(a[1, 0, 0]) == 3.0  # valid after the iterator closed, for as long as it is held
+    with pytest.raises(ValueError, match="no named shared-memory segment"):
+        a.metadata  # noqa: B018
+    a.unlink_on_del()  # nothing to do: the memory goes with its last array
+    copied = pickle.loads(pickle.dumps(a))
+    assert type(copied) is SharedMemoryArray and copied.shm is None
+    np.testing.assert_array_equal(copied, a)
+    assert type(a + 1) is np.ndarray and type(a[0]) is SharedMemoryArray
+    # A named copy is sent by name, as grain's arrays are.
+    named = SharedMemoryArray(a.shape, a.dtype)
+    named[...] = a
+    mapped = SharedMemoryArray.from_metadata(named.metadata)
+    np.testing.assert_array_equal(mapped, a)
+    mapped.unlink_on_del()
+    name = named.metadata.name
+    del named, mapped
+    assert _freed(name)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tests.helpers.leaf_types import type_name
+
 
 def make_ops(lib, names, batch_size=3, drop_remainder=False):
     """Operations named by short strings, subclassing ``lib``'s transform classes."""
@@ -80,16 +82,23 @@ def build(lib, source, *, num_records, num_epochs=1, shuffle=False, seed=0,
 
 
 def as_plain(x):
-    """Nested structure -> plain Python, keeping dtype names, for exact comparison."""
+    """Nested structure -> plain Python for exact comparison, keeping every type.
+
+    Lists stay lists and tuples tuples; an array becomes ``(type name, dtype,
+    shape, values)``, any other leaf ``(type name, value)`` (``type_name``: a
+    ``SharedMemoryArray`` is one from either library, ``numpy.ndarray`` is not).
+    """
     if isinstance(x, dict):
         return {k: as_plain(v) for k, v in sorted(x.items())}
+    if type(x) in (list, tuple):
+        return type(x)(as_plain(v) for v in x)
     if isinstance(x, (list, tuple)):
-        return [as_plain(v) for v in x]
+        return (type_name(x), [as_plain(v) for v in x])
     if isinstance(x, np.ndarray):
-        return (str(x.dtype), x.shape, x.tolist())
+        return (type_name(x), str(x.dtype), x.shape, x.tolist())
     if isinstance(x, np.generic):
-        return (str(x.dtype), (), x.item())
-    return x
+        return (type_name(x), x.item())
+    return (type_name(x), x)
 
 
 def take(it, n):
