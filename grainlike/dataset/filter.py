@@ -160,6 +160,9 @@ class _FilterDatasetIterator(PassThroughStateIterator):
                 return element
 
     def __str__(self) -> str:
+        return f"FilterDatasetIterator(transform={self._pretty_name})"
+
+    def describe(self) -> str:
         return f"FilterDatasetIterator(transform={self._name})"
 
 

@@ -8,7 +8,7 @@ element ``i // max_fan_out`` (None past the element's last split).
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from grainlike.dataset.iter_dataset import IterDataset
 from grainlike.dataset.iterator import DatasetIterator
@@ -63,10 +63,11 @@ class FlatMapMapDataset(UserTransformStage, MapDataset):
 class _FlatMapDatasetIterator(DatasetIterator):
     """The state is the parent's before the current element, and the split reached."""
 
-    def __init__(self, parent: DatasetIterator, flat_map: Callable, name: str):
+    def __init__(self, parent: DatasetIterator, flat_map: Callable, name: str, pretty: Optional[str] = None):
         super().__init__(parent)
         self._flat_map = flat_map
         self._name = name
+        self._pretty = name if pretty is None else pretty
         self._buffer: Sequence = []
         self._next_in_buffer = 0
         self._last_parent_state = self._parent.get_state()
@@ -101,6 +102,9 @@ class _FlatMapDatasetIterator(DatasetIterator):
             self._next_in_buffer = 0  # Restored at the end: stays ended.
 
     def __str__(self) -> str:
+        return f"FlatMapDatasetIterator(transform={self._pretty})"
+
+    def describe(self) -> str:
         return f"FlatMapDatasetIterator(transform={self._name})"
 
 
@@ -110,4 +114,6 @@ class FlatMapIterDataset(UserTransformStage, IterDataset):
     _accepts = None
 
     def __iter__(self) -> DatasetIterator:
-        return _FlatMapDatasetIterator(self._parent.__iter__(), self._transform.flat_map, self._name)
+        return _FlatMapDatasetIterator(
+            self._parent.__iter__(), self._transform.flat_map, self._name, self._pretty_name()
+        )

@@ -43,9 +43,18 @@ def user_function(transform: Any, cls: type, method: str, stage: str) -> Callabl
     return transform
 
 
+def described(stage: Any) -> str:
+    """``stage`` as error notes name it: its user transform with file and line, where it has one.
+
+    ``str()`` is grain's text, which names a transform class without its file.
+    """
+    describe = getattr(stage, "describe", None)
+    return describe() if callable(describe) else str(stage)
+
+
 def note_element(error: BaseException, stage: Any, where: str) -> None:
     """Notes which transform failed on which element."""
-    add_note(error, f"grainlike: in {stage} on the element at {where}")
+    add_note(error, f"grainlike: in {described(stage)} on the element at {where}")
 
 
 def note_iterator(error: BaseException, stage: Any, parent: DatasetIterator) -> None:
@@ -54,7 +63,7 @@ def note_iterator(error: BaseException, stage: Any, parent: DatasetIterator) -> 
         state = parent.get_state()
     except Exception:  # Never hide the original error.
         state = "unknown"
-    add_note(error, f"grainlike: in {stage}; the pipeline's state after reading the element: {state}")
+    add_note(error, f"grainlike: in {described(stage)}; the pipeline's state after reading the element: {state}")
 
 
 def seeded_pool(seed: Any) -> RngPool:
@@ -80,8 +89,12 @@ class UserTransformStage:
         if self._accepts is not None:
             self._fn = user_function(transform, self._accepts, self._method, self._method)
 
+    def _pretty_name(self) -> str:
+        """The transform as grain's ``str()`` of this stage and its iterator names it."""
+        return get_pretty_transform_name(self._transform)
+
     def __str__(self) -> str:
-        return f"{type(self).__name__}(transform={get_pretty_transform_name(self._transform)})"
+        return f"{type(self).__name__}(transform={self._pretty_name()})"
 
     def describe(self) -> str:
         return f"{type(self).__name__}(transform={self._name})"
@@ -197,10 +210,13 @@ class PassThroughStateIterator(DatasetIterator):
 
 
 class _MapDatasetIterator(PassThroughStateIterator):
-    def __init__(self, parent: DatasetIterator, fn: Callable, name: str):
+    """``fn(element)``; ``pretty`` names the transform in ``str()`` (grain's text), ``name`` in errors."""
+
+    def __init__(self, parent: DatasetIterator, fn: Callable, name: str, pretty: Optional[str] = None):
         super().__init__(parent)
         self._fn = fn
         self._name = name
+        self._pretty = name if pretty is None else pretty
         # Called once per element: the bound method, without next()'s lookups.
         self._pull = parent.__next__
 
@@ -221,6 +237,9 @@ class _MapDatasetIterator(PassThroughStateIterator):
         self._parent._set_next_index(index)
 
     def __str__(self) -> str:
+        return f"MapDatasetIterator(transform={self._pretty})"
+
+    def describe(self) -> str:
         return f"MapDatasetIterator(transform={self._name})"
 
 
@@ -230,10 +249,11 @@ class _CountingIterator(DatasetIterator):
     _counter_key = "counter"
     _label = "MapWithIndexDatasetIterator"
 
-    def __init__(self, parent: DatasetIterator, fn: Callable, name: str):
+    def __init__(self, parent: DatasetIterator, fn: Callable, name: str, pretty: Optional[str] = None):
         super().__init__(parent)
         self._fn = fn
         self._name = name
+        self._pretty = name if pretty is None else pretty
         self._count = 0
 
     def _apply(self, count: int, element: Any) -> Any:
@@ -267,6 +287,9 @@ class _CountingIterator(DatasetIterator):
         self._count = index
 
     def __str__(self) -> str:
+        return f"{self._label}(transform={self._pretty})"
+
+    def describe(self) -> str:
         return f"{self._label}(transform={self._name})"
 
 
@@ -276,8 +299,8 @@ class _RandomMapDatasetIterator(_CountingIterator):
     _counter_key = "index_for_rng"
     _label = "RandomMapDatasetIterator"
 
-    def __init__(self, parent: DatasetIterator, fn: Callable, seed: Any, name: str):
-        super().__init__(parent, fn, name)
+    def __init__(self, parent: DatasetIterator, fn: Callable, seed: Any, name: str, pretty: Optional[str] = None):
+        super().__init__(parent, fn, name, pretty)
         self._pool = seeded_pool(seed)
 
     def _apply(self, count: int, element: Any) -> Any:
@@ -296,14 +319,14 @@ class MapIterDataset(TransformIterDataset):
     """``fn(element)`` for each element of an IterDataset."""
 
     def __iter__(self) -> DatasetIterator:
-        return _MapDatasetIterator(self._parent.__iter__(), self._fn, self._name)
+        return _MapDatasetIterator(self._parent.__iter__(), self._fn, self._name, self._pretty_name())
 
 
 class RandomMapIterDataset(_RandomStage, TransformIterDataset):
     """``fn(element, rng)`` for each element of an IterDataset."""
 
     def __iter__(self) -> DatasetIterator:
-        return _RandomMapDatasetIterator(self._parent.__iter__(), self._fn, self._seed, self._name)
+        return _RandomMapDatasetIterator(self._parent.__iter__(), self._fn, self._seed, self._name, self._pretty_name())
 
 
 class MapWithIndexIterDataset(TransformIterDataset):
@@ -312,5 +335,11 @@ class MapWithIndexIterDataset(TransformIterDataset):
     _accepts = MapWithIndexTransform
     _method = "map_with_index"
 
+    def _pretty_name(self) -> str:
+        # grain names the transform object here (its repr), not its bound method.
+        if isinstance(self._transform, MapWithIndexTransform):
+            return repr(self._transform)
+        return super()._pretty_name()
+
     def __iter__(self) -> DatasetIterator:
-        return _CountingIterator(self._parent.__iter__(), self._fn, self._name)
+        return _CountingIterator(self._parent.__iter__(), self._fn, self._name, self._pretty_name())

@@ -305,7 +305,9 @@ class MixedIterDataset(IterDataset):
         super().__init__(flat)
         self._keys = keys
         self._container = tuple if isinstance(parents, tuple) else list
-        weights = None if proportions is None else _flat(proportions)[0]
+        # Unlike a MapDataset's, the default weights are scaled too: [100, 100, ...],
+        # which mix as ones do and are what grain prints.
+        weights = [1] * len(flat) if proportions is None else _flat(proportions)[0]
         self._proportions = int_proportions(weights, len(flat))
 
     def __iter__(self) -> DatasetIterator:

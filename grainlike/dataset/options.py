@@ -155,6 +155,16 @@ class DatasetOptions:
                 user_set.add(field.name)
         object.__setattr__(self, "_user_set_fields", frozenset(user_set))
 
+    def __repr__(self) -> str:
+        # grain's dataclass repr, which shows the set fields (as a set, in field order).
+        fields = [f for f in dataclasses.fields(self) if f.init]
+        user_set = set()
+        for f in fields:
+            if f.name in self._user_set_fields:
+                user_set.add(f.name)
+        values = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields)
+        return f"DatasetOptions({values}, _user_set_fields={user_set!r})"
+
     def merge(self, other: Optional["DatasetOptions"]) -> "DatasetOptions":
         """These options over ``other``'s: set fields of ``self``, then of ``other``, then defaults."""
         if other is None:

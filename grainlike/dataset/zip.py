@@ -38,7 +38,8 @@ class ZipMapDataset(MapDataset):
         return list(zip(*[p._getitems(indices) for p in self._parents]))
 
     def __str__(self) -> str:
-        return f"ZipMapDataset([{len(self._parents)} parents])"
+        # grain's text, its missing closing parenthesis included.
+        return f"ZipMapDataset(parents={self._parents}"
 
 
 def _strict_zip_error(i: int, why: str) -> str:
@@ -103,4 +104,4 @@ class ZipIterDataset(IterDataset):
         return _ZipDatasetIterator([p.__iter__() for p in self._parents], self._strict)
 
     def __str__(self) -> str:
-        return f"ZipIterDataset([{len(self._parents)} parents], strict={self._strict})"
+        return f"ZipIterDataset(parents={self._parents}, strict={self._strict})"

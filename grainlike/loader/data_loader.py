@@ -161,9 +161,12 @@ class DataLoader:
             shard_options = getattr(sampler, "_shard_options", None)
             if not isinstance(shard_options, sharding.ShardOptions):
                 raise ValueError(
-                    "No shard options were provided to the DataLoader. Pass "
+                    "No shard options were provided to the DataLoader. Please pass "
+                    "shard options to the DataLoader. Previously sharding was handled "
+                    "by the Sampler but going forward sharding will be handled by the "
+                    "DataLoader for greater flexibility. For example "
                     "shard_options=grainlike.NoSharding() (or ShardByJaxProcess() / "
-                    "ShardOptions(...)) to the DataLoader."
+                    "ShardOptions(...))."
                 )
         if not isinstance(shard_options, sharding.ShardOptions):
             raise TypeError(f"shard_options must be a ShardOptions, got {shard_options!r}")

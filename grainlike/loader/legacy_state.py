@@ -76,12 +76,31 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+class StateJSONError(InvalidStateError, json.JSONDecodeError):
+    """A state that is not JSON: a ``json.JSONDecodeError`` (what grain raises) and an ``InvalidStateError``.
+
+    Its ``msg``, ``doc``, ``pos``, ``lineno`` and ``colno`` are the decoder's.
+    """
+
+    def __init__(self, message: str, error: json.JSONDecodeError):
+        json.JSONDecodeError.__init__(self, error.msg, error.doc, error.pos)
+        self.args = (message,)
+
+    def __reduce__(self):
+        return _state_json_error, (self.args[0], self.msg, self.doc, self.pos)
+
+
+def _state_json_error(message: str, msg: str, doc: str, pos: int) -> StateJSONError:
+    return StateJSONError(message, json.JSONDecodeError(msg, doc, pos))
+
+
 def parse(state: Any) -> dict:
     """The JSON object of ``get_state()`` bytes (or str) of grain or grainlike.
 
     Raises:
       TypeError: ``state`` is not bytes or str.
-      InvalidStateError: it is not UTF-8 JSON holding an object.
+      InvalidStateError: it is not UTF-8 JSON holding an object (``StateJSONError``,
+        a ``json.JSONDecodeError`` as grain raises, where it is not JSON).
     """
     if isinstance(state, (bytes, bytearray, memoryview)):
         try:
@@ -100,7 +119,10 @@ def parse(state: Any) -> dict:
         # ValueError: JSONDecodeError, and also an int literal longer than Python's
         # int-from-string limit (4300 digits).
         head = text[:60] + ("..." if len(text) > 60 else "")
-        raise InvalidStateError(f"state is not valid JSON ({e}): {head!r}") from None
+        message = f"state is not valid JSON ({e}): {head!r}"
+        if isinstance(e, json.JSONDecodeError):
+            raise StateJSONError(message, e) from None
+        raise InvalidStateError(message) from None
     if not isinstance(data, dict):
         raise InvalidStateError(f"state must be a JSON object, got {type(data).__name__}")
     return data
@@ -209,14 +231,16 @@ class LegacyState:
                 "Sampler in checkpoint does not match dataloader sampler.\n"
                 f"sampler in checkpoint: {data['sampler']}\n"
                 f"sampler in dataloader: {self.sampler_repr}\n"
-                "The sampler is compared by `repr(sampler)`."
+                "Grain uses `repr(sampler)` to validate the sampler, so you "
+                "may need to implement a custom `__repr__`."
             )
         if data["data_source"] != self.data_source_repr:
             raise InvalidStateError(
                 "DataSource in checkpoint does not match datasource in dataloader.\n"
                 f"data source in checkpoint: {data['data_source']}\n"
                 f"data source in dataloader: {self.data_source_repr}\n"
-                "The data source is compared by `repr(data_source)`."
+                "Grain uses `repr(data_source)` to validate the source, so you "
+                "may need to implement a custom `__repr__`."
             )
         if elastic:
             from grainlike.loader import elastic_restore as elastic_lib
