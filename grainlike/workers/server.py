@@ -118,8 +118,13 @@ def running_server(start: bool = True) -> Any:
     return server
 
 
-# The start of the command a worker server runs (``forkserver_main``).
-_SERVE_COMMAND = "from grainlike.workers.server_loop import forkserver_main; "
+# The start of the command a worker server runs (``forkserver_main``). Ctrl-C is
+# the program's: the server ignores SIGINT before its first import, so that a
+# Ctrl-C while it boots prints the program's traceback only, not one of its own.
+_SERVE_COMMAND = (
+    "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "from grainlike.workers.server_loop import forkserver_main; "
+)
 
 
 @functools.lru_cache(maxsize=None)

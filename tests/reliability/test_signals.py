@@ -139,3 +139,37 @@ def test_a_forked_child_stuck_in_c_code_ends_on_sigterm(tmp_path):
     proc, out, err = run_in_session([sys.executable, str(script)], timeout=90, env=env)
     assert proc.returncode == 0, err
     assert f"exitcode {-signal.SIGTERM}" in out, (out, err)
+
+
+_STARTING = r"""
+import time
+print("importing", flush=True)
+import grainlike as grain
+from grainlike.dataset import MapDataset
+
+def slow(x):
+    time.sleep(0.01)
+    return x
+
+for x in MapDataset.range(10**6).map(slow).to_iter_dataset().mp_prefetch(grain.MultiprocessingOptions(num_workers=2)):
+    pass
+"""
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.3, 1.0])
+def test_ctrl_c_while_workers_start_prints_one_traceback(tmp_path, delay):
+    # Ctrl-C in a terminal sends SIGINT to the whole foreground process group:
+    # the worker server (booting, or forking workers) and the workers are in it
+    # too. Only the program's own KeyboardInterrupt is printed.
+    script = tmp_path / "starting.py"
+    script.write_text(_STARTING)
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "JAX_PLATFORMS": "cpu"}
+    with in_session([sys.executable, str(script)], env=env) as proc:
+        assert proc.stdout.readline().strip() == "importing"
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(30)
+        err = proc.stderr.read()
+        assert leaks.wait_until(lambda: not leaks.session_processes(proc.pid), timeout=10), leaks.session_processes(proc.pid)
+    assert err.count("Traceback") == 1, err
+    assert err.rstrip().endswith("KeyboardInterrupt"), err
