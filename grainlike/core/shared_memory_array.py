@@ -150,7 +150,8 @@ class SharedMemoryArray(np.ndarray):
         # worker handed over in anonymous memory) pickles its data, and is still a
         # SharedMemoryArray when loaded: a name would map the wrong bytes, or none.
         if self.shm is None or not isinstance(self.base, mmap.mmap):
-            return super().__reduce_ex__(protocol)
+            # As a plain array, which pickles its buffer out of band where the pickler can.
+            return _viewed_as_shared_memory_array, (self.view(np.ndarray),)
         return self.from_shared_memory, (self.shm, self.shape, self.dtype)
 
     def unlink_on_del(self) -> None:
@@ -200,6 +201,10 @@ class SharedMemoryArray(np.ndarray):
                 _release(segment, unlink)
         except Exception:  # pylint: disable=broad-except
             pass
+
+
+def _viewed_as_shared_memory_array(array: np.ndarray) -> SharedMemoryArray:
+    return array.view(SharedMemoryArray)
 
 
 # -- whole structures ------------------------------------------------------------------
