@@ -240,6 +240,10 @@ class MapDataset(_Dataset, Generic[T], metaclass=MapDatasetMeta):
 
         if isinstance(sl, builtins.slice):
             return SliceMapDataset(self, sl)
+        if not (hasattr(type(sl), "__len__") and hasattr(type(sl), "__getitem__")):
+            # Neither a slice nor indices: grain 0.2.18's error, at once (grain's main
+            # branch builds it and fails at len()).
+            raise ValueError(f"sl is not a slice: {type(sl)}")
         return ReindexMapDataset(self, sl)
 
     def random_map(self, transform: Any, *, seed: Optional[int] = None) -> "MapDataset":
