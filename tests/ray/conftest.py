@@ -84,6 +84,17 @@ def actor_dead(ray, handle, timeout: float = 20.0) -> bool:
     return False
 
 
+def object_store_objects() -> int:
+    """How many objects Ray's object stores hold (every node's), from the raylets' memory summary."""
+    import re
+
+    from ray._private.internal_api import memory_summary
+
+    found = re.search(r"Plasma memory usage .*?, (\d+) objects", memory_summary(stats_only=True))
+    assert found, "Ray's memory summary has no object count"
+    return int(found.group(1))
+
+
 def wait_until(predicate, timeout: float = 20.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -6,6 +6,7 @@ element once, in mp_prefetch's order, with its states."""
 from __future__ import annotations
 
 import contextlib
+import gc
 
 import pytest
 
@@ -29,6 +30,8 @@ def cluster():
 
     if ray.is_initialized():
         ray.shutdown()
+    # (Ray's settings in os.environ, such as the RAY_AUTH_MODE a local instance
+    # sets, stay: this process's Ray keeps them in its own state too.)
     with loopback():
         c = Cluster(
             initialize_head=True,
@@ -43,6 +46,7 @@ def cluster():
     try:
         yield c, worker
     finally:
+        gc.collect()  # (see test_local.py's fixture)
         ray.shutdown()
         c.shutdown()
 

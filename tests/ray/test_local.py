@@ -19,6 +19,7 @@ from tests.ray.conftest import (
     actor_dead,
     actor_names,
     mp_reference,
+    object_store_objects,
     pipeline,
     run,
     values,
@@ -39,8 +40,13 @@ def local_ray():
     if ray.is_initialized():
         ray.shutdown()
     grain_ray.init_local(num_cpus=2, object_store_memory=150 << 20, log_to_driver=False)
-    yield
-    ray.shutdown()
+    try:
+        yield
+    finally:
+        # Handles and object refs go while their session lives: a later session
+        # in this process reuses the same ids.
+        gc.collect()
+        ray.shutdown()
 
 
 def test_local_instance_listens_on_loopback_only():
@@ -76,6 +82,22 @@ def test_state_of_mp_prefetch_restores_on_ray_and_back():
     assert mp_reference(ds, 2, ray_state) == (full[8:], states[8:])
 
 
+def test_set_state_on_a_running_iterator_moves_its_actors_back():
+    ds = pipeline()
+    full, states = mp_reference(ds, 2)
+    with contextlib.closing(iter(grain_ray.prefetch(ds, 2))) as it:
+        run(it, 6)
+        pool = it._pool
+        pids = {w: ray.get(a.where.remote())[0] for w, a in pool.actors.items()}
+        it.set_state(states[1])  # what the actors computed ahead is dropped
+        again, again_states = run(it, 2)
+        # The same actors go on from the new state.
+        assert it._pool is pool and pool.restarts == 0
+        assert {w: ray.get(a.where.remote())[0] for w, a in pool.actors.items()} == pids
+        rest, rest_states = run(it)
+    assert (again + rest, again_states + rest_states) == (full[2:], states[2:])
+
+
 @pytest.mark.parametrize("old, new", [(2, 1), (1, 2)])
 def test_state_restores_on_another_worker_count_every_element_once(old, new):
     ds = pipeline()
@@ -105,18 +127,20 @@ def test_killed_actor_restarts_from_its_last_delivered_element():
     assert got_states + rest_states == expected_states
 
 
-def test_close_kills_every_actor():
-    with contextlib.closing(iter(grain_ray.prefetch(pipeline(n=600), 2))) as it:
+def test_close_kills_every_actor_and_frees_its_objects():
+    with contextlib.closing(iter(grain_ray.prefetch(pipeline(n=600, big=True), 2))) as it:
         next(it)
+        assert object_store_objects() > 0  # the pipeline, and results of calls in flight
         prefix = it._pool.name_prefix
         handles = list(it._pool.actors.values())
         assert len(handles) == 2 and len(actor_names(ray, prefix)) == 2
     assert all(actor_dead(ray, h) for h in handles)
     assert wait_until(lambda: not actor_names(ray, prefix))
+    assert wait_until(lambda: object_store_objects() == 0)
 
 
-def test_dropped_iterator_kills_its_actors():
-    it = iter(grain_ray.prefetch(pipeline(n=600), 2))
+def test_dropped_iterator_kills_its_actors_and_frees_its_objects():
+    it = iter(grain_ray.prefetch(pipeline(n=600, big=True), 2))
     next(it)
     prefix = it._pool.name_prefix
     handles = list(it._pool.actors.values())
@@ -124,6 +148,7 @@ def test_dropped_iterator_kills_its_actors():
     gc.collect()
     assert all(actor_dead(ray, h) for h in handles)
     assert wait_until(lambda: not actor_names(ray, prefix))
+    assert wait_until(lambda: object_store_objects() == 0)
 
 
 def test_error_in_a_transform_is_raised_once_with_its_type_then_the_others_go_on():
