@@ -69,17 +69,33 @@ def _failures() -> tuple:
     )
 
 
-def _kill_all(actors: dict) -> None:
-    """Kills the actors in ``actors`` and forgets them (a finalizer: never raises)."""
-    handles = list(actors.values())
-    actors.clear()
+def _session(ray: Any) -> tuple:
+    """Which Ray session this process is connected to (ids of actors repeat from one session to the next)."""
+    context = ray.get_runtime_context()
+    return context.gcs_address, context.get_node_id()
+
+
+class _Actors:
+    """The actors of a pool: worker index -> handle, and the Ray session they run in."""
+
+    __slots__ = ("handles", "session")
+
+    def __init__(self):
+        self.handles: dict = {}
+        self.session: Optional[tuple] = None
+
+
+def _kill_all(actors: _Actors) -> None:
+    """Kills ``actors`` and forgets them (also a finalizer: never raises)."""
+    handles = list(actors.handles.values())
+    actors.handles.clear()
     if not handles:
         return
     try:
         import ray
 
-        if not ray.is_initialized():
-            return  # Ray is down: the actors went with it.
+        if not ray.is_initialized() or _session(ray) != actors.session:
+            return  # Their session is over: the actors went with it (an id now may name another actor).
         for handle in handles:
             try:
                 ray.kill(handle, no_restart=True)
@@ -171,8 +187,8 @@ class RayWorkerPool:
         self._payload: Any = None  # the pickled task, in the object store
         # Every actor of this pool is named ``name_prefix + "w<index>-<n>"`` (``ray list actors``).
         self.name_prefix = f"grainlike-{uuid.uuid4().hex[:12]}-"
-        # Worker index -> actor handle; the finalizer kills what it holds.
-        self._actors: dict = {}
+        # The finalizer kills what it holds.
+        self._actors = _Actors()
         self._finalizer = weakref.finalize(self, _kill_all, self._actors)
         self._started = False
         self._owner_pid: Optional[int] = None  # the process that started the actors
@@ -187,7 +203,7 @@ class RayWorkerPool:
     @property
     def actors(self) -> dict:
         """Worker index -> the handle of its actor, for the workers that have one now."""
-        return dict(self._actors)
+        return dict(self._actors.handles)
 
     def __iter__(self) -> "RayWorkerPool":
         return self
@@ -209,6 +225,7 @@ class RayWorkerPool:
         self._ray = ray
         self._owner_pid = os.getpid()
         self._payload = ray.put(payload)
+        self._actors.session = _session(ray)
         self._actor_class = ray.remote(SliceWorker)
         self._started = True
         self._warn_if_short_of_cpus()
@@ -240,14 +257,14 @@ class RayWorkerPool:
 
     def _actor(self, worker: _Worker) -> Any:
         """Worker ``worker``'s actor, started now if it has none."""
-        handle = self._actors.get(worker.index)
+        handle = self._actors.handles.get(worker.index)
         if handle is None:
             worker.actors += 1
             worker.received = 0
             name = f"{self.name_prefix}w{worker.index}-{worker.actors}"
             options = {**self._options.actor_kwargs(), "name": name, "max_restarts": 0, "max_task_retries": 0}
             handle = self._actor_class.options(**options).remote(self._payload, worker.index, self._w)
-            self._actors[worker.index] = handle
+            self._actors.handles[worker.index] = handle
         return handle
 
     def _send_calls(self, worker: _Worker) -> None:
@@ -268,9 +285,11 @@ class RayWorkerPool:
             worker.size = min(worker.size * 2, options.elements_per_call)
 
     def _stop_actor(self, worker: _Worker) -> None:
-        handle = self._actors.pop(worker.index, None)
+        handle = self._actors.handles.pop(worker.index, None)
         if handle is not None:
-            _kill_all({0: handle})
+            one = _Actors()
+            one.handles[worker.index], one.session = handle, self._actors.session
+            _kill_all(one)
 
     # -- outputs -------------------------------------------------------------------
 

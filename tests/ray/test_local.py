@@ -243,3 +243,19 @@ def test_data_loader_state_restores_from_worker_processes_on_ray_and_back():
 def test_data_loader_without_workers_is_refused():
     with pytest.raises(ValueError, match="worker_count=0"):
         grain_ray.data_loader_iter(_loader(workers=0))
+
+
+def test_handles_of_another_ray_session_are_not_killed():
+    # Ray reuses actor ids from one session to the next in a process: a pool
+    # dropped after ray.shutdown() and ray.init() must not kill today's actor
+    # that has its old actor's id.
+    from grainlike.ray.pool import _Actors, _kill_all
+
+    with contextlib.closing(iter(grain_ray.prefetch(pipeline(n=600), 1))) as it:
+        next(it)
+        handle = it._pool.actors[0]
+        stale = _Actors()
+        stale.handles[0], stale.session = handle, ("127.0.0.1:1", "a node of an ended session")
+        _kill_all(stale)
+        assert not actor_dead(ray, handle, timeout=2.0)
+        assert next(it) is not None
