@@ -109,7 +109,7 @@ class _Worker:
     """The consumer's view of worker ``index``: its actor, its calls, its outputs not delivered yet."""
 
     __slots__ = ("index", "generation", "start_state", "pending", "chunk", "end", "size", "failures",
-                 "failed", "where", "received", "actors")
+                 "failed", "where", "received", "actors", "one_by_one")
 
     def __init__(self, index: int, state: Any):
         self.index = index
@@ -124,6 +124,7 @@ class _Worker:
         self.where: tuple = (None, None)  # (pid, node id) of its actor
         self.received = 0  # results received from its current actor
         self.actors = 0  # actors started for it
+        self.one_by_one = False  # calls of one output each (to find the output that cannot be sent)
 
     def forget(self, generation_start: Any) -> None:
         """Drops what it computed and starts a new iteration at ``generation_start``."""
@@ -277,7 +278,7 @@ class RayWorkerPool:
             ref = actor.outputs.remote(
                 worker.generation,
                 worker.start_state,
-                worker.size,
+                1 if worker.one_by_one else worker.size,
                 options.bytes_per_call,
                 options.seconds_per_call,
             )
@@ -382,6 +383,14 @@ class RayWorkerPool:
         except ray.exceptions.RayTaskError as e:
             # Not the pipeline's error (the actor reports those itself): its
             # results could not be sent (an output that cannot be pickled, say).
+            if not worker.one_by_one:
+                # The outputs of that call before the culprit are delivered first, as
+                # mp_prefetch does: the worker goes again from its last delivered
+                # output, one output per call, up to the failing one.
+                worker.one_by_one = True
+                worker.forget(self.states[worker.index])
+                self._send_calls(worker)
+                return
             cause = e.cause if isinstance(getattr(e, "cause", None), BaseException) else e
             add_note(
                 cause,
@@ -391,6 +400,11 @@ class RayWorkerPool:
             worker.pending.clear()
             worker.end = ("raised", cause)
             return
+        except ray.exceptions.RayError:
+            # Ray could not run the worker at all (its runtime environment failed to
+            # set up, it cannot be scheduled): the next next() starts every worker again.
+            self.close()
+            raise
         worker.received += 1
         worker.where = where
         worker.chunk.extend(zip(states, outputs))

@@ -9,6 +9,7 @@ import contextlib
 import gc
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -259,3 +260,25 @@ def test_handles_of_another_ray_session_are_not_killed():
         _kill_all(stale)
         assert not actor_dead(ray, handle, timeout=2.0)
         assert next(it) is not None
+
+
+def test_an_output_that_cannot_be_sent_is_raised_after_the_outputs_before_it():
+    def lock_at_9(x):
+        return threading.Lock() if x == 9 else x
+
+    ds = grain.MapDataset.range(16).to_iter_dataset().map(lock_at_9)
+    results = []
+    for make in (lambda: ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=2)), lambda: grain_ray.prefetch(ds, 2)):
+        with contextlib.closing(iter(make())) as it:
+            got = []
+            while True:
+                try:
+                    got.append(next(it))
+                except TypeError as e:
+                    assert "pickle" in str(e)
+                    got.append("error")
+                except StopIteration:
+                    break
+        results.append(got)
+    # Worker 1's call holding 7 and 9 cannot be sent; 7 is still delivered, then the error.
+    assert results[1] == results[0] == [0, 1, 2, 3, 4, 5, 6, 7, 8, "error", 10, 12, 14]
