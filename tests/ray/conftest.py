@@ -10,11 +10,8 @@ import contextlib
 import time
 
 import numpy as np
-import pytest
 
-pytest.importorskip("ray", reason="grainlike.ray needs Ray (the ray extra)")
-
-import grainlike as grain  # noqa: E402
+import grainlike as grain
 
 N = 48
 BIG = 40_000  # float32: 160 kB per element, over Ray's inline limit (the object store carries it)
