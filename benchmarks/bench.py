@@ -221,16 +221,23 @@ def measure(lib_name: str, workload: str, workers: int, batch: int, seconds: flo
         next(it2)
         result["restore_s"] = time.perf_counter() - t0
         return result
-    records = nbytes = 0
+    records = nbytes = batches = 0
+    # The calling process's CPU (all its threads, not the workers') per delivered
+    # batch: with many workers this process is what limits the rate.
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     for b in it:
         n, nb = _count(b)
         records += n
         nbytes += nb
+        batches += 1
         if time.perf_counter() - t0 > seconds:
             break
     elapsed = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
     result.update(records_per_s=records / elapsed, mb_per_s=nbytes / elapsed / 1e6, records=records)
+    if workers and batches:
+        result["consumer_cpu_ms_per_batch"] = 1e3 * cpu / batches
     del first
     return result
 
@@ -517,6 +524,15 @@ def _report(results: dict, libs: list, plan: list, floor: dict, args) -> str:
                 f"- the same per-image work in {floor['decode_parallel_processes']} processes at once: "
                 f"{floor['decode_parallel_per_s']:,.0f} images/s together (the ceiling for that many workers)"
             )
+    cpu_rows = [
+        (workload, w, {l: median_of(results.get((workload, w, l), []), "consumer_cpu_ms_per_batch") for l in libs})
+        for workload, worker_counts, _ in plan for w in worker_counts if workload in _STEADY and w
+    ]
+    for workload, w, vals in cpu_rows:
+        lines.append(
+            f"- {workload} W={w}: the calling process's CPU per delivered batch (ms): "
+            + ", ".join(f"{l} {'-' if v is None else f'{v:.3f}'}" for l, v in vals.items())
+        )
     errors = [(k, r["error"]) for k, rs in results.items() for r in rs if "error" in r]
     for k, e in errors[:10]:
         lines.append(f"- error in {k}: {e}")

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import collections
 import functools
-import multiprocessing.connection
 import os
 import pickle
+import select
+import struct
 import threading
 import weakref
 from typing import Any, Callable, Optional, Sequence
@@ -47,6 +48,14 @@ from grainlike.workers.messages import END, ERR, EXIT, OUT, OUTS, READY, RESET, 
 from grainlike.workers.receiving import PartialMessage, ReceiveFailed, map_segments, read_bytes
 from grainlike.workers.shutdown import JOIN_TIMEOUT_S, Shutdown, live_pools, quietly, stop_in_background, stop_process
 from grainlike.workers.start import launch, pickle_task
+
+
+_POLL_MS = int(POLL_S * 1000)
+# multiprocessing's framing of a message under 2 GiB: its length, then its bytes.
+_LENGTH = struct.Struct("!i")
+# A TICK message that returns no segments, framed once.
+_EMPTY_TICK_PICKLE = pickle.dumps((TICK, []), pickle.HIGHEST_PROTOCOL)
+_EMPTY_TICK = _LENGTH.pack(len(_EMPTY_TICK_PICKLE)) + _EMPTY_TICK_PICKLE
 
 
 class WorkerPool(ClosesOnExit):
@@ -125,6 +134,8 @@ class WorkerPool(ClosesOnExit):
         self._inbox = [collections.deque() for _ in range(worker_count)]
         # Per worker, a message read whose reception here failed part way (``_message``).
         self._partial: list = [None] * worker_count
+        # Per worker, ((socket fd, sentinel), select.poll) waiting on both (``_poller``).
+        self._pollers: list = [None] * worker_count
         # Per worker, the reset whose RESET_DONE is still to come (its messages until then are stale).
         self._resetting: list = [None] * worker_count
         self._resets = 0
@@ -212,17 +223,37 @@ class WorkerPool(ClosesOnExit):
     def _recv(self, w: int, read: Callable[[Any], Any]) -> Any:
         """``read(connection)`` of worker ``w``'s socket once it is readable, watching for close(), its exit and its progress."""
         sd = self._shutdown
-        conn, proc = sd.results[w], sd.procs[w]
+        conn = sd.results[w]
+        if not self._closed:
+            # The common case when workers keep up: a message is waiting. One
+            # poll(2) of the socket, rather than a selector and a stall watch per message.
+            try:
+                conn_fd = conn.fileno()
+                # (Connection.poll() would build a selector.)
+                ready = any(fd == conn_fd for fd, _ in self._poller(w, conn_fd, sd.procs[w].sentinel).poll(0))
+            except (OSError, ValueError):
+                ready = False  # Closed from another thread: the loop below reports it.
+            if ready:
+                try:
+                    return read(conn)
+                except EOFError:
+                    pass  # The worker is gone: the loop below reports how.
+                except (OSError, ValueError, IndexError):
+                    if self._closed:
+                        raise self._closed_error(w) from None
+                    raise
+        proc = sd.procs[w]
         watch = StallWatch(sd.progress, w)
         while True:
             if self._closed:
                 raise self._closed_error(w)
             try:
-                ready = multiprocessing.connection.wait([conn, proc.sentinel], timeout=POLL_S)
+                conn_fd = conn.fileno()
+                ready = self._poller(w, conn_fd, proc.sentinel).poll(_POLL_MS)
                 if not ready:
                     check_progress(sd, w, self._w, self.states[w], self._stall_timeout_s, watch, self._then)
                     continue
-                if conn in ready or conn.poll():
+                if any(fd == conn_fd for fd, _ in ready) or conn.poll():
                     try:
                         return read(conn)
                     except EOFError:
@@ -235,6 +266,20 @@ class WorkerPool(ClosesOnExit):
                 raise
             raise error
 
+    def _poller(self, w: int, conn_fd: int, sentinel: int) -> Any:
+        """A ``select.poll`` of worker ``w``'s socket and exit sentinel, kept while they are the same.
+
+        One poll(2) per wait, where ``multiprocessing.connection.wait`` builds
+        and fills a selector each time.
+        """
+        cached = self._pollers[w]
+        if cached is None or cached[0] != (conn_fd, sentinel):
+            poller = select.poll()
+            poller.register(conn_fd, select.POLLIN)
+            poller.register(sentinel, select.POLLIN)
+            cached = self._pollers[w] = ((conn_fd, sentinel), poller)
+        return cached[1]
+
     def _died_error(self, w: int) -> WorkerDiedError:
         """The error for worker ``w``, whose pipe shows that its process is gone."""
         return died_error(self._shutdown.procs[w], w, self._w, self.states[w], self._then())
@@ -245,7 +290,16 @@ class WorkerPool(ClosesOnExit):
         while released:
             ids.append(released.popleft())
         try:
-            self._shutdown.controls[w].send((TICK, ids))
+            # Framed and pickled here as Connection.send would (the worker's recv()
+            # unpickles any protocol), in one write; nothing to pickle without ids.
+            if ids:
+                payload = pickle.dumps((TICK, ids), pickle.HIGHEST_PROTOCOL)
+                frame = _LENGTH.pack(len(payload)) + payload
+            else:
+                frame = _EMPTY_TICK
+            fd = self._shutdown.controls[w].fileno()
+            while frame:
+                frame = frame[os.write(fd, frame):]
         except (OSError, ValueError):
             pass
 
@@ -282,7 +336,8 @@ class WorkerPool(ClosesOnExit):
         self._call_start = before
         self._calls += 1
         try:
-            self.start(hold=self._warm_start)
+            if not self._started:  # (start() does nothing once started.)
+                self.start(hold=self._warm_start)
             return self._next_output()
         except StopIteration:
             raise

@@ -22,10 +22,10 @@ array as a plain one, a Fortran-ordered one in Fortran order. Which leaves are
 from __future__ import annotations
 
 import collections
+import math
 import mmap
 import os
 import socket
-import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -63,11 +63,18 @@ def raise_fd_limit() -> None:
 class _Lease:
     """The arrays of one message on a segment: their ``.base``, reporting when they are all gone."""
 
-    __slots__ = ("_region", "__array_interface__", "__weakref__")
+    __slots__ = ("_region", "__array_interface__", "_seg_id", "_on_release", "__weakref__")
 
-    def __init__(self, region: Region):
+    def __init__(self, region: Region, seg_id: int, on_release: Callable[[int], None]):
         self._region = region
         self.__array_interface__ = region.__array_interface__
+        self._seg_id = seg_id
+        self._on_release = on_release
+
+    def __del__(self) -> None:
+        # From whichever thread drops the last array; cheaper per leaf than a
+        # weakref.finalize. on_release only records the id.
+        self._on_release(self._seg_id)
 
 
 def send_fds(conn: Any, fds: Sequence[int]) -> None:
@@ -94,6 +101,11 @@ def recv_fds(conn: Any, count: int) -> list:
         raise RuntimeError(f"expected {count} shared-memory descriptors from a worker, got {len(fds)}")
     return fds
 
+
+# Leaf types that hold no ShmLeaf (materialize returns them as they are).
+_PLAIN_LEAVES = frozenset((np.ndarray, SharedMemoryArray, int, float, str, bytes, bool, type(None)))
+# Scalars (np.int32(...)) too.
+_PLAIN_LEAVES |= frozenset(np.sctypeDict.values())
 
 # ShmLeaf.layout: how the consumer views the segment's bytes.
 _PLAIN, _FORTRAN, _SHARED = 0, 1, 2
@@ -125,7 +137,8 @@ class _Segment:
 def _on(base: Any, shape: tuple, dtype: Any) -> np.ndarray:
     """An array of ``shape`` and ``dtype`` at the start of ``base``'s memory."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    # math.prod: np.prod costs the consumer several microseconds per leaf.
+    nbytes = math.prod(shape) * dtype.itemsize
     return np.asarray(base)[:nbytes].view(dtype).reshape(shape)
 
 
@@ -250,9 +263,7 @@ class SegmentReader:
 
     def array(self, leaf: ShmLeaf) -> np.ndarray:
         """The array ``leaf`` stands for, of its type and layout, on the mapping (nothing copied)."""
-        region = self._regions[leaf.seg_id]
-        lease = _Lease(region)
-        weakref.finalize(lease, self._on_release, leaf.seg_id).atexit = False
+        lease = _Lease(self._regions[leaf.seg_id], leaf.seg_id, self._on_release)
         layout = leaf.layout
         if layout == _SHARED:
             return _on(lease, leaf.shape, leaf.dtype).view(SharedMemoryArray)
@@ -262,6 +273,15 @@ class SegmentReader:
 
     def materialize(self, batch: Any) -> Any:
         """``batch`` with every ``ShmLeaf`` replaced by its array."""
+        # The common batches (a leaf, a plain dict of leaves) without the general
+        # tree walk, which costs the consumer more than the arrays themselves.
+        t = type(batch)
+        if t is ShmLeaf:
+            return self.array(batch)
+        if t is dict:
+            return {k: self.materialize(v) for k, v in batch.items()}
+        if t in _PLAIN_LEAVES:
+            return batch
         return tree.map_structure(lambda x: self.array(x) if type(x) is ShmLeaf else x, batch)
 
     def close(self) -> None:
