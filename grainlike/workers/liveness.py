@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable, Optional
 
 from grainlike.core import memfd
-from grainlike.core.errors import WorkerDiedError, WorkerStalledError
+from grainlike.core.errors import ClosedIteratorError, WorkerDiedError, WorkerStalledError
 from grainlike.workers import server
 from grainlike.workers.worker_process import exit_status_known
 
@@ -231,4 +231,29 @@ def check_progress(
         "of the pipeline rightly takes that long, raise "
         "MultiprocessingOptions.stall_timeout_s (None turns the check off). The "
         f"worker's Python stack (where it is stuck): {stack}"
+    )
+
+
+def after_failure(error_ends_worker: bool) -> str:
+    """What happens to a worker pool after a worker failed, for its error messages."""
+    if error_ends_worker:
+        return (
+            "Every later next() raises too, rather than end the iteration without "
+            "the rest of its outputs; get_state() is the state after the last "
+            "delivered output: restore a new iterator from it (set_state) to go on "
+            "with nothing skipped or repeated."
+        )
+    return (
+        "The other workers were stopped; call next() again to restart the "
+        "workers from the last delivered output, or set_state() a checkpoint."
+    )
+
+
+def closed_error(w: int, worker_count: int) -> ClosedIteratorError:
+    """The error of a ``next()`` that waited for worker ``w`` while its pool was closed."""
+    return ClosedIteratorError(
+        "the worker pool was closed (by close(), before this call or from another "
+        "thread during it, or at exit) "
+        f"while next() waited for worker {w} of {worker_count}; the iterator keeps the "
+        "state of its last delivered output"
     )

@@ -14,8 +14,6 @@ import collections
 import functools
 import os
 import pickle
-import select
-import struct
 import threading
 import weakref
 from typing import Any, Callable, Optional, Sequence
@@ -35,6 +33,8 @@ from grainlike.core.errors import (
 from grainlike.workers import server, shm
 from grainlike.workers.error_transfer import rebuild_error
 from grainlike.workers.liveness import (
+    after_failure,
+    closed_error,
     DEFAULT_STALL_TIMEOUT_S,
     POLL_S,
     Progress,
@@ -44,18 +44,13 @@ from grainlike.workers.liveness import (
     exit_error,
     exited,
 )
-from grainlike.workers.messages import END, ERR, EXIT, OUT, OUTS, READY, RESET, RESET_DONE, START, TICK, WorkerTask
-from grainlike.workers.receiving import PartialMessage, ReceiveFailed, map_segments, read_bytes
+from grainlike.workers.messages import END, ERR, EXIT, OUT, OUTS, READY, RESET, RESET_DONE, START, WorkerTask
+from grainlike.workers.receiving import PartialMessage, Pollers, ReceiveFailed, map_segments, read_bytes, send_tick
 from grainlike.workers.shutdown import JOIN_TIMEOUT_S, Shutdown, live_pools, quietly, stop_in_background, stop_process
 from grainlike.workers.start import launch, pickle_task
 
 
 _POLL_MS = int(POLL_S * 1000)
-# multiprocessing's framing of a message under 2 GiB: its length, then its bytes.
-_LENGTH = struct.Struct("!i")
-# A TICK message that returns no segments, framed once.
-_EMPTY_TICK_PICKLE = pickle.dumps((TICK, []), pickle.HIGHEST_PROTOCOL)
-_EMPTY_TICK = _LENGTH.pack(len(_EMPTY_TICK_PICKLE)) + _EMPTY_TICK_PICKLE
 
 
 class WorkerPool(ClosesOnExit):
@@ -135,7 +130,7 @@ class WorkerPool(ClosesOnExit):
         # Per worker, a message read whose reception here failed part way (``_message``).
         self._partial: list = [None] * worker_count
         # Per worker, ((socket fd, sentinel), select.poll) waiting on both (``_poller``).
-        self._pollers: list = [None] * worker_count
+        self._pollers = Pollers(worker_count)
         # Per worker, the reset whose RESET_DONE is still to come (its messages until then are stale).
         self._resetting: list = [None] * worker_count
         self._resets = 0
@@ -200,25 +195,10 @@ class WorkerPool(ClosesOnExit):
 
     def _then(self) -> str:
         """What happens to the pool after a worker failed."""
-        if self._error_ends_worker:
-            return (
-                "Every later next() raises too, rather than end the iteration without "
-                "the rest of its outputs; get_state() is the state after the last "
-                "delivered output: restore a new iterator from it (set_state) to go on "
-                "with nothing skipped or repeated."
-            )
-        return (
-            "The other workers were stopped; call next() again to restart the "
-            "workers from the last delivered output, or set_state() a checkpoint."
-        )
+        return after_failure(self._error_ends_worker)
 
     def _closed_error(self, w: int) -> ClosedIteratorError:
-        return ClosedIteratorError(
-            "the worker pool was closed (by close(), before this call or from another "
-            "thread during it, or at exit) "
-            f"while next() waited for worker {w} of {self._w}; the iterator keeps the "
-            "state of its last delivered output"
-        )
+        return closed_error(w, self._w)
 
     def _recv(self, w: int, read: Callable[[Any], Any]) -> Any:
         """``read(connection)`` of worker ``w``'s socket once it is readable, watching for close(), its exit and its progress."""
@@ -230,7 +210,7 @@ class WorkerPool(ClosesOnExit):
             try:
                 conn_fd = conn.fileno()
                 # (Connection.poll() would build a selector.)
-                ready = any(fd == conn_fd for fd, _ in self._poller(w, conn_fd, sd.procs[w].sentinel).poll(0))
+                ready = any(fd == conn_fd for fd, _ in self._pollers.get(w, conn_fd, sd.procs[w].sentinel).poll(0))
             except (OSError, ValueError):
                 ready = False  # Closed from another thread: the loop below reports it.
             if ready:
@@ -249,7 +229,7 @@ class WorkerPool(ClosesOnExit):
                 raise self._closed_error(w)
             try:
                 conn_fd = conn.fileno()
-                ready = self._poller(w, conn_fd, proc.sentinel).poll(_POLL_MS)
+                ready = self._pollers.get(w, conn_fd, proc.sentinel).poll(_POLL_MS)
                 if not ready:
                     check_progress(sd, w, self._w, self.states[w], self._stall_timeout_s, watch, self._then)
                     continue
@@ -266,20 +246,6 @@ class WorkerPool(ClosesOnExit):
                 raise
             raise error
 
-    def _poller(self, w: int, conn_fd: int, sentinel: int) -> Any:
-        """A ``select.poll`` of worker ``w``'s socket and exit sentinel, kept while they are the same.
-
-        One poll(2) per wait, where ``multiprocessing.connection.wait`` builds
-        and fills a selector each time.
-        """
-        cached = self._pollers[w]
-        if cached is None or cached[0] != (conn_fd, sentinel):
-            poller = select.poll()
-            poller.register(conn_fd, select.POLLIN)
-            poller.register(sentinel, select.POLLIN)
-            cached = self._pollers[w] = ((conn_fd, sentinel), poller)
-        return cached[1]
-
     def _died_error(self, w: int) -> WorkerDiedError:
         """The error for worker ``w``, whose pipe shows that its process is gone."""
         return died_error(self._shutdown.procs[w], w, self._w, self.states[w], self._then())
@@ -289,19 +255,7 @@ class WorkerPool(ClosesOnExit):
         ids = []
         while released:
             ids.append(released.popleft())
-        try:
-            # Framed and pickled here as Connection.send would (the worker's recv()
-            # unpickles any protocol), in one write; nothing to pickle without ids.
-            if ids:
-                payload = pickle.dumps((TICK, ids), pickle.HIGHEST_PROTOCOL)
-                frame = _LENGTH.pack(len(payload)) + payload
-            else:
-                frame = _EMPTY_TICK
-            fd = self._shutdown.controls[w].fileno()
-            while frame:
-                frame = frame[os.write(fd, frame):]
-        except (OSError, ValueError):
-            pass
+        send_tick(self._shutdown.controls[w], ids)
 
     def _check_owner(self) -> None:
         owner = self._shutdown.owner_pid

@@ -9,9 +9,14 @@ the next ``next()`` goes on from the step that failed (``WorkerPool._message``).
 
 from __future__ import annotations
 
+import functools
 import os
+import pickle
+import select
 import struct
 from typing import Any, Optional
+
+from grainlike.workers.messages import TICK
 
 
 def read_bytes(conn: Any) -> bytes:
@@ -92,3 +97,50 @@ class ReceiveFailed(Exception):
     def __init__(self, error: BaseException):
         super().__init__(str(error))
         self.error = error
+
+
+class Pollers:
+    """A ``select.poll`` per worker of its socket and exit sentinel, kept while they are the same.
+
+    One poll(2) per wait, where ``multiprocessing.connection.wait`` builds and
+    fills a selector each time (the consumer waits hundreds of times a second).
+    """
+
+    def __init__(self, worker_count: int):
+        self._cached: list = [None] * worker_count
+
+    def get(self, w: int, conn_fd: int, sentinel: int) -> Any:
+        cached = self._cached[w]
+        if cached is None or cached[0] != (conn_fd, sentinel):
+            poller = select.poll()
+            poller.register(conn_fd, select.POLLIN)
+            poller.register(sentinel, select.POLLIN)
+            cached = self._cached[w] = ((conn_fd, sentinel), poller)
+        return cached[1]
+
+
+def send_tick(control: Any, ids: list) -> None:
+    """Sends worker its TICK with the segment ``ids`` it may reuse, on its control connection.
+
+    Framed and pickled here as ``Connection.send`` would (the worker's ``recv()``
+    unpickles any protocol), in one write; nothing to pickle without ids. A
+    closed connection (the pool closing) is ignored.
+    """
+    try:
+        if ids:
+            payload = pickle.dumps((TICK, ids), pickle.HIGHEST_PROTOCOL)
+            frame = _LENGTH.pack(len(payload)) + payload
+        else:
+            frame = _empty_tick()
+        fd = control.fileno()
+        while frame:
+            frame = frame[os.write(fd, frame):]
+    except (OSError, ValueError):
+        pass
+
+
+@functools.lru_cache(maxsize=None)
+def _empty_tick() -> bytes:
+    """A TICK message that returns no segments, framed once."""
+    payload = pickle.dumps((TICK, []), pickle.HIGHEST_PROTOCOL)
+    return _LENGTH.pack(len(payload)) + payload
