@@ -40,12 +40,24 @@ class ForkAt(grain.MapTransform):
         self.pid_file = pid_file
 
     def map(self, x):
-        if int(x) == self.at and os.fork() == 0:
+        if int(x) != self.at:
+            return x
+        # The parent goes on once the child has written its pid: otherwise the
+        # worker may end, and the child with it, before the file names it.
+        written_r, written_w = os.pipe()
+        if os.fork() == 0:
+            os.close(written_r)
             with open(self.pid_file, "a") as f:
                 f.write(f"{os.getpid()}\n")
+            os.write(written_w, b"1")
+            os.close(written_w)
             if self.child == "linger":
                 time.sleep(600)
                 os._exit(0)
+            return x
+        os.close(written_w)
+        os.read(written_r, 1)
+        os.close(written_r)
         return x
 
 
