@@ -195,19 +195,22 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
     def _ensure_pool(self) -> WorkerPool:
         if self._pool is None:
             self._task.dataset_options = self._ctx.dataset_options
-            self._pool = WorkerPool(
+            self._pool = self._new_pool(
                 self._task,
                 self._w,
                 self._states,
                 self._next_worker,
                 exhausted=self._exhausted,
-                buffer_size=self._buffer_size,
-                profile=self._profile,
-                warm_start=self._warm_start,
                 error_ends_worker=self._error_ends_worker,
                 stall_timeout_s=self._stall_timeout_s,
             )
         return self._pool
+
+    def _new_pool(self, *args: Any, **kwargs: Any) -> WorkerPool:
+        """The pool of this iterator's workers: processes here; another transport in a subclass."""
+        return WorkerPool(
+            *args, buffer_size=self._buffer_size, profile=self._profile, warm_start=self._warm_start, **kwargs
+        )
 
     def _drop_pool(self, dropped: bool = False) -> None:
         """Stops the workers (``dropped``: see ``WorkerPool.close``), keeping their states as the iterator's."""

@@ -82,20 +82,8 @@ class RayPrefetchDatasetIterator(MultiprocessPrefetchDatasetIterator):
         super().__init__(parent, num_workers, buffer_size, **kwargs)
         self._ray_options = ray_options
 
-    def _ensure_pool(self) -> RayWorkerPool:
-        if self._pool is None:
-            self._task.dataset_options = self._ctx.dataset_options
-            self._pool = RayWorkerPool(
-                self._task,
-                self._w,
-                self._states,
-                self._next_worker,
-                exhausted=self._exhausted,
-                error_ends_worker=self._error_ends_worker,
-                stall_timeout_s=self._stall_timeout_s,
-                options=self._ray_options,
-            )
-        return self._pool
+    def _new_pool(self, *args: Any, **kwargs: Any) -> RayWorkerPool:
+        return RayWorkerPool(*args, options=self._ray_options, **kwargs)
 
     def __str__(self) -> str:
         return f"RayPrefetchDatasetIterator(num_workers={self._w})"
