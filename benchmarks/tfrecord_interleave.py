@@ -37,7 +37,7 @@ WORKERS = 2
 
 def file_paths() -> list:
     """The TFRecord files (made once)."""
-    from grainlike.dataset.tfrecord import write_tfrecords
+    from grainlike.dataset.sources.tfrecord import write_tfrecords
 
     rng = np.random.default_rng(0)
     paths = []

@@ -35,7 +35,7 @@ FILES = [(300, 1 << 20, 1 << 20), (100_000, 200, 200), (100_000, 100, 300), (5_0
 
 def file_path(records: int, low: int, high: int) -> str:
     """The TFRecord file of ``records`` random records of ``low`` to ``high`` bytes (made once)."""
-    from grainlike.dataset.tfrecord import write_tfrecords
+    from grainlike.dataset.sources.tfrecord import write_tfrecords
 
     def write(path: str) -> None:
         rng = np.random.default_rng(high)

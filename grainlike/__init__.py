@@ -4,11 +4,23 @@
 written for grain 0.2.18 unchanged, with the same records in the same order and
 checkpoints that restore in either library. This package has the names of both
 ``grain`` and ``grain.python``, and its modules mirror grain's: ``checkpoint``,
-``constants``, ``experimental``, ``multiprocessing``, ``samplers``, ``sharding``,
-``sources`` and ``transforms``; ``config`` is grain's options object. Importing
+``constants``, ``experimental``, ``monitoring``, ``multiprocessing``,
+``samplers``, ``sharding``, ``sources`` and ``transforms``; ``config`` is
+grain's options object. Importing
 it loads numpy and the standard library only; jax, orbax, tfds and cv2 load when
 a feature needs them.
 """
+
+import os as _os
+
+# grain's opt-in telemetry (grainlike.monitoring): its folder of per-process
+# metric files is named before the worker server below starts, so that the
+# server's workers write theirs there too.
+_TELEMETRY = _os.environ.get("ENABLE_PYGRAIN_PROMETHEUS_TELEMETRY", "false").lower() == "true"
+if _TELEMETRY:
+    from grainlike.core import monitoring as _monitoring
+
+    _monitoring.use_multiprocess_directory()
 
 # Workers start from a server when they cannot fork from this process (JAX
 # initialised, reader or OpenCV threads running): boot it first, beside the rest
@@ -22,6 +34,12 @@ _worker_server.start_server_early()
 import numpy as _numpy  # noqa: E402,F401
 
 _worker_server.note_threads_at_import()
+
+if _TELEMETRY:
+    # After the baseline of threads above: the metrics server's thread makes
+    # workers start from the worker server rather than fork this process. Only
+    # the program's process serves; the worker server and workers just record.
+    _monitoring.setup_telemetry(serve=not _worker_server._started_by_multiprocessing())
 
 from typing import TYPE_CHECKING  # noqa: E402
 
@@ -48,7 +66,7 @@ if TYPE_CHECKING:
         Transformations,
     )
     from grainlike.dataset import DatasetIterator, DatasetSelectionMap, IterDataset, MapDataset
-    from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
+    from grainlike.dataset.nodes.options import MultiprocessingOptions, ReadOptions
     from grainlike.loader.data_loader import DataLoader, DataLoaderIterator, PyGrainDatasetIterator
     from grainlike.loader.legacy_state import InvalidStateError
     from grainlike.loader.load import load
@@ -87,7 +105,7 @@ _PUBLIC = {
         "Transformations",
     ),
     "grainlike.dataset": ("DatasetIterator", "DatasetSelectionMap", "IterDataset", "MapDataset"),
-    "grainlike.dataset.options": ("MultiprocessingOptions", "ReadOptions"),
+    "grainlike.dataset.nodes.options": ("MultiprocessingOptions", "ReadOptions"),
     "grainlike.loader.data_loader": ("DataLoader", "DataLoaderIterator", "PyGrainDatasetIterator"),
     "grainlike.loader.legacy_state": ("InvalidStateError",),
     "grainlike.loader.load": ("load",),
@@ -126,12 +144,31 @@ _MORE = {
 # ``formats`` is the record format grainlike-convert writes (grainlike only), and
 # ``_src`` holds grain's private module paths.
 _SUBMODULES = (
-    "_src", "checkpoint", "constants", "experimental", "formats", "loader", "multiprocessing", "python", "samplers",
-    "sharding", "sources", "transforms",
+    "_src", "checkpoint", "constants", "experimental", "formats", "loader", "multiprocessing", "proto", "python",
+    "samplers", "sharding", "sources", "transforms",
 )
 _LAZY = {name: f"{module}:{name}" for table in (_PUBLIC, _MORE) for module, names in table.items() for name in names}
-_LAZY.update({name: f"grainlike.{name}" for name in _SUBMODULES}, io="grainlike.jax.in_jit_saving")
+_LAZY.update(
+    {name: f"grainlike.{name}" for name in _SUBMODULES}, io="grainlike.jax.in_jit_saving",
+    # grain.monitoring is grain._src.core.monitoring itself, as here.
+    monitoring="grainlike._src.core.monitoring",
+)
 
 __getattr__, __dir__ = _attach(globals(), _LAZY)
+
+# ``grainlike.loader(source)`` starts the notebook builder (``from_source``): the
+# package (whose ``__init__`` imports nothing) gets a callable module class here,
+# where the builder above it may be named.
+from grainlike import loader as _loader  # noqa: E402
+
+
+class _CallableLoaderPackage(type(_loader)):
+    def __call__(self, source: "object") -> "LoaderBuilder":
+        from grainlike.builder import from_source
+
+        return from_source(source)
+
+
+_loader.__class__ = _CallableLoaderPackage
 
 __all__ = sorted([*(name for names in _PUBLIC.values() for name in names), "SharedMemoryArray", "experimental"])

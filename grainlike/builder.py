@@ -13,13 +13,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import sys
-import weakref
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from grainlike.core import sharding
 from grainlike.core.errors import check_int
-from grainlike.core.protocols import ClosesOnExit
-from grainlike.core.read_ahead import Prefetcher, restore, stop_holder, take
+from grainlike.core.read_ahead import ReadAhead
 from grainlike.core.samplers import IndexSampler, as_sampler
 from grainlike.core.transforms import (
     Batch,
@@ -30,7 +28,7 @@ from grainlike.core.transforms import (
     batch_elements,
 )
 from grainlike.loader.data_loader import DataLoader
-from grainlike.dataset.options import ReadOptions
+from grainlike.dataset.nodes.options import ReadOptions
 from grainlike.sources.tf_data import TfDataSource, is_tf_dataset
 
 __all__ = ["BuiltLoader", "LoaderBuilder", "from_source"]
@@ -368,7 +366,7 @@ class BuiltLoader(DataLoader):
         if self._global_batch is not None:
             it = _GlobalBatchIterator(it, self._global_batch)
         if self._read_ahead is not None:
-            it = _ReadAheadIterator(it, self._read_ahead)
+            it = _BuiltLoaderReadAhead(it, self._read_ahead)
         if self._device_sharding is not None:
             from grainlike.jax.device_iterator import DeviceIterator
 
@@ -383,71 +381,33 @@ class BuiltLoader(DataLoader):
         return records // size if self._global_batch.drop_remainder else -(-records // size)
 
 
-class _WrappedIterator(ClosesOnExit, Iterator[Any]):
-    """Forwards state, close and the context protocol to the wrapped loader iterator."""
-
-    _inner: Any
-
-    def __iter__(self) -> "_WrappedIterator":
-        return self
-
-    def get_state(self) -> Any:
-        return self._inner.get_state()
-
-    def set_state(self, state: Any) -> None:
-        self._inner.set_state(state)
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def __str__(self) -> str:
-        return f"{type(self).__name__}({self._inner})"
-
-
-class _GlobalBatchIterator(_WrappedIterator):
+class _GlobalBatches:
     """Batches the records the workers return, in their global order, in this process."""
 
-    def __init__(self, inner: Any, op: Batch):
-        self._inner = inner
+    def __init__(self, records: Any, op: Batch):
+        self._records = records
         self._op = op
 
     def __next__(self) -> Any:
         op = self._op
-        values = list(itertools.islice(self._inner, op.batch_size))
+        values = list(itertools.islice(self._records, op.batch_size))
         if not values or (len(values) < op.batch_size and op.drop_remainder):
             raise StopIteration
         return batch_elements(op, values)
 
 
-class _ReadAheadIterator(_WrappedIterator):
+class _GlobalBatchIterator(ReadAhead):
+    """The loader iterator's records batched in this process; its states are the loader iterator's."""
+
+    def __init__(self, inner: Any, op: Batch):
+        super().__init__(inner, 0, "BuiltLoader iterator", items=_GlobalBatches(inner, op))
+
+
+class _BuiltLoaderReadAhead(ReadAhead):
     """Reads ``size`` outputs ahead in a background thread; states follow what was delivered."""
 
     def __init__(self, inner: Any, size: int):
-        self._inner = inner
-        self._size = size
-        self._holder: list = [None]
-        self._state: Any = None  # the wrapped state after the last delivered output
-        self._finalizer = weakref.finalize(self, stop_holder, self._holder)
-
-    def __next__(self) -> Any:
-        if self._holder[0] is None:
-            self._state = self._inner.get_state()
-            self._holder[0] = Prefetcher(
-                self._inner, self._inner.get_state, None, self._size, owner="BuiltLoader iterator"
-            )
-        value, self._state = take(self._holder)
-        return value
-
-    def get_state(self) -> Any:
-        return self._inner.get_state() if self._holder[0] is None else self._state
-
-    def set_state(self, state: Any) -> None:
-        # Joins the thread; a state set_state refuses leaves the delivered position.
-        restore(self._holder, self._inner.set_state, state, self.get_state())
-
-    def close(self) -> None:
-        stop_holder(self._holder)
-        self._inner.close()
+        super().__init__(inner, size, "BuiltLoader iterator")
 
 
 def from_source(source: Any) -> LoaderBuilder:

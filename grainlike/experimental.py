@@ -26,21 +26,21 @@ from grainlike.dataset import (
     set_next_index,
 )
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
-from grainlike.dataset.elastic import ElasticIterator
-from grainlike.dataset.packing import BestFitPackIterDataset, FirstFitPackIterDataset
-from grainlike.dataset.packing_concat_split import BOSHandling, ConcatThenSplitIterDataset
+from grainlike.dataset.parallel.elastic import ElasticIterator
+from grainlike.dataset.transformations.packing import BestFitPackIterDataset, FirstFitPackIterDataset
+from grainlike.dataset.transformations.packing_concat_split import BOSHandling, ConcatThenSplitIterDataset
 from grainlike.core.pack_and_batch import PackAndBatchOperation
-from grainlike.dataset.interleave import InterleaveIterDataset
-from grainlike.dataset.tf_data_stream import TfDataIterDataset
-from grainlike.dataset.tfrecord import TFRecordIterDataset
-from grainlike.dataset.cache import CacheIterDataset
-from grainlike.dataset.rebatch import RebatchIterDataset
-from grainlike.dataset.multithread import multithread_prefetch
-from grainlike.dataset.element_spec import ShapeDtypeStruct, ShapeDtypeStructProtocol, get_element_spec
+from grainlike.dataset.transformations.interleave import InterleaveIterDataset
+from grainlike.dataset.sources.tf_data_stream import TfDataIterDataset
+from grainlike.dataset.sources.tfrecord import TFRecordIterDataset
+from grainlike.dataset.transformations.cache import CacheIterDataset
+from grainlike.dataset.transformations.rebatch import RebatchIterDataset
+from grainlike.dataset.parallel.multithread import multithread_prefetch
+from grainlike.dataset.nodes.element_spec import ShapeDtypeStruct, ShapeDtypeStructProtocol, get_element_spec
 from grainlike.jax.device_put import device_put
-from grainlike.dataset.rng_pool import RngPool
-from grainlike.dataset.performance import PerformanceConfig, pick_performance_config
-from grainlike.dataset.parquet_iter_dataset import ParquetIterDataset
+from grainlike.dataset.transformations.rng_pool import RngPool
+from grainlike.dataset.parallel.performance import PerformanceConfig, pick_performance_config
+from grainlike.dataset.sources.parquet_iter_dataset import ParquetIterDataset
 
 # Every name imported above.
 __all__ = sorted(name for name in dir() if not name.startswith("_"))

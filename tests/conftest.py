@@ -59,6 +59,35 @@ from tests.helpers.callbacks import callbacks_never_raise  # noqa: E402,F401  (a
 from tests.helpers.leaks import no_leaks  # noqa: E402,F401  (a fixture for every test)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _freeze_what_earlier_modules_made():
+    """Puts every object alive when a test module starts out of the cyclic garbage collector's reach.
+
+    The libraries the tests import (JAX, TensorFlow, Ray, Orbax, grain) and what
+    earlier modules cached come to a million objects or more in a long run, and a
+    full collection walks every one: the leak check's after each test took a
+    second or more, as did the interpreter's own full collections, in the tests
+    and in their forked children (which copy each page a collection touches).
+    Frozen objects are still freed by reference counting; what the module's
+    tests make is collected as before.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    yield
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (tools/test) with the longest files first and grain's own tests last."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.helpers.scheduling import LongestFirst
+
+    return LongestFirst(config, log)
+
+
 # grain's own tests run in the background (tests/grain_suite); these hooks start,
 # report and end that run, in the process that prints the summary: pytest's
 # only process, or the pytest-xdist controller.

@@ -100,7 +100,7 @@ def test_killed_training_resumes_exactly(tmp_path, worker_count):
     workers = []
     try:
         _wait_for_step(proc, log, HANG_AT, PROCESS_TIMEOUT_S)
-        workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        workers = psutil.Process(proc.pid).children(recursive=True)  # (Kept as processes: one may end any time.)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
@@ -112,8 +112,7 @@ def test_killed_training_resumes_exactly(tmp_path, worker_count):
     assert run1 == reference[:HANG_AT]
 
     # Its worker processes notice the parent is gone and exit by themselves.
-    _, alive = psutil.wait_procs([psutil.Process(p) for p in workers if psutil.pid_exists(p)],
-                                 timeout=10)
+    _, alive = psutil.wait_procs(workers, timeout=10)
     for p in alive:  # left behind: clean up the ones this test caused, then fail
         p.kill()
     assert not alive, f"worker processes outlived the killed run: {[p.pid for p in alive]}"

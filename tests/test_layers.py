@@ -2,15 +2,20 @@
 
 Imports point downward only (core < sources < dataset < loader < integrations <
 edge < faces), imports inside functions included, and the integrations and the
-sources of different stores do not import each other.
+sources of different stores do not import each other. No class name is
+defined twice.
 """
 
 from __future__ import annotations
 
+import ast
+import collections
 import os
 import shutil
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -66,6 +71,46 @@ def test_a_file_format_importing_a_source_breaks_the_formats_contract(tmp_path):
     assert "grainlike.sources.formats.tfrecord_files -> grainlike.sources.keys" in result.stdout, result.stdout
 
 
+@pytest.mark.parametrize(
+    "module, line, contract, chain",
+    [
+        # The base naming a stage instead of building it through nodes/stage_registry.py.
+        (
+            "dataset/nodes/map_dataset.py",
+            "from grainlike.dataset.transformations import batch",
+            "The Dataset API: parallel stages over sources over transformations over the base protocol BROKEN",
+            "grainlike.dataset.nodes.map_dataset -> grainlike.dataset.transformations.batch",
+        ),
+        # The pipeline node importing one of its two kinds of dataset.
+        (
+            "dataset/nodes/dataset_node.py",
+            "from grainlike.dataset.nodes import map_dataset",
+            "The pipeline node imports neither kind of dataset; the datasets import no stage BROKEN",
+            "grainlike.dataset.nodes.dataset_node -> grainlike.dataset.nodes.map_dataset",
+        ),
+        # The wire importing the pool.
+        (
+            "workers/messages.py",
+            "from grainlike.workers import pool",
+            "Workers: the pool over process start over the worker's loop over the wire BROKEN",
+            "grainlike.workers.messages -> grainlike.workers.pool",
+        ),
+    ],
+)
+def test_an_upward_import_inside_a_package_breaks_its_contract(tmp_path, module, line, contract, chain):
+    shutil.copytree(
+        os.path.join(ROOT, "grainlike"), tmp_path / "grainlike",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    shutil.copy(os.path.join(ROOT, "pyproject.toml"), tmp_path / "pyproject.toml")
+    with open(tmp_path / "grainlike" / module, "a") as f:
+        f.write(f"\n\ndef _upward():\n    {line}  # noqa\n")
+    result = _lint(str(tmp_path))
+    assert result.returncode == 1, f"{result.stdout}\n{result.stderr}"
+    report = " ".join(result.stdout.split())  # the report wraps long lines
+    assert contract in report and chain in report, result.stdout
+
+
 # Issue 28: a module does one thing and stays readable as a whole; past this many
 # lines it is split by role into modules whose names say what each holds.
 MAX_MODULE_LINES = 600
@@ -82,3 +127,25 @@ def test_no_module_of_grainlike_is_longer_than_600_lines():
                 if lines > MAX_MODULE_LINES:
                     offenders[os.path.relpath(path, ROOT)] = lines
     assert offenders == {}, f"modules over {MAX_MODULE_LINES} lines (split them by role): {offenders}"
+
+
+def test_no_class_name_is_defined_twice():
+    # One name, one class: tracebacks, reprs and readers name a class by its name.
+    # The compat faces aside: their public classes bear another library's names
+    # (JaxSGMC's DataLoader, Loadax's DatasetIterator) beside grainlike's own.
+    where: dict = collections.defaultdict(list)
+    for dirpath, _, filenames in os.walk(os.path.join(ROOT, "grainlike")):
+        for name in filenames:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(dirpath, name)
+            module = os.path.relpath(path, ROOT)
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read(), path)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef):
+                    if module.startswith(os.path.join("grainlike", "compat", "")) and not node.name.startswith("_"):
+                        continue
+                    where[node.name].append(f"{module}:{node.lineno}")
+    twice = {name: found for name, found in where.items() if len(found) > 1}
+    assert twice == {}, f"class names defined more than once (rename one): {twice}"

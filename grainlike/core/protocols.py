@@ -43,6 +43,18 @@ class TakesAllocator(Protocol):
 
 
 @runtime_checkable
+class TakesChunks(Protocol):
+    """An iterator that hands over many elements at once: ``to_iter_dataset()``'s, and maps and filters over one.
+
+    ``take(k)`` returns what up to ``k`` calls of ``next()`` would (at least
+    one), as a ``grainlike.dataset.transformations.chunk.Chunk``, and raises as
+    ``next()`` does (``StopIteration`` at the end).
+    """
+
+    def take(self, k: int) -> Any: ...
+
+
+@runtime_checkable
 class SupportsInPlaceSlicing(Protocol):
     """A stage that can cut itself down to one worker's share (grain's protocol).
 

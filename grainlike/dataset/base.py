@@ -5,15 +5,15 @@
 ``iter_dataset.py`` and ``iterator.py``.
 """
 
-from grainlike.dataset.iter_dataset import IterDataset, IterDatasetMeta
-from grainlike.dataset.iterator import (
+from grainlike.dataset.nodes.iter_dataset import IterDataset, IterDatasetMeta
+from grainlike.dataset.nodes.iterator import (
     DatasetIterator,
     IteratorContext,
     MultiprocessingContext,
     get_next_index,
     set_next_index,
 )
-from grainlike.dataset.map_dataset import DatasetSelectionMap, MapDataset, MapDatasetMeta, apply_transformations
+from grainlike.dataset.nodes.map_dataset import DatasetSelectionMap, MapDataset, MapDatasetMeta, apply_transformations
 
 __all__ = [
     "DatasetIterator",

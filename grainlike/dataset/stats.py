@@ -1,4 +1,4 @@
-"""grain's per-stage statistics interface (``grain._src.python.dataset.stats``), recording nothing.
+"""grain's per-stage statistics interface (``grain._src.python.dataset.stats``).
 
 In grain every ``MapDataset`` and ``DatasetIterator`` has a ``_stats`` object,
 and stages written for grain (in projects as in grain itself) use it::
@@ -13,11 +13,13 @@ and stages written for grain (in projects as in grain itself) use it::
         @stats.record_next_duration_if_output
         def __next__(self): ...
 
-grainlike keeps no execution statistics (no execution summaries, no
-telemetry, no profiler annotations), so ``_stats`` is the recorder grain uses
-by default (``ExecutionTrackingMode.DISABLED``, debug mode off): the calls run,
-return what grain's return, and record nothing. Nothing is built unless a stage
-asks for ``_stats``.
+By default (``ExecutionTrackingMode.DISABLED``, debug mode off) ``_stats`` is the
+recorder that records nothing, as grain's default one: the calls run and return
+what grain's return. With debug mode or ``STAGE_TIMING`` it is an
+``execution_stats.ExecutionStats``, which keeps grain's execution summaries.
+Nothing is built unless a stage asks for ``_stats``. grain's telemetry,
+``next_duration_ns``, is recorded with ``record_next_duration_if_output`` while
+it is on (``grainlike.monitoring``). grainlike adds no profiler annotations.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ import abc
 import contextlib
 import dataclasses
 import enum
+import functools
 import time
 import weakref
 from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
+
+from grainlike.core import monitoring
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -108,7 +113,7 @@ class StatsConfig:
       transform_mutates_spec: False when the stage passes its parent's elements
         through unchanged in structure (its output spec is its parent's).
       node_type: the kind of stage.
-      log_summary: whether grain would log execution summaries (never, here).
+      log_summary: whether the output stage logs its execution summary periodically (debug mode).
       stats_in_queues: grain's queues of workers' summaries (unused here).
       stats_out_queue: grain's queue to the main process (unused here).
       iter_weakref: the dataset or iterator the stats belong to; not pickled.
@@ -190,7 +195,7 @@ class Stats(abc.ABC):
 
 
 class NoStats(Stats):
-    """The ``Stats`` of every grainlike stage: each call runs and records nothing."""
+    """The ``Stats`` of stages while execution statistics are off: each call runs and records nothing."""
 
     @contextlib.contextmanager
     def record_self_time(self, *, num_elements: int = 1, offset_ns: float = 0) -> Iterator[None]:
@@ -209,13 +214,23 @@ class NoStats(Stats):
         return element
 
 
-def make_stats(config: StatsConfig, parents: Sequence[Stats], execution_tracking_mode: Any = None) -> Stats:
-    """The ``Stats`` of a stage: one that records nothing, whatever the tracking mode.
+def is_stage_timing(mode: Any) -> bool:
+    """Whether ``mode`` is ``ExecutionTrackingMode.STAGE_TIMING`` (the enum is defined above this module)."""
+    return getattr(mode, "name", None) == "STAGE_TIMING"
 
-    grainlike accepts ``ExecutionTrackingMode.STAGE_TIMING`` and grain's debug mode
-    but keeps no execution summaries (docs/migrating.md).
+
+def make_stats(config: StatsConfig, parents: Sequence[Stats], execution_tracking_mode: Any = None) -> Stats:
+    """The ``Stats`` of a stage: execution statistics in debug mode or with ``STAGE_TIMING``, else none.
+
+    In debug mode the output stage also logs its summary periodically (``config.log_summary``).
     """
-    del execution_tracking_mode
+    from grainlike.core.config import config as grain_config
+
+    debug = bool(grain_config.py_debug_mode)
+    if debug or is_stage_timing(execution_tracking_mode):
+        from grainlike.dataset.execution_stats import ExecutionStats
+
+        return ExecutionStats(dataclasses.replace(config, log_summary=debug), parents)
     return NoStats(config, parents)
 
 
@@ -225,17 +240,65 @@ def stats_of(node: Any) -> Stats:
     config = StatsConfig(
         name=str(node),
         transform_mutates_spec=getattr(node, "_MUTATES_ELEMENT_SPEC", True),
+        node_type=NodeType.PREFETCH if getattr(node, "_STATS_PREFETCH", False) else NodeType.DEFAULT,
         iter_weakref=HashableWeakRef(node),
     )
-    return make_stats(config, parents)
+    options = getattr(getattr(node, "_ctx", None), "dataset_options", None)
+    return make_stats(config, parents, getattr(options, "execution_tracking_mode", None))
+
+
+# Keys in an iterator's __dict__, set only while telemetry is on: a stage another
+# one reads from (not the output), and an iterator inside its own timed next().
+_INNER = "_grainlike_inner_stage"
+_BUSY = "_grainlike_timing_next"
 
 
 def record_next_duration_if_output(next_fn: F) -> F:
-    """Decorator of a ``DatasetIterator.__next__``: grain times the pipeline's last one.
+    """Decorator of a ``DatasetIterator.__next__``: times the pipeline's output one (grain's ``next_duration_ns``).
 
-    grainlike reports no telemetry: ``next_fn`` is returned as it is.
+    With telemetry on (``grainlike.monitoring``) when it decorates, the
+    ``next()`` of the iterator no other iterator reads from is recorded, when it
+    returns an element; otherwise ``next_fn`` is returned as it is, at no cost.
+    grainlike's own stages are decorated this way when telemetry starts
+    (``time_next_of``).
     """
-    return next_fn
+    if not monitoring.recording or getattr(next_fn, "_grainlike_timed", False):
+        return next_fn
+
+    @functools.wraps(next_fn)
+    def timed_next(self, *args: Any, **kwargs: Any) -> Any:
+        own = self.__dict__
+        if own.get(_INNER) or own.get(_BUSY):  # a stage under another, or super().__next__()
+            return next_fn(self, *args, **kwargs)
+        if _BUSY not in own:  # First next(): every stage under this one is not the output.
+            below, seen = list(getattr(self, "_parents", ())), set()
+            while below:
+                node = below.pop()
+                if id(node) not in seen:
+                    seen.add(id(node))
+                    below.extend(getattr(node, "_parents", ()))
+                    try:
+                        setattr(node, _INNER, True)
+                    except AttributeError:  # (a stage of the user's with __slots__)
+                        pass
+        own[_BUSY] = True
+        start = time.perf_counter_ns()
+        try:
+            result = next_fn(self, *args, **kwargs)
+        finally:
+            own[_BUSY] = False
+        monitoring.exported().next_duration.Record(time.perf_counter_ns() - start)
+        return result
+
+    timed_next._grainlike_timed = True
+    return timed_next  # type: ignore[return-value]
+
+
+def time_next_of(cls: type) -> None:
+    """Decorates ``cls.__next__`` (if ``cls`` defines one) with ``record_next_duration_if_output``."""
+    next_fn = cls.__dict__.get("__next__")
+    if next_fn is not None:
+        cls.__next__ = record_next_duration_if_output(next_fn)
 
 
 def trace_input_pipeline(stage_category: str = IPL_CAT_UNKNOWN, **trace_kwargs: Any) -> Callable[[F], F]:

@@ -24,7 +24,7 @@ from grainlike.core import tree
 from grainlike.core.errors import check_int
 from grainlike.core.transforms import Batch, MapTransform, batch_elements
 from grainlike.loader import pipeline
-from grainlike.dataset.options import ReadOptions
+from grainlike.dataset.nodes.options import ReadOptions
 
 __all__ = ["element_spec", "first_output", "zeros_batch"]
 

@@ -12,15 +12,13 @@ jax is imported when a DeviceIterator is created or ``make_global_batch`` runs.
 from __future__ import annotations
 
 import functools
-import threading
-import weakref
 from typing import Any, Iterator, Optional
 
 import numpy as np
 
-from grainlike.core.errors import ClosedIteratorError, check_int
-from grainlike.core.protocols import Checkpointable, ClosesOnExit, OrbaxCheckpointable, Prefetching, close_if_closeable
-from grainlike.core.read_ahead import Prefetcher, checkpointable, restore, stop_holder, take
+from grainlike.core.errors import check_int
+from grainlike.core.protocols import OrbaxCheckpointable
+from grainlike.core.read_ahead import ReadAhead
 from grainlike.core.tree import DEVICE_KINDS
 
 __all__ = ["DeviceIterator", "make_global_batch"]
@@ -173,57 +171,7 @@ def make_global_batch(local_batch: Any, sharding: Any, *, copy: Optional[bool] =
     return _to_device(local_batch, sharding, copy, global_batch=True)
 
 
-class _ReadAheadFeed(ClosesOnExit):
-    """The wrapped iterator, its state after the last item handed out, and one read-ahead thread.
-
-    The finalizer owns the running prefetcher (``holder[0]``), so the thread stops
-    when the feed is collected or at exit, without a reference cycle. The wrapped
-    iterator is not closed then (someone else may hold it): the thread lets go of it.
-    """
-
-    def __init__(self, iterator: Iterator[Any], prefetch: int, owner: str, wait_on_collect: bool):
-        self._iterator = iter(iterator)
-        self._get_state = self._iterator.get_state if isinstance(self._iterator, Checkpointable) else None
-        self._prefetch = prefetch
-        self._owner = owner
-        self._lock = threading.RLock()
-        self._state: Any = None  # the wrapped iterator's state after the last item handed out
-        self._closed = False
-        self._holder: list = [None]
-        self._finalizer = weakref.finalize(self, stop_holder, self._holder, wait=wait_on_collect)
-
-    def _remember_position(self) -> None:
-        """Before reading ahead of the user for the first time, note where they are."""
-        if self._get_state is not None and self._state is None:
-            self._state = self._get_state()
-
-    def _prefetcher(self, source: Any, convert: Any) -> Prefetcher:
-        """The running read-ahead thread over ``source``; started if none runs."""
-        if self._closed:
-            raise ClosedIteratorError(f"{self._owner} is closed")
-        if self._holder[0] is None:
-            self._remember_position()
-            self._holder[0] = Prefetcher(source, self._get_state, convert, self._prefetch, owner=self._owner)
-        return self._holder[0]
-
-    def set_state(self, state: Any) -> None:
-        """Restores the wrapped iterator; what was read ahead is dropped.
-
-        Raises whatever the wrapped ``set_state`` raises (``InvalidStateError``
-        for a state of another pipeline), leaving the position unchanged.
-        """
-        with self._lock:
-            set_state = checkpointable(self._iterator, self._owner).set_state
-            previous = self.get_state()
-            self._state = None
-            self._forget_read_ahead()
-            restore(self._holder, set_state, state, previous)
-
-    def _forget_read_ahead(self) -> None:
-        """Drops what was read ahead outside the thread (none here)."""
-
-
-class DeviceIterator(OrbaxCheckpointable, _ReadAheadFeed, Iterator[Any]):
+class DeviceIterator(OrbaxCheckpointable, ReadAhead, Iterator[Any]):
     """Puts each batch on JAX devices, keeping ``prefetch`` batches ready ahead.
 
     Args:
@@ -240,6 +188,9 @@ class DeviceIterator(OrbaxCheckpointable, _ReadAheadFeed, Iterator[Any]):
       copy: None copies leaves that do not own their memory (shared memory,
         views; see the module docstring); True copies every leaf; False none.
 
+    Reading ahead, the state (after the last batch you received), restoring and
+    closing are ``ReadAhead``'s (``grainlike.core.read_ahead``).
+
     Example:
       with DeviceIterator(iter(loader), prefetch=2) as it:
           for batch in it:  # jax.Arrays
@@ -254,72 +205,12 @@ class DeviceIterator(OrbaxCheckpointable, _ReadAheadFeed, Iterator[Any]):
             raise ValueError(f"copy must be None, True or False, got {copy!r}")
         import jax
 
-        super().__init__(iterator, prefetch, "DeviceIterator", wait_on_collect=False)
+        super().__init__(iter(iterator), prefetch, "DeviceIterator")
         self._sharding = _batch_sharding(sharding)
         global_batch = isinstance(self._sharding, jax.sharding.Sharding) and not (
             self._sharding.is_fully_addressable
         )
         self._convert = functools.partial(_to_device, sharding=self._sharding, copy=copy, global_batch=global_batch)
-
-    def __next__(self) -> Any:
-        with self._lock:
-            if self._prefetch == 0:
-                if self._closed:
-                    raise ClosedIteratorError("DeviceIterator is closed")
-                return self._convert(next(self._iterator))
-            self._prefetcher(self._iterator, self._convert)
-            value, self._state = take(self._holder)
-            return value
-
-    def start_prefetch(self) -> None:
-        """Starts filling the buffer now (e.g. while the model restores)."""
-        with self._lock:
-            if self._prefetch:
-                self._prefetcher(self._iterator, self._convert)
-            elif isinstance(self._iterator, Prefetching):
-                self._iterator.start_prefetch()
-
-    def get_state(self) -> Any:
-        """The wrapped iterator's state right after the last batch you received.
-
-        From another thread it does not wait behind a blocked ``next()``.
-        """
-        get_state = checkpointable(self._iterator, "DeviceIterator").get_state
-        if self._prefetch == 0:
-            return get_state()  # Nothing runs ahead: the wrapped iterator is where the user is.
-        if self._lock.acquire(blocking=False):
-            try:
-                if self._holder[0] is None:
-                    self._state = None
-                    return get_state()
-                return self._state
-            finally:
-                self._lock.release()
-        # A next() runs in another thread. self._state is replaced whole after
-        # each batch; it is set before a read-ahead thread starts, so a state
-        # read while it is unset was read before anything ran ahead.
-        state = self._state
-        if state is None:
-            state = get_state()
-            if self._state is not None:
-                state = self._state
-        return state
-
-    def close(self) -> None:
-        """Stops the prefetch thread and closes the wrapped iterator. Idempotent.
-
-        From another thread it ends a blocked ``next()`` first, without waiting
-        for it.
-        """
-        self._closed = True
-        prefetcher = self._holder[0]
-        stop_holder(self._holder, wait=False)  # Wakes a next() waiting for a batch.
-        close_if_closeable(self._iterator)  # Ends a next() waiting in the wrapped iterator (workers).
-        if prefetcher is not None:
-            prefetcher.stop()  # Returns once its thread has ended.
-        with self._lock:
-            # A read-ahead thread started by a next() that ran meanwhile.
-            stop_holder(self._holder)
 
     def __str__(self) -> str:
         return f"DeviceIterator({self._iterator}, sharding={self._sharding}, prefetch={self._prefetch})"

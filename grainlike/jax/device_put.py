@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from grainlike.dataset.iter_dataset import IterDataset
-from grainlike.dataset.thread_prefetch import ThreadPrefetchIterDataset
+from grainlike.dataset.nodes.iter_dataset import IterDataset
+from grainlike.dataset.transformations.thread_prefetch import ThreadPrefetchIterDataset
 
 __all__ = ["device_put"]
 

@@ -17,7 +17,7 @@ from grainlike.core.errors import check_int
 from grainlike.core.sampling import PaddedEpochSampler
 from grainlike.core.transforms import Batch, MapWithIndexTransform, is_batch
 from grainlike.loader.data_loader import DataLoader
-from grainlike.dataset.options import ReadOptions
+from grainlike.dataset.nodes.options import ReadOptions
 
 __all__ = ["evaluate"]
 

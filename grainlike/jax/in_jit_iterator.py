@@ -18,10 +18,9 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from grainlike.core import tree
-from grainlike.core.errors import ClosedIteratorError, check_int, is_int
-from grainlike.core.protocols import close_if_closeable
-from grainlike.core.read_ahead import checkpointable, stop_holder, take
-from grainlike.jax.device_iterator import _ReadAheadFeed
+from grainlike.core.errors import check_int, is_int
+from grainlike.core.protocols import ClosesOnExit
+from grainlike.core.read_ahead import ReadAhead
 from grainlike.jax.host_callbacks import CallbackErrors, host_callback
 from grainlike.jax.jit_batches import _device_specs, _numeric
 
@@ -36,16 +35,16 @@ class _Stacks:
 
     def __init__(self, iterator: Iterator[Any], k: int):
         self._iterator = iterator
-        self._k = k
+        self.k = k
 
     def __next__(self) -> Any:
-        batches = list(itertools.islice(self._iterator, self._k))
+        batches = list(itertools.islice(self._iterator, self.k))
         if not batches:
-            raise StopIteration
-        if len(batches) < self._k:
+            raise EOFError("InJitIterator: the wrapped iterator has ended")
+        if len(batches) < self.k:
             raise EOFError(
                 f"InJitIterator: the wrapped iterator ended after {len(batches)} of "
-                f"the {self._k} batches of a draw; use a loader that repeats "
+                f"the {self.k} batches of a draw; use a loader that repeats "
                 "(num_epochs=None), a step count it covers, or next() (one batch "
                 "per call)"
             )
@@ -63,7 +62,7 @@ def _check_shape(x: Any, spec: Any) -> None:
         )
 
 
-class InJitIterator(_ReadAheadFeed):
+class InJitIterator(ClosesOnExit):
     """Feeds batches to jitted code: ``draw()`` returns the next ``k`` batches, stacked.
 
     Args:
@@ -105,46 +104,28 @@ class InJitIterator(_ReadAheadFeed):
                  prefetch: int = 1, spec: Any = None):
         batches_per_call = check_int("batches_per_call", batches_per_call, 1, none_ok=True)
         prefetch = check_int("prefetch", prefetch)
-        super().__init__(iterator, prefetch, "InJitIterator", wait_on_collect=True)
+        iterator = iter(iterator)
         self._explicit_k = batches_per_call is not None
         self._k = batches_per_call if batches_per_call is not None else _DEFAULT_K
         self._mode: Optional[str] = None  # "draw" or "next", fixed by the first use
         self._spec = spec  # per batch, as given
         self._chunk_spec: Any = None  # per draw, canonical dtypes
-        self._stacks = _Stacks(self._iterator, self._k)
-        self._peeked: Optional[tuple] = None  # a stack read to learn the shapes
+        self._stacks = _Stacks(iterator, self._k)
+        # Reads stacks ahead; the state is the wrapped iterator's after the last
+        # stack delivered, also when a draw ends part-way through a stack.
+        self._feed = ReadAhead(iterator, prefetch, "InJitIterator", items=self._stacks, keep_state=True)
         self._errors = CallbackErrors("InJitIterator")
 
     @property
     def batches_per_call(self) -> int:
         return self._k
 
-    def _forget_read_ahead(self) -> None:
-        self._peeked = None
-
-    def _read(self) -> tuple:
-        """The next (stack, wrapped state after it), from the buffer or directly."""
-        if self._closed:
-            raise ClosedIteratorError("InJitIterator is closed")
-        if self._peeked is not None:
-            item, self._peeked = self._peeked, None
-            return item
-        try:
-            if self._prefetch == 0:
-                self._remember_position()
-                return next(self._stacks), self._get_state() if self._get_state is not None else None
-            self._prefetcher(self._stacks, None)
-            return take(self._holder)
-        except StopIteration:
-            raise EOFError("InJitIterator: the wrapped iterator has ended") from None
-
     def _use(self, mode: str) -> None:
         """Fixes the feed to ``draw`` (stacks of k) or ``next`` (one batch) on first use."""
-        with self._lock:
+        with self._feed.lock:
             if self._mode is None:
                 if mode == "next":
-                    self._k = 1
-                    self._stacks = _Stacks(self._iterator, 1)
+                    self._k = self._stacks.k = 1  # nothing was read yet
                 self._mode = mode
             elif self._mode != mode:
                 raise ValueError(
@@ -156,22 +137,21 @@ class InJitIterator(_ReadAheadFeed):
         """The io_callback: the next stack."""
         import jax
 
-        with self._lock:
-            stack, state = self._read()
+        with self._feed.lock:
+            stack, state = self._feed.read()
             # The specs are JAX pytrees (possibly the user's, from element_spec), so the
             # stack is matched to them with JAX's own tree functions. A stack that does
             # not match is not delivered: the position stays before it.
             jax.tree.map(_check_shape, stack, self._chunk_spec)
-            self._state = state
+            self._feed.deliver(state)
         return stack
 
     def _spec_of_draw(self) -> Any:
         import jax
 
-        with self._lock:
+        with self._feed.lock:
             if self._chunk_spec is None and self._spec is None:
-                self._peeked = self._read()
-                self._chunk_spec = _device_specs(self._peeked[0])
+                self._chunk_spec = _device_specs(self._feed.peek())
             elif self._chunk_spec is None:
                 self._chunk_spec = jax.tree.map(lambda s: jax.ShapeDtypeStruct(
                     (self._k,) + tuple(s.shape), jax.dtypes.canonicalize_dtype(s.dtype)), self._spec)
@@ -286,8 +266,7 @@ class InJitIterator(_ReadAheadFeed):
             (raised once; the next call returns the state).
         """
         self._errors.raise_pending()
-        with self._lock:
-            return checkpointable(self._iterator, "InJitIterator").get_state() if self._state is None else self._state
+        return self._feed.get_state()
 
     def set_state(self, state: Any) -> None:
         """Restores the wrapped iterator; buffered stacks are dropped.
@@ -297,7 +276,7 @@ class InJitIterator(_ReadAheadFeed):
         no one raised yet is raised first (and the state is not set).
         """
         self._errors.raise_pending()
-        super().set_state(state)
+        self._feed.set_state(state)
 
     def close(self) -> None:
         """Stops the prefetch thread and closes the wrapped iterator. Idempotent.
@@ -305,8 +284,4 @@ class InJitIterator(_ReadAheadFeed):
         Forgets an exception a callback caught and no one raised; raises nothing of it.
         """
         self._errors.clear()
-        with self._lock:
-            self._closed = True
-            self._peeked = None
-            stop_holder(self._holder)
-            close_if_closeable(self._iterator)
+        self._feed.close()

@@ -6,21 +6,22 @@ import contextlib
 import os
 import sys
 import threading
+import time
 import warnings
 from typing import Any, Iterator, Optional, Sequence
 
-from grainlike.core import sharding
+from grainlike.core import monitoring, sharding
 from grainlike.core.errors import ClosedIteratorError, InvalidStateError, WorkersDropRemaindersWarning
 from grainlike.core.protocols import ClosesOnExit, OrbaxCheckpointable
 from grainlike.core.transforms import Batch, FilterTransform, Map, MapWithIndex, RandomMap, is_flat_map
-from grainlike.dataset.iter_dataset import IterDataset
-from grainlike.dataset.dataset_node import parents
-from grainlike.dataset.iterator import close_dropped
+from grainlike.dataset.nodes.iter_dataset import IterDataset
+from grainlike.dataset.nodes.dataset_node import parents
+from grainlike.dataset.nodes.iterator import close_dropped
 from grainlike.loader import elastic_restore as elastic
 from grainlike.loader import pipeline
 from grainlike.sources.tf_data import TfDataSource, is_tf_dataset
 from grainlike.loader import legacy_state as state_lib
-from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
+from grainlike.dataset.nodes.options import MultiprocessingOptions, ReadOptions
 from grainlike.sources.protocol import PinsRemoteObjects
 
 
@@ -91,8 +92,9 @@ class DataLoader:
     A drop-in for ``grain.python.DataLoader``: the same arguments, the same
     records in the same order, and the same checkpoint state. As in grain, it is
     a pipeline of Dataset stages (see ``grainlike.loader.pipeline``): the sampler's
-    records, read in chunks; one stage per operation; with workers,
-    ``mp_prefetch``; and at the top grain's legacy JSON state.
+    records, read in chunks; ``ds.map``, ``ds.filter`` and ``ds.batch`` with the
+    operations (a batch over maps and filters takes whole chunks of records);
+    with workers, ``mp_prefetch``; and at the top grain's legacy JSON state.
 
     Args:
       data_source: random-access source: ``len(source)`` and ``source[key]``; a
@@ -158,6 +160,8 @@ class DataLoader:
                 f"Current worker_buffer_size is {worker_buffer_size}."
             )
         if shard_options is None:
+            # As grain: a sampler of the user's own (or grain's IndexSampler) may
+            # carry the shard options it was made with.
             shard_options = getattr(sampler, "_shard_options", None)
             if not isinstance(shard_options, sharding.ShardOptions):
                 raise ValueError(
@@ -292,16 +296,6 @@ class DataLoader:
         """The ``get_state()`` bytes of an iterator at ``positions``."""
         return state_lib.dumps(self._codec.encode(positions))
 
-    def _worker_dataset(self, worker_index: int, read_options: ReadOptions) -> IterDataset:
-        """The outputs worker ``worker_index`` computes, as a dataset to run in process."""
-        self._check_padding()
-        return pipeline.records_dataset(
-            self._records,
-            self._operations,
-            read_options,
-            worker=(worker_index, self.worker_count),
-        )
-
 
 class DataLoaderIterator(OrbaxCheckpointable, ClosesOnExit, Iterator[Any]):
     """Iterates a DataLoader; its position can be saved and restored (also by Orbax v1: ``save``/``load``).
@@ -342,15 +336,21 @@ class DataLoaderIterator(OrbaxCheckpointable, ClosesOnExit, Iterator[Any]):
         return self
 
     def __next__(self) -> Any:
-        with self._lock:
-            if self._closed:
-                raise ClosedIteratorError("DataLoaderIterator is closed; create a new one with iter(loader)")
-            return next(self._iterator)
+        # grain's latency of next() (grainlike.monitoring), measured only while telemetry is on.
+        start = monitoring.recording and time.perf_counter_ns()
+        try:
+            with self._lock:
+                if self._closed:
+                    raise ClosedIteratorError("DataLoaderIterator is closed; create a new one with iter(loader)")
+                return next(self._iterator)
+        finally:
+            if start:
+                monitoring.exported().iterator_get_next.Record(time.perf_counter_ns() - start)
 
     @property
     def _stream(self) -> Any:
         """The worker pool running now (None: no worker runs); for diagnostics."""
-        from grainlike.dataset.mp_prefetch import MultiprocessPrefetchDatasetIterator
+        from grainlike.dataset.parallel.mp_prefetch import MultiprocessPrefetchDatasetIterator
 
         workers = parents(self._iterator)
         return workers[0]._pool if workers and isinstance(workers[0], MultiprocessPrefetchDatasetIterator) else None

@@ -29,39 +29,8 @@ import numpy as np
 
 from grainlike.core.errors import InvalidStateError
 from grainlike.core.sharding import strided_shard_size
-from grainlike.dataset.elastic import round_robin_frontier
 from grainlike.loader import legacy_state as state_lib
-
-
-def frontier(codec: state_lib.LegacyState, positions: state_lib.Positions) -> tuple[int, list[int]]:
-    """What ``positions`` delivered, as shard-local positions.
-
-    Returns:
-      ``(f, above)``: every position below ``f`` was delivered, ``f`` was not, and
-      ``above`` (sorted) are the delivered positions above ``f``.
-
-    Raises:
-      InvalidStateError: the workers are too far apart (no state a DataLoader writes).
-    """
-    skipped = [codec.local_position(g) for g in positions.skip]
-    return round_robin_frontier(positions.next_positions, skipped, "cannot restore on another worker count")
-
-
-def assign(codec: state_lib.LegacyState, f: int, above: Sequence[int]) -> state_lib.Positions:
-    """Positions of ``codec``'s workers that deliver every position >= ``f`` not in ``above``."""
-    w = max(codec.worker_count, 1)
-    lengths = codec.worker_lengths
-    next_positions = [min(lengths[i], max(0, -(-(f - i) // w))) for i in range(w)]
-    next_worker = f % w if codec.worker_count else 0
-    skip = tuple(codec.global_index(p) for p in above if p < codec.local_length)
-    return state_lib.Positions(next_positions, next_worker, skip)
-
-
-def rebalance(
-    old: state_lib.LegacyState, positions: state_lib.Positions, new: state_lib.LegacyState
-) -> state_lib.Positions:
-    """``positions`` of ``old``'s workers, moved onto ``new``'s workers (same shard)."""
-    return assign(new, *frontier(old, positions))
+from grainlike.loader.legacy_state import assign, frontier
 
 
 # -- another number of processes -------------------------------------------------------

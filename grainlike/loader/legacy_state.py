@@ -11,8 +11,8 @@ one such state per worker. ``LegacyState`` converts between the two, and checks 
 legacy state completely before anything is restored from it.
 
 Elastic restore (see "Elastic restore" in ``docs/checkpointing.md``): a state
-of another worker count is restored by ``grainlike.loader.elastic_restore``: every
-worker's delivered positions are merged, and the new workers start at the first
+of another worker count is restored by ``rebalance`` (and one of another process
+count by ``grainlike.loader.elastic_restore``): every worker's delivered positions are merged, and the new workers start at the first
 position not delivered, skipping the few delivered above it. While such skipped
 positions are pending, the state carries them as sampler global indices under
 ``SKIP_KEY`` (grain ignores the key), as runs or a bitmap (``core/index_set.py``);
@@ -33,7 +33,7 @@ from typing import Any, Sequence
 # One class for every iterator's refused state, DataLoader and Dataset stages alike.
 from grainlike.core import index_set
 from grainlike.core.errors import InvalidStateError
-from grainlike.dataset.elastic import SKIP_KEY as WORKER_SKIP_KEY
+from grainlike.dataset.parallel.elastic import SKIP_KEY as WORKER_SKIP_KEY, round_robin_frontier
 
 STATE_VERSION = 2
 # Global indices delivered above some worker's position, not to deliver again.
@@ -243,8 +243,6 @@ class LegacyState:
                 "may need to implement a custom `__repr__`."
             )
         if elastic:
-            from grainlike.loader import elastic_restore as elastic_lib
-
             last_seen = data["last_seen_indices"]
             if not isinstance(last_seen, dict) or len(last_seen) != max(data["worker_count"], 1):
                 raise InvalidStateError(
@@ -257,7 +255,7 @@ class LegacyState:
                 worker_count=data["worker_count"],
                 worker_lengths=tuple(worker_lengths(self.local_length, data["worker_count"])),
             )
-            return elastic_lib.rebalance(old, old.decode_positions(data), self)
+            return rebalance(old, old.decode_positions(data), self)
         return self.decode_positions(data)
 
     def decode_positions(self, data: dict) -> Positions:
@@ -372,3 +370,35 @@ def decode(
         worker_count, shard_index, shard_count, sampler_repr, data_source_repr, tuple(worker_lengths)
     )
     return codec.decode(parse(state))
+
+
+# -- another number of workers ----------------------------------------------------------
+
+
+def frontier(codec: LegacyState, positions: Positions) -> tuple[int, list[int]]:
+    """What ``positions`` delivered, as shard-local positions.
+
+    Returns:
+      ``(f, above)``: every position below ``f`` was delivered, ``f`` was not, and
+      ``above`` (sorted) are the delivered positions above ``f``.
+
+    Raises:
+      InvalidStateError: the workers are too far apart (no state a DataLoader writes).
+    """
+    skipped = [codec.local_position(g) for g in positions.skip]
+    return round_robin_frontier(positions.next_positions, skipped, "cannot restore on another worker count")
+
+
+def assign(codec: LegacyState, f: int, above: Sequence[int]) -> Positions:
+    """Positions of ``codec``'s workers that deliver every position >= ``f`` not in ``above``."""
+    w = max(codec.worker_count, 1)
+    lengths = codec.worker_lengths
+    next_positions = [min(lengths[i], max(0, -(-(f - i) // w))) for i in range(w)]
+    next_worker = f % w if codec.worker_count else 0
+    skip = tuple(codec.global_index(p) for p in above if p < codec.local_length)
+    return Positions(next_positions, next_worker, skip)
+
+
+def rebalance(old: LegacyState, positions: Positions, new: LegacyState) -> Positions:
+    """``positions`` of ``old``'s workers, moved onto ``new``'s workers (same shard)."""
+    return assign(new, *frontier(old, positions))

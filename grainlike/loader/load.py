@@ -8,7 +8,7 @@ from grainlike.core import sharding
 from grainlike.core.samplers import IndexSampler
 from grainlike.core.transforms import Batch
 from grainlike.loader.data_loader import DataLoader
-from grainlike.dataset.options import ReadOptions
+from grainlike.dataset.nodes.options import ReadOptions
 
 
 def load(

@@ -7,8 +7,8 @@
   (``grainlike.loader.legacy_state``); after an error in ``next()`` it goes on
   from the last delivered output.
 
-The stages below them are in ``grainlike.loader.stages``; ``pipeline.py``
-composes them.
+The stages below them are the Dataset API's over the sampler's records
+(``records.py``, ``record_transforms.py``); ``pipeline.py`` composes them.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any, Optional
 
 from grainlike.core import tree
 from grainlike.core.protocols import TakesAllocator
-from grainlike.dataset.dataset_node import walk
-from grainlike.dataset.iter_dataset import IterDataset
-from grainlike.dataset.iterator import DatasetIterator
-from grainlike.dataset.map import PassThroughStateIterator
-from grainlike.dataset.prefetch import NextIndexState
+from grainlike.dataset.nodes.dataset_node import walk
+from grainlike.dataset.nodes.iter_dataset import IterDataset
+from grainlike.dataset.nodes.iterator import DatasetIterator
+from grainlike.dataset.transformations.map import PassThroughStateIterator
+from grainlike.dataset.transformations.prefetch import NextIndexState
 from grainlike.loader import legacy_state as state_lib
 
 
@@ -59,8 +59,7 @@ class RecordDataIterDataset(IterDataset):
 
 def _reading_stage(it: DatasetIterator) -> Optional[DatasetIterator]:
     """The stage reading the sampler's records under ``it`` (None: it runs in workers)."""
-    # The loader's stages form a chain; the first with a next_index, from the
-    # top, reads the records: the reader, or the chunked stage (above its reader).
+    # The loader's stages form a chain; the one with a next_index reads the records.
     return next((node for node in walk(it) if isinstance(node, NextIndexState)), None)
 
 

@@ -1,25 +1,40 @@
-"""The DataLoader as a composition of Dataset stages, as grain 0.2.18 composes its own::
+"""The DataLoader as a composition of Dataset stages, as grain 0.2.18 composes its own.
 
-    SamplerMapDataset(source, sampler, shard_options)   records the sampler chooses
-      .to_iter_dataset(read_options)                    the reading stage: chunks located
-                                                        and read at once; after an elastic
-                                                        restore it does not deliver the
-                                                        positions its state skips
-      -> one stage per operation, on records            Map, RandomMap, Filter,
-                                                        MapWithIndex, Batch, Operation
-      (maps and filters up to the first Batch: one      ChunkedRecordsIterDataset: those
-       stage for those operations, over the reading     operations a chunk at a time, on
-       of LocatedRecordsMapDataset(records))            the chunks to_iter_dataset()'s
-                                                        reading hands over
-      -> RecordDataIterDataset                          each record's data
-      -> mp_prefetch (worker_count > 0)                 worker w computes positions
-                                                        w, w + W, ... of the shard
-      -> LoaderStateIterDataset                         grain's legacy JSON state
+A record's way from the sampler to the caller, and the file of each stage::
 
-Positions count the shard's stream: shard-local position ``p`` is the sampler's
-global index ``p * shard_count + shard_index``. The state of everything below the
-top is the Dataset API's (``{"next_index": p}`` per worker, with the positions still
-to skip after an elastic restore: ``dataset.elastic.SkippingReader``).
+    SamplerMapDataset(source, sampler, shard_options)   loader/records.py: the records the
+                                                        sampler chooses, by position
+      .to_iter_dataset(read_options)                    loader/records.py (reading in chunks:
+                                                        dataset/transformations/prefetch.py):
+                                                        chunks located and read at once, in
+                                                        read threads where reads wait; after
+                                                        an elastic restore it does not read
+                                                        the positions its state skips
+      .map(RecordMap(op)) / .filter(RecordFilter(op))   dataset/transformations/map.py,
+      .batch(n, batch_fn=RecordBatch(op))               filter.py, batch.py, with the functions
+                                                        of loader/record_transforms.py (Map,
+                                                        RandomMap and MapWithIndex are maps)
+      FlatMapIterDataset / OperationIterDataset         a flat map, grain's legacy Operations
+      -> RecordDataIterDataset                          loader/output_stages.py: each
+                                                        record's data
+      -> mp_prefetch (worker_count > 0)                 dataset/parallel/mp_prefetch.py,
+                                                        workers/: worker w computes positions
+                                                        w, w + W, ... of the shard; batches
+                                                        are written once, into shared memory
+      -> LoaderStateIterDataset                         loader/output_stages.py: grain's
+                                                        legacy JSON state
+      -> DataLoaderIterator                             loader/data_loader.py
+
+A batch over maps and filters over the reading takes whole chunks of records
+(``dataset/transformations/chunk.py``), as every Dataset pipeline
+``to_iter_dataset().map(f).filter(g).batch(n)`` does: each function runs in a
+loop over the records the batch needs, on the records' data and metadata
+columns, with no ``Record`` per record and a record's rng built only when a
+random transform asks for it; big records are copied into their batch's rows as
+they come. Positions count the shard's stream: shard-local position ``p`` is the
+sampler's global index ``p * shard_count + shard_index``. The state of
+everything below the top is the Dataset API's (``{"next_index": p}`` per worker,
+with the positions still to skip after an elastic restore).
 """
 
 from __future__ import annotations
@@ -33,23 +48,16 @@ from grainlike.core.transforms import (
     MapTransform,
     MapWithIndexTransform,
     RandomMapTransform,
-)
-from grainlike.dataset.iter_dataset import IterDataset
-from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
-from grainlike.loader import legacy_state as state_lib
-from grainlike.loader.chunked import ChunkedRecordsIterDataset, chunkable
-from grainlike.loader.output_stages import LoaderStateIterDataset, RecordDataIterDataset
-from grainlike.loader.stages import (
-    BatchRecordsIterDataset,
-    FilterRecordsIterDataset,
-    MapRecordsIterDataset,
-    OperationIterDataset,
-    SamplerMapDataset,
     describe_op,
-    short_repr,
+    is_flat_map,
 )
-from grainlike.core.transforms import is_flat_map
-from grainlike.loader.flatmap_records import FlatMapRecordsIterDataset
+from grainlike.dataset.nodes.iter_dataset import IterDataset
+from grainlike.dataset.nodes.options import MultiprocessingOptions, ReadOptions
+from grainlike.dataset.transformations.flatmap import FlatMapIterDataset
+from grainlike.loader import legacy_state as state_lib
+from grainlike.loader import record_transforms as ops
+from grainlike.loader.output_stages import LoaderStateIterDataset, RecordDataIterDataset
+from grainlike.loader.records import SamplerMapDataset
 
 
 def check_operations(operations: Sequence[Any]) -> list:
@@ -97,12 +105,9 @@ def check_padding_sampler(sampler: Any, operations: Sequence[Any], worker_count:
         )
 
 
-def _producer(operations: Sequence[Any], at: int, data_source: Any) -> str:
-    """What made the elements ``operations[at]`` receives: the operation before, or the source."""
-    for prev in reversed(operations[:at]):
-        if not isinstance(prev, FilterTransform):
-            return f"transform {describe_op(prev)}"
-    return f"data source {short_repr(data_source)}"
+def _producer(operations: Sequence[Any], at: int, data_source: Any) -> Any:
+    """What made the elements ``operations[at]`` receives: the operation before (not a filter), or the source."""
+    return next((op for op in reversed(operations[:at]) if not isinstance(op, FilterTransform)), ops.Source(data_source))
 
 
 def records_dataset(
@@ -127,30 +132,23 @@ def records_dataset(
     if worker is not None and worker[1] > 1:
         records = records.slice(slice(worker[0], None, worker[1]))
     ds = records.to_iter_dataset(read_options)
-    start = 0
-    flat = any(is_flat_map(op) for op in operations)
-    if not flat and chunkable(operations):
-        # Maps and filters, then a Batch: on chunks of records, with no
-        # per-record objects (the same outputs and states).
-        start = next(i for i, op in enumerate(operations) if isinstance(op, Batch))
-        producer = _producer(operations, start, records.data_source)
-        threads = ds.read_threads()
-        buffer = ds.read_options.prefetch_buffer_size
-        ds = ChunkedRecordsIterDataset(records, operations, start, padding, producer, threads, buffer)
-        padding = None
-        start += 1
-    for i, op in enumerate(operations[start:], start):
-        if isinstance(op, (MapTransform, RandomMapTransform, MapWithIndexTransform)):
-            ds = MapRecordsIterDataset(ds, op, i)
-        elif isinstance(op, FilterTransform):
-            ds = FilterRecordsIterDataset(ds, op, i)
-        elif isinstance(op, Batch):
-            ds = BatchRecordsIterDataset(ds, op, i, padding, _producer(operations, i, records.data_source))
+    for i, op in enumerate(operations):
+        if isinstance(op, Batch):
+            producer = _producer(operations, i, records.data_source)
+            ds = ds.batch(op.batch_size, drop_remainder=op.drop_remainder, batch_fn=ops.RecordBatch(op, i, padding, producer))
             padding = None  # The first Batch masks the padding (check_padding_sampler).
+        elif isinstance(op, FilterTransform):
+            ds = ds.filter(ops.RecordFilter(op, i))
+        elif isinstance(op, RandomMapTransform):
+            ds = ds.map(ops.RecordRandomMap(op, i))
+        elif isinstance(op, MapWithIndexTransform):
+            ds = ds.map(ops.RecordMapWithIndex(op, i))
+        elif isinstance(op, MapTransform):
+            ds = ds.map(ops.RecordMap(op, i))
         elif is_flat_map(op):
-            ds = FlatMapRecordsIterDataset(ds, op, i)
+            ds = FlatMapIterDataset(ds, ops.RecordFlatMap(op))
         else:
-            ds = OperationIterDataset(ds, op, i)
+            ds = ops.OperationIterDataset(ds, op, i)
     return RecordDataIterDataset(ds)
 
 
@@ -164,7 +162,7 @@ def loader_dataset(
     """The whole DataLoader: the records' pipeline, its workers and its legacy state."""
     ds = records_dataset(records, operations, read_options)
     if multiprocessing_options.num_workers > 0:
-        from grainlike.dataset.mp_prefetch import MultiprocessPrefetchIterDataset
+        from grainlike.dataset.parallel.mp_prefetch import MultiprocessPrefetchIterDataset
 
         # A failed worker stops them all; the next next() restarts every worker
         # from its last delivered output (grain's mp_prefetch would go on without

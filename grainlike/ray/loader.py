@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from grainlike.dataset.iter_dataset import IterDataset
+from grainlike.dataset.nodes.iter_dataset import IterDataset
 from grainlike.loader.data_loader import DataLoader, DataLoaderIterator
 from grainlike.ray.options import RayOptions
 from grainlike.ray.prefetch import on_ray

@@ -12,10 +12,10 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Mapping, Optional
 
-from grainlike.dataset.dataset_node import parents
-from grainlike.dataset.iter_dataset import IterDataset
-from grainlike.dataset.mp_prefetch import MultiprocessPrefetchDatasetIterator, MultiprocessPrefetchIterDataset
-from grainlike.dataset.options import MultiprocessingOptions
+from grainlike.dataset.nodes.dataset_node import parents
+from grainlike.dataset.nodes.iter_dataset import IterDataset
+from grainlike.dataset.parallel.mp_prefetch import MultiprocessPrefetchDatasetIterator, MultiprocessPrefetchIterDataset
+from grainlike.dataset.nodes.options import MultiprocessingOptions
 from grainlike.ray.options import RayOptions
 from grainlike.ray.pool import RayWorkerPool
 from grainlike.workers.liveness import DEFAULT_STALL_TIMEOUT_S

@@ -51,7 +51,7 @@ _READ_CHUNK = 256
 _END = object()
 
 
-class _Progress:
+class _WriteProgress:
     """tqdm when installed, else a counter on stderr redrawn at most twice a second."""
 
     def __init__(self, total: int, desc: str, enabled: bool):
@@ -147,7 +147,7 @@ def write_records(
     _check_output(output_prefix, overwrite)
     bounds = [i * num_records // num_shards for i in range(num_shards + 1)]
     paths = [_shard_path(output_prefix, i, num_shards) for i in range(num_shards)]
-    bar = _Progress(num_records, f"writing {os.path.basename(output_prefix)}", progress)
+    bar = _WriteProgress(num_records, f"writing {os.path.basename(output_prefix)}", progress)
     iterator = iter(records)
     written: list[str] = []
     index = 0

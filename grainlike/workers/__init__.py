@@ -1,6 +1,8 @@
 """The worker pool: processes that each compute one worker's share of a task.
 
-``messages``: the task and the messages; ``pool``: ``WorkerPool``;
+``messages``: the task and the messages; ``frames``: how outputs travel in
+them; ``pool``: ``WorkerPool``, with ``receiving`` (a message received in
+steps) and ``warm_start`` (a held worker's outputs computed in the caller);
 ``start``: how a worker process starts (fork, the worker server of ``server``
 and ``server_loop``, spawn; the process classes of ``worker_process``);
 ``main``: a worker's main loop; ``guards``: what the user's code in a worker

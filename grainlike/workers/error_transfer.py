@@ -16,7 +16,7 @@ import numpy as np
 
 from grainlike.core import tree
 from grainlike.core.errors import WorkerError, add_note, traceback_from_frames
-from grainlike.workers.messages import ERR
+from grainlike.workers.messages import ERR, DescribesOutputs
 
 
 def _safe(fn, fallback: str) -> str:
@@ -45,7 +45,7 @@ def _pickled(obj: Any) -> "tuple[bytes | None, str]":
         cloudpickle.loads(payload)  # Some objects pickle but cannot be rebuilt.
         return payload, ""
     except BaseException as e:  # noqa: B902 - any failure means: send less
-        return None, _safe(lambda: f"{type(e).__name__}: {e}", type(e).__name__)
+        return None, _safe(lambda error=e: f"{type(error).__name__}: {error}", type(e).__name__)
 
 
 def send_error(conn, state: Any, error: BaseException) -> None:
@@ -113,11 +113,10 @@ def explain_unpicklable(error: BaseException, output: Any, origin: str) -> None:
 
 def describe_origin(task: Any, worker_index: int, worker_count: int, before: Any, after: Any) -> str:
     """Where an output came from: the task's ``describe_output`` if it has one, else its states."""
-    describe = getattr(task, "describe_output", None)
-    if describe is not None:
+    if isinstance(task, DescribesOutputs):
         try:
-            return describe(worker_index, worker_count, before, after)
-        except Exception:
+            return task.describe_output(worker_index, worker_count, before, after)
+        except Exception:  # noqa: BLE001 - the states still say where
             pass
     return f"The output came after worker state {before!r} (its state after it: {after!r})."
 

@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable, Optional
 
 from grainlike.core import memfd
-from grainlike.core.errors import ClosedIteratorError, WorkerDiedError, WorkerStalledError
+from grainlike.core.errors import ClosedIteratorError, ForeignWorkersError, WorkerDiedError, WorkerStalledError
 from grainlike.workers import server
 from grainlike.workers.worker_process import exit_status_known
 
@@ -256,4 +256,23 @@ def closed_error(w: int, worker_count: int) -> ClosedIteratorError:
         "thread during it, or at exit) "
         f"while next() waited for worker {w} of {worker_count}; the iterator keeps the "
         "state of its last delivered output"
+    )
+
+
+def foreign_error(pids: list, owner: int) -> ForeignWorkersError:
+    """The error for a fork of process ``owner`` that uses its workers ``pids``."""
+    return ForeignWorkersError(
+        f"this iterator's worker processes (pids {pids}) belong to process "
+        f"{owner}; process {os.getpid()} is a fork of it (os.fork(), or a "
+        "multiprocessing Process with the 'fork' start method) and cannot use "
+        "them. In the child, create a new iterator (iter(loader) or iter(dataset), "
+        "then set_state() to continue from a position): it starts workers of its own."
+    )
+
+
+def malformed_error(pid: int, w: int, worker_count: int, error: BaseException) -> RuntimeError:
+    """The error for a message of worker ``w`` that does not parse (``frames.Malformed``)."""
+    return RuntimeError(
+        f"grainlike worker {w} of {worker_count} (pid {pid}) sent a malformed output "
+        f"message ({error}); nothing of it was delivered"
     )

@@ -16,15 +16,14 @@ import struct
 import sys
 import threading
 import time
+from multiprocessing.connection import wait
 from typing import Any, Callable, Optional
-
-from multiprocessing.reduction import ForkingPickler
 
 import cloudpickle
 import numpy as np  # Also preloaded for the forked workers.
 
 from grainlike.core import memfd
-from grainlike.workers import server, shm
+from grainlike.workers import frames, server, shm
 from grainlike.workers.error_transfer import describe_origin, explain_unpicklable, send_error
 from grainlike.workers.guards import (
     ExitReports,
@@ -35,7 +34,8 @@ from grainlike.workers.guards import (
     real_exit,
     what_ended,
 )
-from grainlike.workers.messages import END, OUT, OUTS, READY, RESET, RESET_DONE, START, STOP, TICK
+from grainlike.workers.messages import END, READY, RESET, RESET_DONE, START, STOP, Interruptible
+from grainlike.workers.receiving import Credits
 
 
 # Small outputs travel up to this many to a message, and up to about this many
@@ -45,12 +45,20 @@ _GROUP_BYTES = 64 * 1024
 _GROUP_WAIT_S = 0.02
 
 
+def _write(conn: Any, message: bytes) -> None:
+    """Writes ``message`` (a frame: its length comes first, ``frames.frame``) whole to ``conn``."""
+    fd = conn.fileno()
+    view = memoryview(message)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 class _Outbox:
     """Sends a worker's messages; small outputs several to a message.
 
     The per-message cost is more than a small batch's whole work (W1: ~50 us per
     message, ~35 us to make a batch of 128 records). So outputs with no leaf in
-    shared memory wait here, pickled, and travel as one ``OUTS`` message, which
+    shared memory wait here, as records, and travel as one ``OUTS`` frame, which
     takes one credit. They leave when the group is full, before any other
     message, at once for a worker's first output (and first after a reset), and
     when the consumer has taken every message sent and the group has waited
@@ -58,8 +66,9 @@ class _Outbox:
     back the ones before it. Nothing else changes: outputs, order, states.
     """
 
-    def __init__(self, results: Any, credits: threading.Semaphore, stop: threading.Event, guard: Callable[[], None]):
+    def __init__(self, results: Any, control: Any, credits: Credits, stop: threading.Event, guard: Callable[[], None]):
         self._results = results
+        self._control = control  # New segments' descriptors go back on it (``shm.send_fds``).
         self._credits = credits
         self._stop = stop
         self._guard = guard  # Called before anything is queued or sent (see run's own_process).
@@ -67,10 +76,12 @@ class _Outbox:
         self._group: list = []
         self._bytes = 0
         self._since = 0.0  # When the group's first output came.
-        # Messages sent (under the lock) and taken (control thread): one writer each.
-        self._sent = 0
-        self._taken = 0
+        self._sent = 0  # Messages sent (under the lock); taken: ``credits.taken``.
         self._first = True  # The next output leaves at once.
+        self.writer = frames.Writer()  # Encodes the outputs (see ``frames``).
+        # Written when a group starts waiting: the control thread, asleep until then, times it.
+        self.started_r, self.started_w = os.pipe()
+        os.set_blocking(self.started_r, False)
 
     def _send_group(self, credit: bool) -> None:
         # With self._lock held.
@@ -80,27 +91,29 @@ class _Outbox:
             self._credits.acquire()
             if self._stop.is_set():
                 return
-        message = ForkingPickler.dumps((OUTS, self._group))
+        message = frames.frame(frames.OUTS_KIND, self._group)
         self._group, self._bytes = [], 0
-        self._results.send_bytes(message)
+        _write(self._results, message)
         self._sent += 1
         self._first = False
 
-    def add(self, pickled: bytes) -> None:
-        """Queues one small output (its pickled ``(state, output)``)."""
+    def add(self, record: bytes) -> None:
+        """Queues one small output (its record, ``frames.Writer.record``)."""
         self._guard()
         with self._lock:
             if not self._group:
                 self._since = time.monotonic()
-            self._group.append(pickled)
-            self._bytes += len(pickled)
+            self._group.append(record)
+            self._bytes += len(record)
             if (
                 len(self._group) >= _GROUP_MAX
                 or self._bytes >= _GROUP_BYTES
                 or self._first
-                or (self._sent == self._taken and time.monotonic() - self._since >= _GROUP_WAIT_S)
+                or (self._sent == self._credits.taken and time.monotonic() - self._since >= _GROUP_WAIT_S)
             ):
                 self._send_group(credit=True)
+            elif len(self._group) == 1:  # A group starts: the control thread times it from now.
+                os.write(self.started_w, b"x")
 
     def send(self, message: bytes, fds: list) -> None:
         """Sends one output's message (after the waiting group), then its new segments' fds."""
@@ -111,11 +124,11 @@ class _Outbox:
                 self._credits.acquire()
                 if self._stop.is_set():
                     return
-                self._results.send_bytes(message)
+                _write(self._results, message)
                 self._sent += 1
                 self._first = False
                 if fds:
-                    shm.send_fds(self._results, fds)
+                    shm.send_fds(self._control, fds)
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -142,28 +155,44 @@ class _Outbox:
             self._lock.release()
 
     def restart(self) -> None:
-        """Drops the waiting group (a reset: the consumer drops those outputs anyway); the next output leaves at once."""
+        """Drops the waiting group (a reset: the consumer drops those outputs anyway); the next output leaves at once.
+
+        The consumer drops what was sent before the reset too, layout definitions
+        included: each layout is defined again where next used.
+        """
         with self._lock:
             self._group, self._bytes = [], 0
             self._first = True
+            self.writer.forget_announced()
+
+    def credited(self) -> None:
+        """Credits came in (``Credits.on_credit``): a waiting group may now be due, so the control thread looks.
+
+        Without it, a credit the main thread read (``SegmentPool.refill``) would
+        leave the control thread asleep on the drained pipe for up to a second.
+        """
+        if self._group:
+            os.write(self.started_w, b"x")
 
     def wait_s(self) -> Optional[float]:
-        """How long the control thread may sleep before a group may be due (None: long)."""
-        return _GROUP_WAIT_S if self._sent == self._taken else None
+        """How long the control thread may sleep before a group may be due; None: no group waits.
 
-    def taken(self) -> None:
-        """The consumer took a message (control thread)."""
-        self._taken += 1
+        While one waits, the control thread also wakes on the consumer's credits.
+        """
+        if not self._group:
+            return None
+        waited = time.monotonic() - self._since
+        return _GROUP_WAIT_S - waited if waited < _GROUP_WAIT_S else 1.0
 
     def send_if_due(self) -> None:
         """Sends a group that waited ``_GROUP_WAIT_S`` while the consumer has taken everything (control thread)."""
-        if not self._group or self._sent != self._taken or time.monotonic() - self._since < _GROUP_WAIT_S:
+        if not self._group or self._sent != self._credits.taken or time.monotonic() - self._since < _GROUP_WAIT_S:
             return
         # Never wait for the lock: its holder is sending anyway, and this thread must stay free to see STOP.
         if not self._lock.acquire(blocking=False):
             return
         try:
-            if self._group and self._sent == self._taken and self._credits.acquire(blocking=False):
+            if self._group and self._sent == self._credits.taken and self._credits.acquire(blocking=False):
                 self._send_group(credit=False)
         finally:
             self._lock.release()
@@ -276,11 +305,14 @@ def run(
     idle: bool = False,
     watch: Any = None,
     shipped: Any = None,
+    ticks: int = -1,
 ) -> None:
     """Produces one worker's outputs and sends them to the consumer (see ``messages``).
 
-    ``results`` is a Unix socket (segment descriptors follow an ``OUT``). If the
-    consumer goes (its control pipe closes, or its pid is gone), the worker
+    ``results`` and ``control`` are Unix sockets; an ``OUT``'s new segments'
+    descriptors go back on ``control``; the consumer's credits come on the
+    pipe ``ticks`` (``Credits``). If the
+    consumer goes (its control socket closes, or its pid is gone), the worker
     exits at once. A ``RESET`` may come at any time: the worker stops after the
     output in hand, drops what it has not sent, sends ``RESET_DONE`` and goes on
     from the reset's state in the same process (the task is loaded once).
@@ -307,7 +339,16 @@ def run(
     memfd.receive(shipped or {})
     progress = _watch(watch)
     pool = shm.SegmentPool() if shm.available() else None
-    credits = threading.Semaphore(buffer_size)
+    pool_lock = threading.Lock()
+
+    def returned(ids: list) -> None:
+        if pool is not None:
+            with pool_lock:
+                pool.release(ids)
+
+    credits = Credits(ticks, buffer_size, returned)
+    if pool is not None:
+        pool.refill = credits.read  # (Called with pool_lock held.)
     stop = threading.Event()
     started = threading.Event()
     # Set on STOP and on RESET: whatever the main thread waits for, it looks again.
@@ -316,7 +357,6 @@ def run(
     # The latest RESET not yet done, (epoch, state, exhausted): a newer one replaces it.
     reset_lock = threading.Lock()
     reset_at: list = [None]
-    pool_lock = threading.Lock()
     task = None
     outputs: Any = None
 
@@ -331,23 +371,23 @@ def run(
                 # the pipe end have leaked into another process it forked.
                 idle_s = 1.0 if progress is None else 0.5
                 due = outbox.wait_s()
-                idle_tick = not control.poll(idle_s if due is None else min(due, idle_s))
+                if due is None:  # (Not woken by the consumer's credits: they wait for the main thread.)
+                    ready = wait([control, outbox.started_r], idle_s)
+                else:  # A group waits for its time, and for the consumer to take what was sent.
+                    ready = wait([control, outbox.started_r, credits.fd], min(due, idle_s))
+                idle_tick = control not in ready
+                if outbox.started_r in ready:
+                    os.read(outbox.started_r, 4096)
                 if progress is not None:
                     progress.sample()
+                credits.take_in()
                 outbox.send_if_due()
                 if idle_tick:
                     if consumer_pid and not server.pid_alive(consumer_pid):
                         real_exit(0)  # The consumer is gone.
                     continue
                 msg = control.recv()
-                if msg[0] == TICK:
-                    if msg[1] and pool is not None:
-                        with pool_lock:
-                            pool.release(msg[1])
-                    outbox.taken()
-                    credits.release()
-                    outbox.send_if_due()
-                elif msg[0] == RESET:
+                if msg[0] == RESET:
                     with reset_lock:
                         reset_at[0] = msg[1:]
                     wake.set()
@@ -364,14 +404,14 @@ def run(
         credits.release()
         # Now, not when the main thread next looks: a dropped iterator's reads end
         # within the reads in progress (the task's optional method).
-        interrupt = getattr(task, "interrupt", None)
-        if interrupt is not None:
+        if isinstance(task, Interruptible):
             try:
-                interrupt()
+                task.interrupt()
             except Exception:  # noqa: BLE001 - the worker exits either way
                 pass
 
-    outbox = _Outbox(results, credits, stop, own.check)
+    outbox = _Outbox(results, control, credits, stop, own.check)
+    credits.on_credit = outbox.credited
     exits = ExitReports(outbox, own)
     exits.install()
     threading.Thread(target=listen, name="grainlike-control", daemon=True).start()
@@ -415,16 +455,16 @@ def run(
                 inline = True
                 if pool is not None:
                     with pool_lock:
-                        lent = pool.lent_count()
+                        lends = pool.lends()
                         output = pool.export(output)
-                        inline = pool.lent_count() == lent
+                        inline = pool.lends() == lends  # (No leaf in shared memory.)
                         unsent = pool.take_unsent()
                 try:
                     if inline and not unsent:
-                        # In an OUTS list; plain pickle costs less than ForkingPickler (for handles).
-                        message = pickle.dumps((state, output), protocol=5)
+                        message = outbox.writer.record(state, output)
                     else:
-                        message = ForkingPickler.dumps((OUT, state, output, [u[:2] for u in unsent]))
+                        message = outbox.writer.record(state, output, pickle.DEFAULT_PROTOCOL)
+                        message = frames.frame(frames.OUT_KIND, [message], [u[:2] for u in unsent])
                 except Exception as e:
                     if pool is not None:
                         pool.keep_unsent(unsent)  # Sent with a later output instead.

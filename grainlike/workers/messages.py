@@ -3,15 +3,17 @@
 ``WorkerTask`` is the work a pool runs. A message is a tuple whose first item
 is its tag, defined here once. Tags are short strings: pickling an enum member
 costs ~6 µs more per message (``ForkingPickler.dumps`` + ``pickle.loads`` of a
-4-item message: 4.7 against 10.4 µs), paid twice per output.
+4-item message: 4.7 against 10.4 µs), paid for each message.
 
-From a worker, on its results socket:
+From a worker, on its results socket (each message length-prefixed, as
+``Connection.send_bytes`` frames it):
 
-- ``OUT``: ``(OUT, state, output, new_segments)``, one output; after it, when
-  ``new_segments`` (``[(seg_id, size)]``) is not empty, those segments'
-  descriptors (``shm.send_fds``). Takes one credit.
-- ``OUTS``: ``(OUTS, [pickled (state, output), ...])``, small outputs
-  travelling together. Takes one credit.
+- ``OUT``: one output, as a frame (``frames``: not a pickle) with its state
+  and the segments it is the first to use, ``[(seg_id, size)]``, whose
+  descriptors follow on the worker's control socket (``shm.send_fds``). Takes
+  one credit. Delivered as ``(OUT, frame, [record offset], new_segments)``.
+- ``OUTS``: small outputs travelling together, as one frame of several
+  records. Takes one credit. Delivered as ``(OUTS, frame, record offsets, [])``.
 - ``END``: ``(END, state)``, the worker has no more outputs.
 - ``ERR``: ``(ERR, state, ...)``, an error (``error_transfer.send_error``).
 - ``EXIT``: ``(EXIT, state, code, what, where, notes, stack)``, the user's code
@@ -25,10 +27,14 @@ From a worker, on its results socket:
   computed from before the ``RESET`` numbered ``epoch`` and goes on from that
   reset's state: every message before it is stale.
 
-From the consumer, on a worker's control pipe:
+From the consumer, on a worker's tick pipe (not pickled: ``receiving.send_tick``):
 
-- ``TICK``: ``(TICK, released_segment_ids)``, the consumer took a message:
-  one more may be sent, and these segments may be reused.
+- a tick, ``count, ids...`` (u32 each): the consumer took a message (one
+  more may be sent), and these segments may be reused. Nothing waits on the
+  pipe while the worker computes (``receiving.Credits``).
+
+On a worker's control socket (pickled):
+
 - ``START``: ``(START, state)``, a held worker goes on from ``state``.
 - ``RESET``: ``(RESET, epoch, state, exhausted)``, the worker drops what it
   computed and goes on from ``state`` (None: a fresh start), or idles if
@@ -38,7 +44,7 @@ From the consumer, on a worker's control pipe:
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional, Protocol
+from typing import Any, Iterator, Optional, Protocol, runtime_checkable
 
 from grainlike.core.tree import Allocator
 
@@ -52,7 +58,6 @@ EXIT = "exit"
 READY = "ready"
 RESET_DONE = "reset_done"
 # From the consumer.
-TICK = "tick"
 START = "start"
 RESET = "reset"
 STOP = "stop"
@@ -96,8 +101,20 @@ class WorkerTask(Protocol):
     def pickling_error(self, error: Exception) -> BaseException:
         """The exception to raise when ``cloudpickle`` fails on the task with ``error``."""
 
-    # Optional: ``describe_output(worker_index, worker_count, state_before,
-    # state_after) -> str``, a sentence naming the records and the transform an
-    # output came from, for the error raised when the output cannot be pickled;
-    # ``interrupt()``, called from another thread when the worker is told to
-    # stop, to end the work ``outputs`` is doing (e.g. its reads) at once.
+    # A task may also be ``DescribesOutputs`` and ``Interruptible`` (below).
+
+
+@runtime_checkable
+class DescribesOutputs(Protocol):
+    """A task that names where its outputs came from, for the error of an output that cannot be pickled."""
+
+    def describe_output(self, worker_index: int, worker_count: int, before: Any, after: Any) -> str:
+        """A sentence naming the records and the transform of the output between states ``before`` and ``after``."""
+
+
+@runtime_checkable
+class Interruptible(Protocol):
+    """A task whose work in ``outputs`` (its reads, say) another thread can end at once."""
+
+    def interrupt(self) -> None:
+        """Called from another thread of the worker when it is told to stop."""

@@ -13,24 +13,21 @@ from __future__ import annotations
 import collections
 import functools
 import os
-import pickle
 import threading
+import time
 import weakref
-from typing import Any, Callable, Optional, Sequence
-
-from multiprocessing.reduction import ForkingPickler
+from typing import Any, Optional, Sequence
 
 from grainlike.core import memfd
 from grainlike.core.protocols import ClosesOnExit
 from grainlike.core.errors import (
     ClosedIteratorError,
-    ForeignWorkersError,
     WorkerDiedError,
     WorkerStalledError,
     _WorkerFailed,
     add_note,
 )
-from grainlike.workers import server, shm
+from grainlike.workers import frames, server, shm
 from grainlike.workers.error_transfer import rebuild_error
 from grainlike.workers.liveness import (
     after_failure,
@@ -43,17 +40,32 @@ from grainlike.workers.liveness import (
     died_error,
     exit_error,
     exited,
+    foreign_error,
+    malformed_error,
 )
-from grainlike.workers.messages import END, ERR, EXIT, OUT, OUTS, READY, RESET, RESET_DONE, START, WorkerTask
-from grainlike.workers.receiving import PartialMessage, Pollers, ReceiveFailed, map_segments, read_bytes, send_tick
+from grainlike.workers.messages import END, ERR, EXIT, OUT, OUTS, RESET, WorkerTask
+from grainlike.workers.receiving import (
+    PartialMessage,
+    Pollers,
+    ReceiveFailed,
+    Receiving,
+    Stream,
+    kept_note,
+    send_tick,
+)
 from grainlike.workers.shutdown import JOIN_TIMEOUT_S, Shutdown, live_pools, quietly, stop_in_background, stop_process
 from grainlike.workers.start import launch, pickle_task
+from grainlike.workers.warm_start import WarmStart
 
 
-_POLL_MS = int(POLL_S * 1000)
+# Forks of this process so far, as seen in each child: a pool started before
+# the latest one is another process's (``_check_owner`` without a getpid per output).
+_FORKS = [0]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
 
 
-class WorkerPool(ClosesOnExit):
+class WorkerPool(Receiving, WarmStart, ClosesOnExit):
     """Outputs of ``worker_count`` worker processes, taken strictly round-robin.
 
     ``states[w]`` is worker ``w``'s state after its last delivered output (at
@@ -106,6 +118,8 @@ class WorkerPool(ClosesOnExit):
             raise ValueError(f"expected {worker_count} worker states, got {len(states)}")
         self._task = task
         self._w = worker_count
+        # Where set, the record of w's last output, whose state (states[w]) is unpickled when asked for.
+        self._raw: list = [None] * worker_count
         self.states = list(states)
         self.next_worker = next_worker
         self.exhausted = [False] * worker_count if exhausted is None else [bool(e) for e in exhausted]
@@ -119,28 +133,53 @@ class WorkerPool(ClosesOnExit):
         # With error_ends_worker: (w, error) of the worker that died or stalled.
         self._dead: Optional[tuple[int, BaseException]] = None
         # For delivered() from other threads: odd while a next() runs, and the
-        # position it started from.
+        # position it started from; _writes is odd while an output taken from
+        # the inbox (which never waits) is recorded.
         self._calls = 0
+        self._writes = 0
         self._call_start: tuple = ()
+        self._forks = -1  # _FORKS when started.
         self._payload, shipped = pickle_task(task)
         self._started = False
         self._released = [collections.deque() for _ in range(worker_count)]
-        # Per worker, the pickled (state, output)s of an OUTS message not yet returned.
+        # Per worker, (frame, record offset, build) of an OUTS frame's outputs not yet returned.
         self._inbox = [collections.deque() for _ in range(worker_count)]
+        # Per worker, the layouts its frames defined (``frames.parse``).
+        self._layouts: list = [{} for _ in range(worker_count)]
         # Per worker, a message read whose reception here failed part way (``_message``).
         self._partial: list = [None] * worker_count
-        # Per worker, ((socket fd, sentinel), select.poll) waiting on both (``_poller``).
-        self._pollers = Pollers(worker_count)
+        self._waited = -1  # The worker whose message _plain_out waited for in vain.
+        self._pollers = Pollers(worker_count)  # Per worker, a poll of its socket and exit.
+        self._streams = [Stream() for _ in range(worker_count)]  # Per worker, its results as read.
         # Per worker, the reset whose RESET_DONE is still to come (its messages until then are stale).
         self._resetting: list = [None] * worker_count
         self._resets = 0
-        # Workers started held, and the in-process outputs standing in for them.
+        # Workers started held (_holding: any), and the in-process outputs standing in for them.
         self._held = [False] * worker_count
+        self._holding = False
         self._local: dict = {}
         self._shutdown = Shutdown()
         self._shutdown.shipped = shipped
         self._finalizer = weakref.finalize(self, self._shutdown)
         self._closed = False
+
+    @property
+    def states(self) -> list:
+        """Each worker's state after its last delivered output (at first, where it starts)."""
+        raw = self._raw
+        for w, r in enumerate(raw):
+            if r is not None:
+                self._states[w] = frames.state(*r)
+                raw[w] = None
+        return self._states
+
+    @states.setter
+    def states(self, states: Sequence[Any]) -> None:
+        self._states = list(states)
+        self._raw = [None] * self._w
+
+    def _restore(self, position: tuple) -> None:
+        self._states, self._raw, self.next_worker, self.exhausted = position
 
     @property
     def broken(self) -> bool:
@@ -168,6 +207,7 @@ class WorkerPool(ClosesOnExit):
             raise ClosedIteratorError("the worker pool is closed")
         self._started = True
         self._shutdown.owner_pid = os.getpid()
+        self._forks = _FORKS[0]
         shm.raise_fd_limit()
         sd = self._shutdown
         if memfd.available():
@@ -175,6 +215,7 @@ class WorkerPool(ClosesOnExit):
         live_pools.add(self)
         server.install_exit_on_signals()
         self._held = [hold and not e for e in self.exhausted]
+        self._holding = any(self._held)
         start_workers = functools.partial(
             launch,
             sd,
@@ -200,73 +241,28 @@ class WorkerPool(ClosesOnExit):
     def _closed_error(self, w: int) -> ClosedIteratorError:
         return closed_error(w, self._w)
 
-    def _recv(self, w: int, read: Callable[[Any], Any]) -> Any:
-        """``read(connection)`` of worker ``w``'s socket once it is readable, watching for close(), its exit and its progress."""
-        sd = self._shutdown
-        conn = sd.results[w]
-        if not self._closed:
-            # The common case when workers keep up: a message is waiting. One
-            # poll(2) of the socket, rather than a selector and a stall watch per message.
-            try:
-                conn_fd = conn.fileno()
-                # (Connection.poll() would build a selector.)
-                ready = any(fd == conn_fd for fd, _ in self._pollers.get(w, conn_fd, sd.procs[w].sentinel).poll(0))
-            except (OSError, ValueError):
-                ready = False  # Closed from another thread: the loop below reports it.
-            if ready:
-                try:
-                    return read(conn)
-                except EOFError:
-                    pass  # The worker is gone: the loop below reports how.
-                except (OSError, ValueError, IndexError):
-                    if self._closed:
-                        raise self._closed_error(w) from None
-                    raise
-        proc = sd.procs[w]
-        watch = StallWatch(sd.progress, w)
-        while True:
-            if self._closed:
-                raise self._closed_error(w)
-            try:
-                conn_fd = conn.fileno()
-                ready = self._pollers.get(w, conn_fd, proc.sentinel).poll(_POLL_MS)
-                if not ready:
-                    check_progress(sd, w, self._w, self.states[w], self._stall_timeout_s, watch, self._then)
-                    continue
-                if any(fd == conn_fd for fd, _ in ready) or conn.poll():
-                    try:
-                        return read(conn)
-                    except EOFError:
-                        pass  # The worker is gone; report how.
-                error = self._died_error(w)
-            except (OSError, ValueError, IndexError):
-                # close() in another thread closed the pipes or the process handle.
-                if self._closed:
-                    raise self._closed_error(w) from None
-                raise
-            raise error
+    _poll_ms = int(POLL_S * 1000)  # How long a wait for a worker lasts between looks at it (``_recv``).
+
+    def _look(self, w: int, watch: Optional[StallWatch]) -> StallWatch:
+        """Looks at worker ``w``, awaited for another ``POLL_S``: raises if it stalled (``liveness``)."""
+        if watch is None:
+            watch = StallWatch(self._shutdown.progress, w)
+        check_progress(self._shutdown, w, self._w, self.states[w], self._stall_timeout_s, watch, self._then)
+        return watch
+
+    def _tick(self, w: int) -> None:
+        ticks = self._shutdown.ticks  # (Emptied when the pool closes.)
+        if w < len(ticks):
+            send_tick(ticks[w], self._released[w])
 
     def _died_error(self, w: int) -> WorkerDiedError:
         """The error for worker ``w``, whose pipe shows that its process is gone."""
         return died_error(self._shutdown.procs[w], w, self._w, self.states[w], self._then())
 
-    def _tick(self, w: int) -> None:
-        released = self._released[w]
-        ids = []
-        while released:
-            ids.append(released.popleft())
-        send_tick(self._shutdown.controls[w], ids)
-
     def _check_owner(self) -> None:
         owner = self._shutdown.owner_pid
         if self._started and owner != os.getpid():
-            raise ForeignWorkersError(
-                f"this iterator's worker processes (pids {self.pids}) belong to process "
-                f"{owner}; process {os.getpid()} is a fork of it (os.fork(), or a "
-                "multiprocessing Process with the 'fork' start method) and cannot use "
-                "them. In the child, create a new iterator (iter(loader) or iter(dataset), "
-                "then set_state() to continue from a position): it starts workers of its own."
-            )
+            raise foreign_error(self.pids, owner)
 
     def delivered(self) -> tuple[list, int, list]:
         """``(states, next_worker, exhausted)`` after the last delivered output, from any thread.
@@ -275,169 +271,237 @@ class WorkerPool(ClosesOnExit):
         the position it started from is returned. Calls of ``next()`` must not overlap.
         """
         while True:
-            calls = self._calls
+            calls, writes = self._calls, self._writes
+            if writes % 2:  # Between two assignments of an output from the inbox.
+                time.sleep(0)
+                continue
             if calls % 2:
-                states, next_worker, exhausted = self._call_start
+                states, raw, next_worker, exhausted = self._call_start
             else:
-                states, next_worker, exhausted = self.states, self.next_worker, self.exhausted
-            position = (list(states), next_worker, list(exhausted))
-            if self._calls == calls:
-                return position
+                states, raw, next_worker, exhausted = self._states, self._raw, self.next_worker, self.exhausted
+            states, raw, exhausted = list(states), list(raw), list(exhausted)
+            if self._calls == calls and self._writes == writes:
+                return [s if r is None else frames.state(*r) for s, r in zip(states, raw)], next_worker, exhausted
 
     def __next__(self) -> Any:
-        self._check_owner()
-        before = (list(self.states), self.next_worker, list(self.exhausted))
-        self._call_start = before
-        self._calls += 1
+        # The commonest calls first, from a pool this process owns: the next
+        # output is in the inbox (OUTS; nothing here waits or can fail half way),
+        # or the next message is an OUT of a known layout.
+        w = self.next_worker
+        inbox = self._inbox[w]
+        if self._dead is None and self._forks == _FORKS[0]:
+            if inbox:
+                entry = inbox[0]
+                try:
+                    output = entry[2](entry[0], entry[1], None)
+                except Exception:  # noqa: BLE001 - (entry[2] None too) the full path below raises it
+                    pass
+                else:
+                    inbox.popleft()
+                    self._writes += 1
+                    self._raw[w] = entry
+                    self.next_worker = (w + 1) % self._w
+                    self._writes += 1
+                    return output
+            elif (  # Its next message is simply to be received: nothing started, held, ended, failed or reset.
+                self._partial[w] is None
+                and self._started
+                and not (self._closed or self.exhausted[w] or self._failed[w] or self._holding or self._local)
+                and self._resetting[w] is None
+            ):
+                output = self._plain_out(w)
+                if output is not None:
+                    return output
+        if self._forks != _FORKS[0]:  # (Not started, or this process is a fork.)
+            self._check_owner()
+        # The position before this call, taken before anything changes it midway (an
+        # end, a worker skipped): until then delivered() sees it as it is, and an
+        # output is recorded as in the inbox path.
+        before = None
+        # The ends this call took in (a worker's END, or its error raised before):
+        # (w, the END message, or None). Rewound with the position should a later
+        # message fail to be received, they are taken in again by the next call.
+        ended: list = []
         try:
             if not self._started:  # (start() does nothing once started.)
                 self.start(hold=self._warm_start)
-            return self._next_output()
+            while True:
+                if self._dead is not None:  # With error_ends_worker: raised by every next().
+                    w, error = self._dead
+                    raise _WorkerFailed(type(error)(
+                        f"this iterator cannot go on without the remaining outputs of grainlike worker "
+                        f"{w} of {self._w} (pid {self._shutdown.procs[w].pid}), as raised before: {error}"
+                    ))
+                w = self.next_worker
+                if self.exhausted[w] or self._failed[w] or self._holding or self._local or self._resetting[w] is not None:
+                    if all(self.exhausted):
+                        raise StopIteration
+                    if before is None:
+                        before = self._call_start = (list(self._states), list(self._raw), w, list(self.exhausted))
+                        self._calls += 1
+                    if self._local or self._holding:
+                        self._release_ready()
+                    if self._failed[w]:
+                        # As grain: after its error a worker is exhausted at its last delivered state.
+                        self._failed[w] = False
+                        self.exhausted[w] = True
+                        ended.append((w, None))
+                    if self.exhausted[w]:
+                        self._advance(w)
+                        continue
+                    if self._held[w]:
+                        found, output = self._local_output(w)
+                        if found:
+                            return output
+                        continue
+                    if self._resetting[w] is not None:
+                        self._drain_stale(w)
+                        continue
+                inbox = self._inbox[w]
+                if inbox:
+                    entry = inbox[0]
+                    try:
+                        output = frames.output(entry[0], entry[1], self._layouts[w])
+                    except frames.Malformed as e:
+                        raise self._malformed(w, e) from None
+                    inbox.popleft()
+                else:
+                    msg, output = self._message(w)
+                    kind = msg[0]
+                    if kind == OUTS:  # Small outputs travelling together (main._Outbox): one credit.
+                        inbox.extend(frames.entries(msg[1], msg[2], self._layouts[w]))
+                        self._tick(w)
+                        continue
+                    if kind != OUT:
+                        if before is None:
+                            before = self._call_start = (list(self._states), list(self._raw), w, list(self.exhausted))
+                            self._calls += 1
+                        self._other_message(w, msg)
+                        if kind == END:
+                            ended.append((w, msg))
+                        continue
+                    self._tick(w)
+                    entry = (msg[1], msg[2][0])
+                self._writes += 1
+                self._raw[w] = entry
+                self.next_worker = (w + 1) % self._w
+                self._writes += 1
+                return output
         except StopIteration:
             raise
         except _WorkerFailed as failed:
             raise failed.error from None
         except ReceiveFailed as failed:
             # Nothing was delivered and the workers go on: the next call receives the same output.
-            self.states, self.next_worker, self.exhausted = before
+            if before is not None:
+                self._restore(before)
+                # The ends taken in before it were read off their sockets: kept, so that
+                # the next call takes them in again (else it would wait for such a worker).
+                for w, msg in ended:
+                    if msg is None:
+                        self._failed[w] = True
+                    else:
+                        part = self._partial[w] = PartialMessage(b"")
+                        part.msg = msg
             raise failed.error from None
         except BaseException:
             if not self._closed:
                 # Interrupted half way (a message half read, or taken but not
                 # returned): the owner restarts the workers from the last output returned.
-                self.states, self.next_worker, self.exhausted = before
+                if before is not None:
+                    self._restore(before)
                 self.close()
             raise
         finally:
-            self._calls += 1
+            if before is not None:
+                self._calls += 1
+
+    def _plain_out(self, w: int) -> Any:
+        """Worker ``w``'s next output, if its next message, read now, is a plain ``OUT`` or an ``OUTS``; else None.
+
+        Any other message is kept for the full path (``_partial``), as is one
+        that fails to parse; nothing waited for longer than ``POLL_S`` (then the
+        full path looks at the worker first). An error making an output ends
+        the pool, as in the full path.
+        """
+        sd = self._shutdown
+        fd = sd.results[w]._handle  # (fileno() less its two calls; None once closed.)
+        raw = None
+        if fd is not None:
+            try:
+                raw = self._streams[w].read(fd)
+            except (EOFError, OSError):
+                pass  # The full path reads again, and reports how.
+            except BaseException:  # (Ctrl-C within a message: the stream's position is lost.)
+                self.close()
+                raise
+        if raw is None:
+            self._waited = w
+            return None
+        try:
+            output = frames.plain_out(raw, self._layouts[w], sd.readers[w])
+        except BaseException as e:
+            error = self._malformed(w, e) if isinstance(e, frames.Malformed) else None
+            self.close()
+            if error is not None:
+                raise error from None
+            raise
+        if output is not None:
+            ticks = sd.ticks  # (As _tick.)
+            if w < len(ticks):
+                send_tick(ticks[w], self._released[w])
+            self._writes += 1
+            self._raw[w] = (raw, frames.PLAIN_OUT_AT)
+            self.next_worker = (w + 1) % self._w
+            self._writes += 1
+            return output
+        part = self._partial[w] = PartialMessage(raw)
+        try:
+            part.msg = frames.message(raw, self._layouts[w])
+        except frames.Malformed as e:
+            error = self._malformed(w, e)
+            self.close()
+            raise error from None
+        except Exception as e:  # As the full path: kept, for the next call.
+            add_note(e, kept_note(w))
+            raise
+        if part.msg[0] != OUTS:
+            return None
+        self._partial[w] = None
+        inbox = self._inbox[w]
+        inbox.extend(frames.entries(raw, part.msg[2], self._layouts[w]))
+        self._tick(w)
+        entry = inbox[0]
+        try:
+            output = entry[2](entry[0], entry[1], None)
+        except Exception:  # noqa: BLE001 - (entry[2] None too) the full path raises it
+            return None
+        inbox.popleft()
+        self._writes += 1
+        self._raw[w] = entry
+        self.next_worker = (w + 1) % self._w
+        self._writes += 1
+        return output
+
+    def _other_message(self, w: int, msg: tuple) -> None:
+        """Handles worker ``w``'s message that is no output: its end, or raises its error."""
+        kind = msg[0]
+        if kind == END:
+            self.exhausted[w] = True
+            self.states[w] = msg[1]
+            self._advance(w)
+            return
+        if kind == ERR:
+            raise self._failure(w, rebuild_error(w, self._shutdown.procs[w].pid, msg))
+        if kind == EXIT:
+            raise self._failure(w, exit_error(self._shutdown.procs[w].pid, w, self._w, self.states[w], msg, self._then()))
+        raise RuntimeError(f"unexpected message from worker {w}: {kind!r}")
 
     def _advance(self, w: int) -> None:
         self.next_worker = (w + 1) % self._w
 
-    def _next_output(self) -> Any:
-        while True:
-            if self._dead is not None:  # With error_ends_worker: raised by every next().
-                w, error = self._dead
-                raise _WorkerFailed(type(error)(
-                    f"this iterator cannot go on without the remaining outputs of grainlike worker "
-                    f"{w} of {self._w} (pid {self._shutdown.procs[w].pid}), as raised before: {error}"
-                ))
-            if all(self.exhausted):
-                raise StopIteration
-            if self._local or any(self._held):
-                self._release_ready()
-            w = self.next_worker
-            if self._failed[w]:
-                # As grain: after its error a worker is exhausted at its last delivered state.
-                self._failed[w] = False
-                self.exhausted[w] = True
-            if self.exhausted[w]:
-                self._advance(w)
-                continue
-            if self._held[w]:
-                found, output = self._local_output(w)
-                if found:
-                    return output
-                continue
-            if self._resetting[w] is not None:
-                self._drain_stale(w)
-                continue
-            inbox = self._inbox[w]
-            if inbox:
-                state, output = pickle.loads(inbox[0])
-                inbox.popleft()
-                self.states[w] = state
-                self._advance(w)
-                return output
-            msg, output = self._message(w)
-            kind = msg[0]
-            if kind == OUT:
-                self.states[w] = msg[1]
-                self._advance(w)
-                self._tick(w)
-                return output
-            if kind == OUTS:  # Small outputs, each pickled on its own (main._Outbox): one credit.
-                inbox.extend(msg[1])
-                self._tick(w)
-                continue
-            if kind == END:
-                self.exhausted[w] = True
-                self.states[w] = msg[1]
-                self._advance(w)
-                continue
-            if kind == ERR:
-                raise self._failure(w, rebuild_error(w, self._shutdown.procs[w].pid, msg))
-            if kind == EXIT:
-                raise self._failure(w, exit_error(self._shutdown.procs[w].pid, w, self._w, self.states[w], msg, self._then()))
-            raise RuntimeError(f"unexpected message from worker {w}: {kind!r}")
-
-    def _message(self, w: int) -> tuple:
-        """Worker ``w``'s next message, fully received: ``(message, output)`` (an ``OUT``'s output, else None).
-
-        Receiving takes steps in this process: reading the bytes, unpickling
-        them, receiving and mapping an ``OUT``'s new segments, making its arrays.
-        A failure after the bytes were read and before the arrays are made
-        (``MemoryError``, a mapping refused under memory pressure) keeps the
-        message half received and raises ``ReceiveFailed``: the next call goes
-        on from the step that failed, so the output is neither lost nor repeated
-        and no worker counts as ended. A failure while reading the bytes or
-        making the arrays leaves the stream or the segments in an unknown state:
-        it is raised as it is, and the pool's owner restarts the workers from
-        the last delivered outputs.
-        """
-        part = self._partial[w]
-        try:
-            if part is None:
-                part = PartialMessage(self._recv(w, read_bytes))
-                self._partial[w] = part
-            if part.msg is None:
-                part.msg = ForkingPickler.loads(part.raw)
-            msg = part.msg
-            output = None
-            if msg[0] == OUT:
-                if msg[3] and part.fds is None:
-                    # New segments: their descriptors follow the message.
-                    self._partial[w] = None  # (A failure receiving them breaks the stream.)
-                    part.fds = self._recv(w, functools.partial(shm.recv_fds, count=len(msg[3])))
-                    self._partial[w] = part
-                if part.fds:
-                    map_segments(self._shutdown.readers[w], msg[3], part.fds)
-                    part.close_fds()
-                self._partial[w] = None  # (A failure making the arrays may have released segments.)
-                output = self._shutdown.readers[w].materialize(msg[2])
-        except WorkerDiedError as e:
-            raise self._failure(w, e) from None
-        except WorkerStalledError as e:
-            raise self._failure(w, e, responsive=False) from None
-        except _WorkerFailed:
-            raise
-        except Exception as e:
-            if self._partial[w] is None or self._closed:
-                raise
-            add_note(
-                e,
-                f"grainlike: this process failed receiving an output of worker {w} (its "
-                "bytes are kept here); nothing was delivered, and the next next() "
-                "receives the same output again",
-            )
-            raise ReceiveFailed(e) from None
-        self._partial[w] = None
-        return msg, output
-
-    def _drain_stale(self, w: int) -> None:
-        """Drops worker ``w``'s messages from before its latest reset, up to its ``RESET_DONE``.
-
-        Outputs are dropped as if delivered (their segments and credits go back),
-        an end, an error or an exit report is ignored; a death or stall is reported as ever.
-        """
-        while self._resetting[w] is not None:
-            msg, output = self._message(w)
-            del output  # Let go at once: the segments are released.
-            kind = msg[0]
-            if kind in (OUT, OUTS):
-                self._tick(w)
-            elif kind == RESET_DONE and msg[1] == self._resetting[w]:
-                self._resetting[w] = None
+    def _malformed(self, w: int, error: BaseException) -> RuntimeError:
+        return malformed_error(self._shutdown.procs[w].pid, w, self._w, error)
 
     def reset(self, states: Sequence[Any], next_worker: int, exhausted: Sequence[bool]) -> bool:
         """Moves the running workers to new states without restarting them (grain's set_state).
@@ -470,20 +534,20 @@ class WorkerPool(ClosesOnExit):
                 f"expected {self._w} worker states and exhausted flags, got {len(states)} and {len(exhausted)}"
             )
         self._resets += 1
-        position = (list(states), next_worker, [bool(e) for e in exhausted])
+        position = (list(states), [None] * self._w, next_worker, [bool(e) for e in exhausted])
         # delivered() from another thread sees the new position throughout.
         self._call_start = position
         self._calls += 1
         try:
             for w in range(self._w):
                 try:
-                    sd.controls[w].send((RESET, self._resets, position[0][w], position[2][w]))
+                    sd.controls[w].send((RESET, self._resets, position[0][w], position[3][w]))
                 except (OSError, ValueError):  # It died: the caller starts new workers.
                     self.close()
                     return False
                 self._resetting[w] = self._resets
                 self._inbox[w].clear()  # (A half-received message is drained as stale.)
-            self.states, self.next_worker, self.exhausted = position
+            self._restore(position)
         finally:
             self._calls += 1
         return True
@@ -505,68 +569,6 @@ class WorkerPool(ClosesOnExit):
             self._failed[w] = True
         stop_process(sd.procs[w], sd.controls[w], ask=responsive)
         return _WorkerFailed(error)
-
-    def _release_ready(self) -> None:
-        """Lets every held worker that has loaded its task go on by itself."""
-        sd = self._shutdown
-        if sd.launch_error is not None:
-            raise sd.launch_error
-        for w in range(sd.launched):
-            if not self._held[w] or self.exhausted[w] or self._failed[w] or not sd.results[w].poll():
-                continue
-            msg, _ = self._message(w)
-            if msg[0] == ERR:  # The task failed to load in the worker.
-                raise self._failure(w, rebuild_error(w, sd.procs[w].pid, msg))
-            if msg[0] == EXIT:
-                raise self._failure(w, exit_error(self._shutdown.procs[w].pid, w, self._w, self.states[w], msg, self._then()))
-            if msg[0] != READY:
-                raise RuntimeError(f"unexpected message from held worker {w}: {msg[0]!r}")
-            local = self._local.pop(w, None)
-            if local is not None:
-                local.close()
-            try:
-                sd.controls[w].send((START, self.states[w]))
-            except (OSError, ValueError):
-                # The worker died after it reported ready.
-                if self._closed:
-                    raise self._closed_error(w) from None
-                raise self._failure(w, self._died_error(w)) from None
-            self._held[w] = False
-
-    def _local_output(self, w: int) -> tuple[bool, Any]:
-        """Worker ``w``'s next output, computed here; ``(False, None)`` at its end."""
-        local = self._local.get(w)
-        if local is None:
-            local = self._task.outputs(w, self._w, self.states[w], None)
-            self._local[w] = local
-        try:
-            state, output = next(local)
-        except StopIteration:
-            # As for a worker's "end".
-            del self._local[w]
-            self.exhausted[w] = True
-            self.states[w] = self._task.end_state(w, self._w, self.states[w])
-            self._advance(w)
-            return False, None
-        except SystemExit as e:  # It would end worker w's process (see main), not the caller's.
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            raise WorkerDiedError(
-                f"Worker process was terminated unexpectedly with exit code {code}: "
-                f"sys.exit({e.code!r}) in the outputs of grainlike worker {w} of {self._w}, "
-                "computed in the calling process while the worker starts (warm_start); "
-                f"its state after its last delivered output: {self.states[w]!r}"
-            ) from e
-        except Exception as e:
-            add_note(
-                e,
-                f"grainlike: raised in the calling process, which computes worker {w}'s "
-                "outputs while it starts (warm_start=False runs every transform in the "
-                "workers)",
-            )
-            raise
-        self.states[w] = state
-        self._advance(w)
-        return True, output
 
     def close(self, dropped: bool = False) -> None:
         """Stops the workers and releases their resources. Idempotent.

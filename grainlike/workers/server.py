@@ -31,15 +31,15 @@ WORKER_MODULE = "grainlike.workers.main"
 # first batch's path (W4c in docs/performance.md).
 TASK_MODULES = (
     "grainlike.workers.start",
-    "grainlike.loader.stages",
+    "grainlike.loader.records",
+    "grainlike.loader.record_transforms",
     "grainlike.loader.output_stages",
-    "grainlike.loader.chunked",
     "grainlike.loader.elastic_restore",
-    "grainlike.dataset.process_prefetch",
-    "grainlike.dataset.worker_slice_task",
-    "grainlike.dataset.source",
-    "grainlike.dataset.mix",
-    "grainlike.dataset.slice",
+    "grainlike.dataset.parallel.process_prefetch",
+    "grainlike.dataset.parallel.worker_slice_task",
+    "grainlike.dataset.sources.source",
+    "grainlike.dataset.transformations.mix",
+    "grainlike.dataset.transformations.slice",
 )
 # Preloaded too when this process has them loaded: their sources need them in
 # every worker, and importing tensorflow_datasets or datasets costs each worker 1-2 s.
@@ -119,12 +119,30 @@ def running_server(start: bool = True) -> Any:
 
 
 # The start of the command a worker server runs (``forkserver_main``). Ctrl-C is
-# the program's: the server ignores SIGINT before its first import, so that a
-# Ctrl-C while it boots prints the program's traceback only, not one of its own.
+# the program's: the server starts with SIGINT blocked (``_spawn_without_sigint``),
+# ignores it before its first import, then unblocks it (a pending one is dropped),
+# so that a Ctrl-C while it boots, even during the interpreter's own start-up,
+# prints the program's traceback only, not one of its own.
 _SERVE_COMMAND = (
     "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
     "from grainlike.workers.server_loop import forkserver_main; "
 )
+
+
+def _spawn_without_sigint(spawn: Any, *args: Any) -> int:
+    """Runs ``spawn(*args)`` with SIGINT blocked in this thread, so the child starts with it blocked.
+
+    The signal mask survives ``fork`` and ``exec``: a SIGINT sent to the process
+    group while the child's interpreter starts stays pending there until the child
+    ignores it. In this process a SIGINT that arrives meanwhile is delivered when the
+    mask is restored (or to another thread): nothing is lost.
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return spawn(*args)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 @functools.lru_cache(maxsize=None)
@@ -168,7 +186,7 @@ def _worker_server_class() -> type:
                         )
                         exe = spawn.get_executable()
                         args = [exe, *util._args_from_interpreter_flags(), "-c", command]
-                        pid = util.spawnv_passfds(exe, args, [listener.fileno(), alive_r])
+                        pid = _spawn_without_sigint(util.spawnv_passfds, exe, args, [listener.fileno(), alive_r])
                     except BaseException:
                         os.close(alive_w)
                         raise

@@ -2,14 +2,16 @@
 
 A worker stacks each large batch leaf straight into a segment of anonymous
 shared memory (``core.memfd``) from its ``SegmentPool``. A segment's descriptor
-travels to the consumer once (``SCM_RIGHTS``), right after the first message
-that uses it; each process maps it and closes the descriptor. The memory has no
-name and ends with its last mapping, so nothing is ever left behind, and the
-mappings hold no descriptors, so holding any number of batches costs none.
+travels to the consumer once (``SCM_RIGHTS``, on the worker's control socket),
+right after the first message that uses it; each process maps it and closes
+the descriptor. The memory has no name and ends with its last mapping, so
+nothing is ever left behind, and the mappings hold no descriptors, so holding
+any number of batches costs none.
 
-The consumer (``SegmentReader``) maps each segment once. The arrays of one
-message reference a lease on that mapping; when the last of them goes, the
-segment is returned to the worker for reuse.
+The consumer (``SegmentReader``) maps each segment once. The arrays of a leaf
+reference a lease on that mapping (``_lease_type``); when the last of them
+goes, the segment is returned to the worker for reuse. In a message a leaf in
+a segment is a ``ShmLeaf`` (in a frame's table, its segment id: ``frames``).
 
 The hand-off keeps each array's type and layout: a ``SharedMemoryArray``
 arrives as a ``SharedMemoryArray`` (a view on the consumer's mapping), a plain
@@ -22,11 +24,12 @@ array as a plain one, a Fortran-ordered one in Fortran order. Which leaves are
 from __future__ import annotations
 
 import collections
+import ctypes
 import math
 import mmap
 import os
 import socket
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -60,21 +63,36 @@ def raise_fd_limit() -> None:
         pass
 
 
-class _Lease:
-    """The arrays of one message on a segment: their ``.base``, reporting when they are all gone."""
+def _release_lease(lease: Any) -> None:
+    """A lease's ``__del__``: its segment's last array on it is gone (see ``_lease_type``)."""
+    try:
+        seg_id, on_release, _ = lease.info
+    except AttributeError:  # Never given its info.
+        return
+    on_release(seg_id)
 
-    __slots__ = ("_region", "__array_interface__", "_seg_id", "_on_release", "__weakref__")
 
-    def __init__(self, region: Region, seg_id: int, on_release: Callable[[int], None]):
-        self._region = region
-        self.__array_interface__ = region.__array_interface__
-        self._seg_id = seg_id
-        self._on_release = on_release
+# One lease type per segment size (a ctypes array type has its length).
+_LEASE_TYPES: dict = {}
 
-    def __del__(self) -> None:
-        # From whichever thread drops the last array; cheaper per leaf than a
-        # weakref.finalize. on_release only records the id.
-        self._on_release(self._seg_id)
+
+def _lease_type(size: int) -> type:
+    """The type of a lease: a segment's bytes as a ``ctypes`` array, the ``.base`` of one leaf's arrays.
+
+    When the last of those arrays goes, the lease returns the segment
+    (``on_release`` only records the id, from whichever thread drops it):
+    cheaper per leaf than a ``weakref.finalize``, and made with one C call
+    (``from_address``). ``info`` is ``(seg_id, on_release, region)``; the region
+    keeps the mapping.
+    """
+    t = _LEASE_TYPES.get(size)
+    if t is None:
+        if len(_LEASE_TYPES) >= 4096:  # Types in use stay alive with their leases.
+            _LEASE_TYPES.clear()
+        t = _LEASE_TYPES[size] = type(
+            "_Lease", (ctypes.c_ubyte * size,), {"__slots__": ("info",), "__del__": _release_lease}
+        )
+    return t
 
 
 def send_fds(conn: Any, fds: Sequence[int]) -> None:
@@ -156,11 +174,17 @@ class SegmentPool:
         # Arrays allocated for the output being built: id(array) -> segment.
         self._pending: dict[int, tuple[np.ndarray, _Segment]] = {}
         self._unsent: list[tuple[int, int, int]] = []  # (seg_id, size, fd)
+        # Returns the ids of segments the consumer let go since, when none is free.
+        self.refill: Optional[Callable[[], list]] = None
+        self._lends = 0
 
     def _take(self, nbytes: int) -> _Segment:
         # Sizes rounded up to pages, so that slightly different batches share segments.
         size = -(-max(nbytes, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
         free = self._free.get(size)
+        if not free and self.refill is not None:
+            self.release(self.refill())
+            free = self._free.get(size)
         if free:
             return free.pop()
         seg_id = self._next_id
@@ -207,6 +231,7 @@ class SegmentPool:
             else:
                 return x
             self._lent[seg.seg_id] = seg
+            self._lends += 1
             # A structured dtype's str (|V12) loses its fields.
             dtype = x.dtype.str if x.dtype.names is None else x.dtype
             return ShmLeaf(seg.seg_id, x.shape, dtype, layout)
@@ -218,9 +243,9 @@ class SegmentPool:
         self._pending.clear()
         return out
 
-    def lent_count(self) -> int:
-        """How many segments the consumer holds or has yet to receive (exports add one per leaf)."""
-        return len(self._lent)
+    def lends(self) -> int:
+        """How many times a segment was lent so far (an export that lends one puts a leaf in shared memory)."""
+        return self._lends
 
     def take_unsent(self) -> list[tuple[int, int, int]]:
         """``(seg_id, size, fd)`` of segments the consumer has not received yet; the caller closes the fds."""
@@ -240,36 +265,40 @@ class SegmentPool:
 
 
 class SegmentReader:
-    """The consumer's side: turns ``ShmLeaf``s into arrays on its mappings of the segments.
+    """The consumer's side: arrays on its mappings of the segments.
+
+    ``leases[seg_id]`` is ``(lease type, address, info)``: an array on the
+    segment is made on ``lease type.from_address(address)`` given ``info``
+    (see ``_Lease``).
 
     Args:
       on_release: called with a segment id from whichever thread drops the last
-        array of a message on that segment; it must only record the id (e.g.
+        array of a leaf on that segment; it must only record the id (e.g.
         append to a deque).
     """
 
     def __init__(self, on_release: Callable[[int], None]):
-        self._regions: dict[int, Region] = {}
+        self.leases: dict[int, tuple] = {}
         self._on_release = on_release
 
     def add(self, segments: Sequence[tuple[int, int]], fds: Sequence[int]) -> None:
         """Maps new segments ``(seg_id, size)`` from their descriptors, which it closes."""
         try:
             for (seg_id, size), fd in zip(segments, fds):
-                self._regions[seg_id] = Region(fd, size, populate=True)
+                region = Region(fd, size, populate=True)
+                address = region.__array_interface__["data"][0]
+                self.leases[seg_id] = (_lease_type(size), address, (seg_id, self._on_release, region))
         finally:
             for fd in fds:
                 os.close(fd)
 
     def array(self, leaf: ShmLeaf) -> np.ndarray:
         """The array ``leaf`` stands for, of its type and layout, on the mapping (nothing copied)."""
-        lease = _Lease(self._regions[leaf.seg_id], leaf.seg_id, self._on_release)
-        layout = leaf.layout
-        if layout == _SHARED:
-            return _on(lease, leaf.shape, leaf.dtype).view(SharedMemoryArray)
-        if layout == _FORTRAN:
-            return _on(lease, tuple(leaf.shape)[::-1], leaf.dtype).T
-        return _on(lease, leaf.shape, leaf.dtype)
+        lease_type, address, info = self.leases[leaf.seg_id]
+        lease = lease_type.from_address(address)
+        lease.info = info
+        t = SharedMemoryArray if leaf.layout == _SHARED else np.ndarray
+        return np.ndarray.__new__(t, leaf.shape, leaf.dtype, lease, 0, None, "F" if leaf.layout == _FORTRAN else "C")
 
     def materialize(self, batch: Any) -> Any:
         """``batch`` with every ``ShmLeaf`` replaced by its array."""
@@ -286,4 +315,4 @@ class SegmentReader:
 
     def close(self) -> None:
         """Drops the mappings; arrays already handed out keep theirs."""
-        self._regions = {}
+        self.leases = {}

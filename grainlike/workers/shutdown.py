@@ -13,15 +13,12 @@ import signal
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from grainlike.core import memfd
 from grainlike.workers import server
 from grainlike.workers.liveness import Progress
 from grainlike.workers.messages import STOP
-
-if TYPE_CHECKING:
-    from grainlike.workers.pool import WorkerPool
 
 # How long close() waits for the workers to exit before terminating them; and
 # when the pool's owner was dropped (nothing will read what they compute): an
@@ -74,8 +71,9 @@ class Shutdown:
         self.controls: list = []
         self.results: list = []
         self.readers: list = []
-        # Read ends of the pipes each worker writes its stacks to.
+        # Read ends of the pipes each worker writes its stacks to; write ends of its tick pipe.
         self.stacks: list = []
+        self.ticks: list = []
         self.progress: Optional[Progress] = None
         # Descriptors of the memory the task refers to, until every worker has its copy.
         self.shipped: dict = {}
@@ -126,13 +124,22 @@ class Shutdown:
         for conn in self.controls + self.results:
             quietly(conn.close)
         stacks, self.stacks = self.stacks, []
-        for fd in stacks:
+        ticks, self.ticks = self.ticks, []
+        for fd in stacks + ticks:
             quietly(os.close, fd)
         for p in self.procs:
             quietly(p.close)
 
 
-live_pools: "weakref.WeakSet[WorkerPool]" = weakref.WeakSet()
+class OwnsWorkers(Protocol):
+    """A pool as this module sees it (``pool.WorkerPool``): the ``Shutdown`` of its workers, and ``close()``."""
+
+    _shutdown: Shutdown
+
+    def close(self) -> None: ...
+
+
+live_pools: "weakref.WeakSet[OwnsWorkers]" = weakref.WeakSet()
 # Threads stopping the workers of dropped pools; exit waits for them.
 _stopping: "set[threading.Thread]" = set()
 

@@ -13,16 +13,16 @@ import numpy as np
 
 import grainlike.dataset as gd
 from grainlike.core import transforms as gt
-from grainlike.dataset.batch import batch_and_pad
-from grainlike.dataset.flatmap import FlatMapIterDataset, FlatMapMapDataset
-from grainlike.dataset.limit import LimitIterDataset
-from grainlike.dataset.options import DatasetOptions
-from grainlike.dataset.seed import WithOptionsIterDataset
-from grainlike.dataset.repeat import RepeatIterDataset
-from grainlike.dataset.shuffle import WindowShuffleIterDataset, WindowShuffleMapDataset
-from grainlike.dataset.thread_prefetch import ThreadPrefetchIterDataset
-from grainlike.dataset.zip import ZipIterDataset, ZipMapDataset
-from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
+from grainlike.dataset.transformations.batch import batch_and_pad
+from grainlike.dataset.transformations.flatmap import FlatMapIterDataset, FlatMapMapDataset
+from grainlike.dataset.transformations.limit import LimitIterDataset
+from grainlike.dataset.nodes.options import DatasetOptions
+from grainlike.dataset.transformations.seed import WithOptionsIterDataset
+from grainlike.dataset.transformations.repeat import RepeatIterDataset
+from grainlike.dataset.transformations.shuffle import WindowShuffleIterDataset, WindowShuffleMapDataset
+from grainlike.dataset.transformations.thread_prefetch import ThreadPrefetchIterDataset
+from grainlike.dataset.transformations.zip import ZipIterDataset, ZipMapDataset
+from grainlike.dataset.nodes.options import MultiprocessingOptions, ReadOptions
 from tests.helpers.leaf_types import type_name
 
 GRAINLIKE = types.SimpleNamespace(

@@ -25,12 +25,11 @@ pytestmark = pytest.mark.timeout(300)
 def grain_started(grain_ref):
     """grain after its first mp_prefetch, which opens descriptors it keeps for good.
 
-    Module-scoped, so it runs before ``no_leaks`` takes its snapshot.
+    Module-scoped, so it runs before ``no_leaks`` takes its snapshot. Its run is
+    the one-worker reference the tests below compare with (each grain run spawns
+    workers that import JAX, seconds each).
     """
-    options = grain_ref.MultiprocessingOptions(num_workers=1)
-    it = iter(grain_ref.MapDataset.range(2).to_iter_dataset().mp_prefetch(options))
-    list(it)
-    it.close()
+    _grain_run(grain_ref, 1)
     yield grain_ref
     # grain's arrays are deleted while their module can still release them (not at exit).
     _grain_runs.clear()
@@ -182,7 +181,7 @@ def test_options_set_after_mp_prefetch_reach_the_workers(grain_ref, no_leaks):
     from grain._src.python.dataset import dataset as grain_dataset
 
     from grainlike.dataset import WithOptionsIterDataset
-    from grainlike.dataset.options import DatasetOptions
+    from grainlike.dataset.nodes.options import DatasetOptions
 
     def build(lib, with_options, options):
         ds = lib.MapDataset.range(2400).to_iter_dataset().filter(lambda x: x % 10 == 0)

@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from grainlike.dataset.options import ReadOptions
+from grainlike.dataset.nodes.options import ReadOptions
 
 GRAINS_TEXT = (
     "prefetch_buffer_size=5 is smaller than num_threads=10. This will limit the number of threads that can "

@@ -353,7 +353,7 @@ def test_non_sequence_meta_features_as_grains(grain_ref, length_struct, meta):
     del grain_ref
     from grain._src.python.dataset.transformations import packing_packed_batch
 
-    from grainlike.dataset.packing import get_non_sequence_meta_features
+    from grainlike.dataset.transformations.packing import get_non_sequence_meta_features
 
     assert get_non_sequence_meta_features(length_struct, meta) == (
         packing_packed_batch.get_non_sequence_meta_features(length_struct, meta)
@@ -361,7 +361,7 @@ def test_non_sequence_meta_features_as_grains(grain_ref, length_struct, meta):
 
 
 def test_nested_feature_not_marked_meta_raises_grains_message():
-    from grainlike.dataset.packing import PackIterDataset
+    from grainlike.dataset.transformations.packing import PackIterDataset
 
     elements = [{"row": np.arange(3), "nested": {"inner": 0}}] * 4
     ds = grainlike.experimental.FirstFitPackIterDataset(

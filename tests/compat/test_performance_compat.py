@@ -10,7 +10,7 @@ import logging
 import numpy as np
 import pytest
 
-from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
+from grainlike.dataset.nodes.options import MultiprocessingOptions, ReadOptions
 from grainlike.experimental import PerformanceConfig, pick_performance_config
 from tests.compat.dataset_pairs import GRAINLIKE, grain_namespace
 from tests.compat.experimental_pairs import experimental

@@ -63,12 +63,8 @@ NEWER_NAMES = {"python.dataset.transformations.slice": {"ReindexMapDataset"}}
 # grain 0.2.18's modules that grainlike has no module for, each with the reason.
 # docs/migrating.md lists the same ones ("grain modules grainlike has no path for").
 NO_ALIAS = {
-    # Telemetry: metrics grain reports to Prometheus; grainlike reports none.
-    "grain._src.core.monitoring": "grain's telemetry (counters and histograms reported to Prometheus, also `grain.monitoring`); grainlike reports no telemetry",
-    "grain._src.core.monitoring_base": "the metric protocols of grain's telemetry; grainlike reports no telemetry",
-    "grain._src.core.prometheus_monitoring": "grain's Prometheus exporter; grainlike reports no telemetry",
-    "grain.proto.execution_summary_pb2": "the protobuf messages of grain's execution summaries; grainlike has no protobuf dependency and no execution summaries",
-    "grain._src.python.dataset.stats_utils": "helpers over grain's execution-summary protobufs; grainlike has no execution summaries",
+    # Execution summaries: helpers over grain's protobufs, which grainlike builds its own way.
+    "grain._src.python.dataset.stats_utils": "helpers over grain's execution-summary protobufs (merging workers' summaries, estimating sizes); grainlike builds its summaries in grainlike.dataset.execution_stats and formats them in grainlike.dataset.summary_table",
     # Internals of grain's own machinery, which grainlike does differently.
     "grain._src.core.exceptions": "PyGrainInternalError, which grain raises on an inconsistency of its own (mix, packing); grainlike never raises it",
     "grain._src.core.grain_random": "JAX PRNG-key helpers (as_rng_key, make_rng_key) that nothing in grain 0.2.18 uses; grainlike's random transforms take numpy Generators",

@@ -12,7 +12,7 @@ import pytest
 
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
 from grainlike.sources.formats.crc32c_checksum import masked_crc32c
-from grainlike.dataset.tfrecord import CorruptRecordError, TFRecordIterDataset, write_tfrecords
+from grainlike.dataset.sources.tfrecord import CorruptRecordError, TFRecordIterDataset, write_tfrecords
 from tests.compat.dataset_pairs import GRAINLIKE, check_pipeline, grain_namespace
 from tests.compat.experimental_pairs import experimental
 

@@ -19,7 +19,7 @@ import io
 import pytest
 
 import grainlike
-from grainlike.dataset.tfrecord import CorruptRecordError, write_tfrecords
+from grainlike.dataset.sources.tfrecord import CorruptRecordError, write_tfrecords
 
 RECORDS = [b"", b"a", b"hello tfrecord", bytes(range(256)) * 20, b"\x00" * 5000, b"last"]
 

@@ -10,8 +10,8 @@ import pytest
 
 import grainlike as grain
 from grainlike.core.shared_memory_array import SharedMemoryArray
-from grainlike.dataset.batch import BatchFn, BatchIterDataset, make_batch
-from grainlike.dataset.element_spec import ShapeDtypeStruct, get_element_spec
+from grainlike.dataset.transformations.batch import BatchFn, BatchIterDataset, make_batch
+from grainlike.dataset.nodes.element_spec import ShapeDtypeStruct, get_element_spec
 from grainlike.core import tree_lib
 
 

@@ -35,7 +35,7 @@ MODULES = modules_with_examples()
 
 
 def test_examples_are_found():
-    assert {"grainlike.core.tree.stacking", "grainlike.dataset.tfrecord", "grainlike.sources.keys"} <= set(MODULES)
+    assert {"grainlike.core.tree.stacking", "grainlike.dataset.sources.tfrecord", "grainlike.sources.keys"} <= set(MODULES)
 
 
 @pytest.mark.timeout(120)

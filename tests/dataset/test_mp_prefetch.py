@@ -21,9 +21,9 @@ from grainlike.core.errors import ClosedIteratorError, InvalidStateError, Worker
 from grainlike.core.transforms import MapTransform
 from grainlike.dataset import IterDataset, MapDataset
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
-from grainlike.dataset.options import MultiprocessingOptions
-from grainlike.dataset.process_prefetch import MultiprocessPrefetchIterDataset
-from grainlike.dataset.repeat import RepeatIterDataset
+from grainlike.dataset.nodes.options import MultiprocessingOptions
+from grainlike.dataset.parallel.process_prefetch import MultiprocessPrefetchIterDataset
+from grainlike.dataset.transformations.repeat import RepeatIterDataset
 from grainlike.core.errors import WorkerDiedError
 from tests.helpers import leaks
 
@@ -417,7 +417,7 @@ def test_warm_start_gives_the_workers_outputs_and_states(no_leaks):
 
 
 def test_worker_state_snapshots_do_not_change_with_the_iterator():
-    from grainlike.dataset.worker_slice_task import snapshot
+    from grainlike.dataset.parallel.worker_slice_task import snapshot
 
     flat = {"next_index": 3, "name": "a", "x": None}
     nested = {"parent": {"next_index": 3}, "buffer": [1, 2]}

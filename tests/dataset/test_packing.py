@@ -7,9 +7,9 @@ import pytest
 
 from grainlike.dataset import MapDataset
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
-from grainlike.dataset.options import MultiprocessingOptions
-from grainlike.dataset.packing import BestFitPackIterDataset, FirstFitPackIterDataset
-from grainlike.dataset.packing_concat_split import BOSHandling, ConcatThenSplitIterDataset
+from grainlike.dataset.nodes.options import MultiprocessingOptions
+from grainlike.dataset.transformations.packing import BestFitPackIterDataset, FirstFitPackIterDataset
+from grainlike.dataset.transformations.packing_concat_split import BOSHandling, ConcatThenSplitIterDataset
 
 pytestmark = pytest.mark.timeout(120)
 

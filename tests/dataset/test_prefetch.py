@@ -11,8 +11,8 @@ import pytest
 
 from grainlike.core.errors import ClosedIteratorError, StateIndexError, StateTypeError
 from grainlike.dataset import MapDataset, get_next_index, set_next_index
-from grainlike.dataset.options import ReadOptions
-from grainlike.dataset.thread_prefetch import ThreadPrefetchDatasetIterator
+from grainlike.dataset.nodes.options import ReadOptions
+from grainlike.dataset.transformations.thread_prefetch import ThreadPrefetchDatasetIterator
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -181,10 +181,13 @@ def test_take_returns_what_as_many_nexts_would_with_their_states(threads, k):
     by_take, by_next = make(), make()
     while True:
         try:
-            taken = by_take.take(k)
+            chunk = by_take.take(k)
         except StopIteration:
             break
+        taken = chunk.values
         assert 1 <= len(taken) <= k
+        # At consecutive positions, the last one just read.
+        assert chunk.positions is None and chunk.start + len(taken) == by_take.get_state()["next_index"]
         expected = [next(by_next) for _ in taken]
         assert [t.tolist() for t in taken] == [e.tolist() for e in expected]
         assert by_take.get_state() == by_next.get_state()

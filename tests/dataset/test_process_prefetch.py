@@ -14,9 +14,9 @@ import pytest
 
 from grainlike.dataset import MapDataset
 from grainlike.dataset.base import get_next_index, set_next_index
-from grainlike.dataset.options import DatasetOptions, MultiprocessingOptions
-from grainlike.dataset.process_prefetch import ProcessPrefetchIterDataset, multiprocess_prefetch
-from grainlike.dataset.seed import WithOptionsIterDataset
+from grainlike.dataset.nodes.options import DatasetOptions, MultiprocessingOptions
+from grainlike.dataset.parallel.process_prefetch import ProcessPrefetchIterDataset, multiprocess_prefetch
+from grainlike.dataset.transformations.seed import WithOptionsIterDataset
 from grainlike.core.errors import WorkerDiedError
 from tests.helpers import leaks
 

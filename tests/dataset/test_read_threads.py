@@ -1,4 +1,4 @@
-"""What ``to_iter_dataset()`` without ReadOptions runs in threads (grainlike/dataset/read_threads.py).
+"""What ``to_iter_dataset()`` without ReadOptions runs in threads (grainlike/dataset/transformations/read_threads.py).
 
 Work that waits (sources of unknown types, remote files, user maps) runs in
 grain's 16 read threads; work known to be local and CPU-bound in the calling
@@ -18,7 +18,6 @@ import pytest
 
 import grainlike
 from grainlike import MapDataset, MultiprocessingOptions, ReadOptions
-from grainlike.dataset import read_threads
 from grainlike.sources import InMemoryDataSource, RangeDataSource
 from tests.helpers import waiting
 
@@ -148,7 +147,7 @@ def test_a_declaration_that_is_not_a_bool_is_named():
 
 def _grainlike_map_dataset_types() -> set:
     for package in (grainlike.dataset, grainlike.loader):
-        for module in pkgutil.iter_modules(package.__path__, package.__name__ + "."):
+        for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             importlib.import_module(module.name)
     found, to_visit = set(), [MapDataset]
     while to_visit:
@@ -159,17 +158,18 @@ def _grainlike_map_dataset_types() -> set:
     return found
 
 
-def test_every_grainlike_map_dataset_type_is_classified():
-    # A new stage must say whether its own work waits: listed in
-    # read_threads.stage_types(), or declaring ``waits``.
-    user_code, none_of_their_own = read_threads.stage_types()
+def test_every_grainlike_map_dataset_type_says_whether_its_own_work_waits():
+    # A new stage must say whether the work it does itself waits: by overriding
+    # MapDataset._own_work_waits, or by declaring ``waits``.
+    types = _grainlike_map_dataset_types()
+    assert {"RangeMapDataset", "BatchMapDataset", "MapMapDataset"} <= {t.__name__ for t in types}
     unclassified = [
         f"{t.__module__}.{t.__qualname__}"
-        for t in _grainlike_map_dataset_types()
-        if not issubclass(t, user_code + none_of_their_own)
+        for t in types
+        if t._own_work_waits is MapDataset._own_work_waits
         and not isinstance(inspect.getattr_static(t, "waits", None), bool)
     ]
-    assert not unclassified, f"classify these in grainlike/dataset/read_threads.py: {unclassified}"
+    assert not unclassified, f"say whether their own work waits (_own_work_waits): {unclassified}"
 
 
 N = 128

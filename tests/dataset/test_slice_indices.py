@@ -17,9 +17,9 @@ import pytest
 
 from grainlike.dataset import MapDataset
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
-from grainlike.dataset.element_spec import get_element_spec
-from grainlike.dataset.options import MultiprocessingOptions
-from grainlike.dataset.slice import ReindexMapDataset, SliceMapDataset
+from grainlike.dataset.nodes.element_spec import get_element_spec
+from grainlike.dataset.nodes.options import MultiprocessingOptions
+from grainlike.dataset.transformations.slice import ReindexMapDataset, SliceMapDataset
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -225,7 +225,7 @@ def test_workers_read_the_same_elements(workers, no_leaks):
 
 
 def test_reads_wait_only_where_the_parent_or_the_index_pipeline_waits():
-    from grainlike.dataset.read_threads import pipeline_waits
+    from grainlike.dataset.transformations.read_threads import pipeline_waits
 
     assert not pipeline_waits(MapDataset.range(10).slice([1, 2]))
     assert not pipeline_waits(MapDataset.range(10).slice(MapDataset.range(3).shuffle(seed=0)))

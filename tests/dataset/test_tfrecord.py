@@ -14,7 +14,7 @@ import pytest
 from grainlike.core.errors import ClosedIteratorError
 from grainlike.sources.formats import crc32c_checksum as crc_module
 from grainlike.sources.formats import tfrecord_files
-from grainlike.dataset.tfrecord import CorruptRecordError, TFRecordIterDataset, write_tfrecords
+from grainlike.dataset.sources.tfrecord import CorruptRecordError, TFRecordIterDataset, write_tfrecords
 
 ALONE = tfrecord_files._ALONE_BYTES
 

@@ -11,9 +11,9 @@ import pytest
 
 from grainlike.core.errors import InvalidStateError, NonSequentialSliceError
 from grainlike.dataset import MapDataset
-from grainlike.dataset.options import MultiprocessingOptions
-from grainlike.dataset.source import RangeMapDataset, SourceMapDataset
-from grainlike.dataset.worker_slice import SupportsInPlaceSlicing, copy_stages, set_slice
+from grainlike.dataset.nodes.options import MultiprocessingOptions
+from grainlike.dataset.sources.source import RangeMapDataset, SourceMapDataset
+from grainlike.dataset.nodes.worker_slice import SupportsInPlaceSlicing, copy_stages, set_slice
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -73,9 +73,37 @@ class ServerProcess:
         self.stop()
         self.start()
 
-    def pause(self) -> None:
-        """Stops the server's processes (SIGSTOP): connections open but nothing answers."""
+    def pause(self, timeout: float = 10) -> None:
+        """Stops the server's processes (SIGSTOP): connections open but nothing answers.
+
+        Returns once every process of the group is stopped: a signal is delivered
+        when its target next runs, which on a loaded machine may come after a
+        request the test sends next.
+        """
         os.killpg(self.proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while not all(state in "Tt" for state in _group_states(self.proc.pid)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}'s processes did not stop within {timeout} s")
+            time.sleep(0.005)
 
     def resume(self) -> None:
         os.killpg(self.proc.pid, signal.SIGCONT)
+
+
+def _group_states(pgid: int) -> list:
+    """The scheduler state (``/proc/<pid>/stat``'s third field) of each process in group ``pgid``."""
+    states = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # Gone meanwhile.
+            continue
+        # The command may hold spaces and parentheses: the fields start after its last ")".
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        if int(fields[2]) == pgid:
+            states.append(fields[0].decode())
+    return states

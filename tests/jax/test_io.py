@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import subprocess
@@ -110,10 +111,23 @@ def run_script(mode, checkpoint_dir, out):
 
 
 def test_a_run_killed_with_sigkill_resumes_to_the_same_samples(tmp_path):
-    whole = run_script("fresh", tmp_path / "whole", tmp_path / "whole.npz")
+    # The run never killed goes on beside the killed one (each is a JAX program, seconds to start).
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fresh = pool.submit(run_script, "fresh", tmp_path / "whole", tmp_path / "whole.npz")
+        checkpoint = _killed_run(tmp_path)
+        whole = fresh.result()
     assert int(whole["count"]) == 12
     assert len(set(whole["w"].tolist())) == 12
+    assert 0 < checkpoint.step < 24
 
+    resumed = run_script("resume", tmp_path / "killed", tmp_path / "resumed.npz")
+    assert int(resumed["count"]) == 12
+    assert resumed["w"].tolist() == whole["w"].tolist()
+    assert resumed["x0"].tolist() == whole["x0"].tolist()
+
+
+def _killed_run(tmp_path):
+    """The checkpoint of a run killed with SIGKILL after its first checkpoint."""
     checkpoints = tmp_path / "killed"
     proc = subprocess.Popen(
         [sys.executable, os.path.join(HERE, "resume_run.py"), "slow", str(checkpoints), str(tmp_path / "never.npz")],
@@ -131,13 +145,7 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_samples(tmp_path):
         proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
     assert not (tmp_path / "never.npz").exists()
-    checkpoint = io.load(str(checkpoints))
-    assert 0 < checkpoint.step < 24
-
-    resumed = run_script("resume", checkpoints, tmp_path / "resumed.npz")
-    assert int(resumed["count"]) == 12
-    assert resumed["w"].tolist() == whole["w"].tolist()
-    assert resumed["x0"].tolist() == whole["x0"].tolist()
+    return io.load(str(checkpoints))
 
 
 def test_checkpoint_holds_carry_samples_and_data_position(tmp_path):

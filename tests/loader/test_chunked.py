@@ -1,23 +1,29 @@
-"""The DataLoader's chunked path (maps and filters, then a Batch, read in process).
+"""The DataLoader's batches over maps and filters take whole chunks of records.
 
-It must be indistinguishable from the per-record stages, which the loader uses
-for the operations after the first Batch, and with a flat map or a legacy
-Operation (here forced with ``per_record=True``), whether the source is read in
-the calling thread or in read threads: same batches, the same random draws, the
-same state after every batch, the same errors at the same batch with the same
-notes, and the same recovery after them. grain's outputs and states are checked
-in tests/compat/test_chunked_loader_compat.py.
+A batch over maps and filters over the reading of the sampler's records
+(``ds.map`` / ``ds.filter`` / ``ds.batch``, read in process) takes chunks
+(``grainlike/dataset/transformations/chunk.py``). It must be indistinguishable
+from the same stages taking one record at a time (as after a flat map or a
+legacy Operation; here forced with ``per_record=True``), whether the source is
+read in the calling thread or in read threads: same batches, the same random
+draws, the same state after every batch, the same errors at the same batch with
+the same notes, and the same recovery after them. grain's outputs and states are
+checked in tests/compat/test_chunked_loader_compat.py.
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import Protocol, runtime_checkable
 from unittest import mock
 
 import numpy as np
 import pytest
 
 import grainlike
+from grainlike.dataset.transformations import batch as batch_lib
+from grainlike.dataset.transformations import filter as filter_lib
+from grainlike.dataset.transformations import map as map_lib
 
 N = 600  # Several chunks of 256 records.
 
@@ -89,22 +95,34 @@ def _ops(names, map_fail=None, filter_fail=None, batch_size=7, drop_remainder=Fa
     return out
 
 
-def _loader(ops, *, threads: bool, per_record=False, shuffle=True, epochs=1, source=None, shard=None):
-    from grainlike.loader import pipeline
+@runtime_checkable
+class _NoChunks(Protocol):
+    def _no_such_method(self) -> None: ...
 
+
+class _PerRecordLoader(grainlike.DataLoader):
+    """A DataLoader whose stages take one record at a time: none of them sees a parent handing over chunks."""
+
+    def __iter__(self):
+        with contextlib.ExitStack() as stack:
+            for module in (batch_lib, filter_lib, map_lib):
+                stack.enter_context(mock.patch.object(module, "TakesChunks", _NoChunks))
+            return super().__iter__()
+
+
+def _loader(ops, *, threads: bool, per_record=False, shuffle=True, epochs=1, source=None, shard=None):
     sampler = grainlike.IndexSampler(
         N, shard or grainlike.NoSharding(), shuffle=shuffle, num_epochs=epochs, seed=5
     )
     read_options = grainlike.ReadOptions(num_threads=2, prefetch_buffer_size=16) if threads else None
-    with mock.patch.object(pipeline, "chunkable", lambda ops: False) if per_record else contextlib.nullcontext():
-        return grainlike.DataLoader(
-            data_source=source or PlainSource(),
-            sampler=sampler,
-            operations=ops,
-            worker_count=0,
-            read_options=read_options,
-            shard_options=shard,
-        )
+    return (_PerRecordLoader if per_record else grainlike.DataLoader)(
+        data_source=source or PlainSource(),
+        sampler=sampler,
+        operations=ops,
+        worker_count=0,
+        read_options=read_options,
+        shard_options=shard,
+    )
 
 
 def _plain(x):
@@ -145,15 +163,16 @@ def _stage_names(loader) -> list:
 
 def test_maps_filters_batch_take_the_chunked_path_with_and_without_read_threads():
     ops = _ops(["square", "filter", "noise", "batch"])
+    stages = ["_BatchDatasetIterator", "_MapChunksIterator", "_FilterChunksIterator", "_MapChunksIterator"]
     for threads in (False, True):
-        # The chunked stage over to_iter_dataset()'s reading, the one every Dataset pipeline reads with.
+        # ds.map / ds.filter / ds.batch over to_iter_dataset()'s reading, the one every Dataset pipeline reads with.
         names = _stage_names(_loader(ops, threads=threads))
-        assert names[-2:] == ["ChunkedRecordsDatasetIterator", "_ReadAheadIterator"], names
-    assert "ChunkedRecordsDatasetIterator" not in _stage_names(_loader(ops, threads=True, per_record=True))
+        assert names[-5:] == stages + ["ReadRecordsIterator"], names
+    assert "_MapChunksIterator" not in _stage_names(_loader(ops, threads=True, per_record=True))
 
 
 def test_the_chunked_reading_is_to_iter_datasets_reading():
-    from grainlike.dataset.prefetch import PrefetchDatasetIterator
+    from grainlike.dataset.transformations.prefetch import PrefetchDatasetIterator
 
     it = iter(_loader(_ops(["square", "batch"]), threads=True))
     node = it._iterator
@@ -392,9 +411,7 @@ def test_batches_copied_record_by_record_equal_stacking_at_the_end(how, batch_si
     # Batches of big records are built row by row as records come (tree.Stacker);
     # a record that does not fit the first one's layout, and a short last batch,
     # go back to stacking the whole batch, with the same result or the same error.
-    from grainlike.loader import chunked
-
-    monkeypatch.setattr(chunked, "_ROW_BYTES", 0)  # These small records count as big.
+    monkeypatch.setattr(batch_lib, "ROW_BYTES", 0)  # These small records count as big.
     ops = lambda: [_OddAt(how), grainlike.Batch(batch_size)]  # noqa: E731
     chunked = _run(_loader(ops(), threads=False, shuffle=False), steps=120)
     per_record = _run(_loader(ops(), threads=True, per_record=True, shuffle=False), steps=120)
@@ -407,7 +424,6 @@ def test_batches_copied_record_by_record_equal_stacking_at_the_end(how, batch_si
 
 def test_big_records_are_copied_into_their_batch_as_they_come(monkeypatch):
     from grainlike.core import tree as tree_lib
-    from grainlike.loader import chunked
 
     copied = []
     real_add = tree_lib.Stacker.add
@@ -420,7 +436,7 @@ def test_big_records_are_copied_into_their_batch_as_they_come(monkeypatch):
 
     class Big(grainlike.MapTransform):
         def map(self, x):
-            return np.full(chunked._ROW_BYTES // 8, x, np.int64)
+            return np.full(batch_lib.ROW_BYTES // 8, x, np.int64)
 
     batches = list(_loader([Big(), grainlike.Batch(4)], threads=False, shuffle=False))
     assert [int(b[0, 0]) for b in batches[:3]] == [0, 4, 8]

@@ -11,7 +11,7 @@ import pytest
 import grainlike as grain
 from grainlike.core.record import LazyRng, Record
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
-from grainlike.loader.stages import SamplerMapDataset
+from grainlike.loader.records import SamplerMapDataset
 
 pytestmark = pytest.mark.timeout(60)
 

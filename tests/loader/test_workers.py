@@ -344,10 +344,7 @@ def test_main_killed_by_sigkill_workers_exit_and_segments_go(tmp_path):
     prefix = f"grainlike_{proc.pid}_"
 
     def gone():
-        import psutil
-
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        return not alive
+        return all(leaks.process_ended(p) for p in pids)
 
     try:
         assert leaks.wait_until(gone, timeout=5.0), "workers outlived their killed parent"

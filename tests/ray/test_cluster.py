@@ -17,7 +17,7 @@ ray = pytest.importorskip("ray", reason="grainlike.ray needs Ray (the ray extra)
 import grainlike.ray as grain_ray  # noqa: E402
 from grainlike.ray.local import loopback  # noqa: E402
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 # A node that stops answering is declared dead after ~3 s (Ray's default: ~15-30 s).
 _FAST_NODE_DEATH = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3, "health_check_timeout_ms": 1000}

@@ -32,7 +32,9 @@ ray = pytest.importorskip("ray", reason="grainlike.ray needs Ray (the ray extra)
 import grainlike as grain  # noqa: E402
 import grainlike.ray as grain_ray  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+# A Ray instance on a loaded 2-core machine starts its actors slowly (the first
+# next() waits for two worker processes to start and import grainlike).
+pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module", autouse=True)

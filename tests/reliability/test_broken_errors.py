@@ -12,7 +12,7 @@ import pytest
 
 import grainlike as grain
 from grainlike.dataset.base import MapDataset
-from grainlike.dataset.options import MultiprocessingOptions
+from grainlike.dataset.nodes.options import MultiprocessingOptions
 from grainlike.core.errors import WorkerError
 from tests.reliability import transforms
 from tests.reliability.transforms import RaiseAt, UnpicklableOutputAt

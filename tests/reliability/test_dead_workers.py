@@ -12,7 +12,7 @@ import signal
 import pytest
 
 from grainlike.dataset import MapDataset
-from grainlike.dataset.options import MultiprocessingOptions
+from grainlike.dataset.nodes.options import MultiprocessingOptions
 from grainlike.core.errors import WorkerDiedError
 from tests.helpers import leaks
 

@@ -4,7 +4,10 @@ The workers are asked to stop at once; one still inside a transform a moment
 later (``DROPPED_JOIN_TIMEOUT_S``, 30 ms) is sent SIGTERM. Before, that moment
 was 0.1 s, so stopping took 113-134 ms. Measured on the loaded 2-core test
 machine: 33-39 ms from ``del`` to both workers gone (docs/troubleshooting.md).
-The bound asserted here is generous, as the machine is shared.
+The bound asserted here only separates stopping mid-transform from waiting for
+the transform: the elements after the first take 60 s, and a loaded CI machine
+stretches everything (the stops of ``tests/dataset/test_dropped_iterators.py``
+took 20x longer there than on an idle machine).
 """
 
 from __future__ import annotations
@@ -16,15 +19,16 @@ import pytest
 
 import grainlike as grain
 from grainlike.dataset import MapDataset
-from grainlike.dataset.options import MultiprocessingOptions
+from grainlike.dataset.nodes.options import MultiprocessingOptions
 from grainlike.workers.shutdown import DROPPED_JOIN_TIMEOUT_S
 from tests.helpers import leaks
 from tests.reliability.user_code import Sleep
 
 pytestmark = pytest.mark.timeout(180)
 
-# What the tests allow (the target is 0.1 s; a loaded machine stretches everything).
-_BOUND_S = 1.0
+# What the tests allow (the target is 0.1 s; waiting for the element would take 60 s).
+_BOUND_S = 5.0
+_SLOW = Sleep(60.0, first_slow=1)
 
 
 def _iterator(face: str):
@@ -32,11 +36,11 @@ def _iterator(face: str):
         loader = grain.DataLoader(
             data_source=grain.RangeDataSource(0, 100, 1),
             sampler=grain.IndexSampler(100, grain.NoSharding(), shuffle=False, num_epochs=1, seed=0),
-            operations=[Sleep(2.0)],
+            operations=[_SLOW],
             worker_count=2,
         )
         return iter(loader)
-    ds = MapDataset.range(100).map(Sleep(2.0)).to_iter_dataset()
+    ds = MapDataset.range(100).map(_SLOW).to_iter_dataset()
     return iter(ds.mp_prefetch(MultiprocessingOptions(num_workers=2)))
 
 
@@ -46,7 +50,7 @@ def test_dropping_an_iterator_mid_transform_stops_its_workers_at_once(no_leaks, 
     took = []
     for _ in range(3):
         it = _iterator(face)
-        next(it)  # Both workers are now 2 s into their next elements.
+        next(it)  # Both workers are now in their next (60 s) elements.
         pids = list(_pool_pids(it))
         time.sleep(0.2)
         start = time.monotonic()

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 import grainlike as grain
-from grainlike.workers import shm
+from grainlike.workers import frames
 from grainlike.core.errors import WorkerDiedError
 from tests.helpers import leaks
 from tests.reliability.transforms import Big, Slow
@@ -229,16 +229,16 @@ def test_interrupt_after_a_batch_was_taken_from_a_worker_loses_nothing(no_leaks,
     loader = _loader(24, [Big(), grain.Batch(2)], workers=2)
     with iter(loader) as it:
         expected = _firsts(it)
-    original = shm.SegmentReader.materialize
+    original = frames.output
     calls = {"n": 0}
 
-    def interrupted(self, tree):
+    def interrupted(*args):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
-        return original(self, tree)
+        return original(*args)
 
-    monkeypatch.setattr(shm.SegmentReader, "materialize", interrupted)
+    monkeypatch.setattr(frames, "output", interrupted)
     with iter(loader) as it:
         got = [next(it), next(it)]
         with pytest.raises(KeyboardInterrupt):

@@ -23,7 +23,7 @@ import multiprocessing, os, sys
 sys.path.insert(0, {root!r})
 import grainlike as grain
 from grainlike.dataset.base import MapDataset
-from grainlike.dataset.options import MultiprocessingOptions
+from grainlike.dataset.nodes.options import MultiprocessingOptions
 from grainlike.core.errors import ForeignWorkersError
 
 face, how = sys.argv[1], sys.argv[2]

@@ -1,7 +1,7 @@
 """The consumer under memory pressure: a failed receive loses nothing and ends no worker.
 
 Receiving a worker's output takes steps in the consumer: reading the
-message's bytes, unpickling them, mapping the shared-memory segments its
+message's bytes, parsing them, mapping the shared-memory segments its
 arrays live in. Any of them can fail for want of memory. Before, such an error
 stopped every worker, and ``mp_prefetch``'s restarted workers (forked from the
 constrained consumer) failed in turn and were marked exhausted: the epoch
@@ -22,11 +22,11 @@ import pytest
 
 import grainlike as grain
 from grainlike.dataset import MapDataset
-from grainlike.dataset.options import MultiprocessingOptions
-from grainlike.workers import pool as pool_module
-from grainlike.workers import shm
+from grainlike.dataset.nodes.options import MultiprocessingOptions
+from grainlike.workers import frames, receiving, shm
+from grainlike.workers.messages import END, ERR
 from tests.helpers.processes import run_in_session
-from tests.reliability.user_code import Rows, first
+from tests.reliability.user_code import Rows, RowsRaisingAt, first
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -75,18 +75,14 @@ def _inject(monkeypatch, where: str) -> None:
             return (refused if len(calls) == 3 else real_add)(self, segments, fds)
 
         monkeypatch.setattr(shm.SegmentReader, "add", add)
-    elif where == "unpickling":
-        real = pool_module.ForkingPickler
-
-        class Loads:
-            loads = staticmethod(_FailOnce(real.loads, 7, MemoryError()))
-
-        monkeypatch.setattr(pool_module, "ForkingPickler", Loads)
+    elif where == "parsing":
+        monkeypatch.setattr(frames, "message", _FailOnce(frames.message, 7, MemoryError()))
     else:  # Reading the message's bytes: the stream's position is then unknown.
-        monkeypatch.setattr(pool_module, "read_bytes", _FailOnce(pool_module.read_bytes, 7, MemoryError()))
+        read = _FailOnce(receiving.Stream.read, 7, MemoryError())
+        monkeypatch.setattr(receiving.Stream, "read", lambda self, fd: read(self, fd))
 
 
-@pytest.mark.parametrize("where", ["mapping", "unpickling", "reading"])
+@pytest.mark.parametrize("where", ["mapping", "parsing", "reading"])
 @pytest.mark.parametrize("face", ["mp_prefetch", "loader"])
 def test_an_error_receiving_an_output_is_raised_once_and_the_epoch_goes_on_exactly_once(
     no_leaks, monkeypatch, face, where
@@ -111,6 +107,73 @@ def test_an_error_receiving_an_output_is_raised_once_and_the_epoch_goes_on_exact
     if where != "reading":
         assert "the next next() receives the same output again" in str(errors[0].__notes__)
     assert got == list(range(N))
+
+
+class _FailAfter:
+    """Wraps ``frames.message`` so that its first call after one that parsed a message of ``kind`` raises ``error``."""
+
+    def __init__(self, fn, kind: str, error: BaseException):
+        self.fn, self.kind, self.error, self.armed, self.raised = fn, kind, error, False, 0
+
+    def __call__(self, *args, **kwargs):
+        if self.armed:
+            self.armed = False
+            self.raised += 1
+            raise self.error
+        msg = self.fn(*args, **kwargs)
+        if msg[0] == self.kind and not self.raised:
+            self.armed = True
+        return msg
+
+
+@pytest.mark.parametrize("face", ["mp_prefetch", "loader"])
+def test_an_error_receiving_a_message_after_a_worker_ended_keeps_that_end(no_leaks, monkeypatch, face):
+    # Worker 0's end is taken in, then worker 1's end fails to parse in the same
+    # next(): the position goes back to before both, and worker 0's end, read
+    # off its socket already, is taken in again by the next next() (it used to
+    # wait for another message from worker 0 for ever).
+    fail = _FailAfter(frames.message, END, MemoryError())
+    monkeypatch.setattr(frames, "message", fail)
+    it = iter(_pipeline(face))
+    got, errors = [], []
+    while True:
+        before = it.get_state()
+        try:
+            got.append(first(next(it)))
+        except StopIteration:
+            break
+        except MemoryError as e:
+            errors.append(e)
+            assert it.get_state() == before
+    it.close()
+    assert fail.raised == 1
+    assert len(errors) == 1
+    assert got == list(range(N))
+
+
+def test_an_error_receiving_a_message_after_a_worker_error_keeps_that_worker_ended(no_leaks, monkeypatch):
+    # Worker 0's error was raised; the next next() counts worker 0 as ended, then
+    # worker 1's message fails to parse: worker 0 still counts as ended after its
+    # error (it used to be read again, stopped, and reported dead).
+    fail = _FailAfter(frames.message, ERR, MemoryError())
+    monkeypatch.setattr(frames, "message", fail)
+    ds = MapDataset.range(N).map(RowsRaisingAt(0)).to_iter_dataset()
+    it = iter(ds.mp_prefetch(MultiprocessingOptions(num_workers=2)))
+    got, errors = [], []
+    while True:
+        before = it.get_state()
+        try:
+            got.append(first(next(it)))
+        except StopIteration:
+            break
+        except (MemoryError, ValueError) as e:
+            errors.append(type(e))
+            if isinstance(e, MemoryError):
+                assert it.get_state() == before
+    it.close()
+    assert fail.raised == 1
+    assert errors == [ValueError, MemoryError]
+    assert got == list(range(1, N, 2))
 
 
 # The consumer under a real RLIMIT_AS: it holds every 8 MiB output it gets until

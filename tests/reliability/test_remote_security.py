@@ -323,7 +323,7 @@ def test_a_cached_copy_is_of_the_pinned_version_or_an_error(s3, corpus, tmp_path
 
 
 def _parquet_iter(url: str, options):
-    from grainlike.dataset.parquet_iter_dataset import ParquetIterDataset
+    from grainlike.dataset.sources.parquet_iter_dataset import ParquetIterDataset
 
     return iter(ParquetIterDataset(url, remote_options=options))
 
@@ -378,7 +378,7 @@ def test_a_restore_reads_the_checkpoints_version_where_the_bucket_keeps_versions
 
 
 def test_a_local_parquet_iterators_state_has_only_grains_two_keys(tmp_path):
-    from grainlike.dataset.parquet_iter_dataset import ParquetIterDataset
+    from grainlike.dataset.sources.parquet_iter_dataset import ParquetIterDataset
 
     it = iter(ParquetIterDataset(_write_parquet(str(tmp_path / "local.parquet"), 0)))
     next(it)

@@ -17,8 +17,8 @@ import pytest
 
 import grainlike as grain
 from grainlike.dataset import MapDataset
-from grainlike.dataset.options import MultiprocessingOptions
-from grainlike.dataset.thread_prefetch import ThreadPrefetchIterDataset
+from grainlike.dataset.nodes.options import MultiprocessingOptions
+from grainlike.dataset.transformations.thread_prefetch import ThreadPrefetchIterDataset
 
 pytestmark = pytest.mark.timeout(240)
 

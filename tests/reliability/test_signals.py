@@ -173,3 +173,39 @@ def test_ctrl_c_while_workers_start_prints_one_traceback(tmp_path, delay):
         assert leaks.wait_until(lambda: not leaks.session_processes(proc.pid), timeout=10), leaks.session_processes(proc.pid)
     assert err.count("Traceback") == 1, err
     assert err.rstrip().endswith("KeyboardInterrupt"), err
+
+
+def _signal_bits(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1], 16)
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/status")
+def test_the_worker_server_boots_with_ctrl_c_blocked_then_ignores_it():
+    # A Ctrl-C during the server's interpreter start-up (before any of its code
+    # runs) must stay pending, not print a "Fatal Python error" of its own: the
+    # server is spawned with SIGINT blocked, and unblocks it once it ignores it.
+    from multiprocessing import util
+
+    from grainlike.workers import server
+
+    r, w = os.pipe()
+    script = f"import os; os.write({w}, open('/proc/self/status').read().encode()); os.close({w})"
+    exe = sys.executable.encode()
+    pid = server._spawn_without_sigint(util.spawnv_passfds, exe, [exe, b"-c", script.encode()], [w])
+    os.close(w)
+    with os.fdopen(r) as f:
+        status = f.read()
+    os.waitpid(pid, 0)
+    blocked = next(int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigBlk:"))
+    assert blocked & (1 << (signal.SIGINT - 1))
+    # This process's mask is as it was.
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    # The running server: SIGINT ignored and no longer blocked.
+    running = server.running_server()
+    pid = running._forkserver_pid
+    assert _signal_bits(pid, "SigIgn") & (1 << (signal.SIGINT - 1))
+    assert not _signal_bits(pid, "SigBlk") & (1 << (signal.SIGINT - 1))

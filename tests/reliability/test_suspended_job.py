@@ -20,7 +20,7 @@ import pytest
 
 from grainlike.core.errors import WorkerStalledError
 from grainlike.dataset import MapDataset
-from grainlike.dataset.options import MultiprocessingOptions
+from grainlike.dataset.nodes.options import MultiprocessingOptions
 from tests.helpers import leaks
 from tests.helpers.processes import in_session
 from tests.reliability.user_code import ClockForwardThenHang

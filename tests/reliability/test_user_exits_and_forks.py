@@ -21,7 +21,7 @@ import pytest
 import grainlike as grain
 from grainlike.core.errors import WorkerDiedError
 from grainlike.dataset import MapDataset
-from grainlike.dataset.options import MultiprocessingOptions, ReadOptions
+from grainlike.dataset.nodes.options import MultiprocessingOptions, ReadOptions
 from tests.helpers import leaks
 from tests.reliability.user_code import ExitAt, ForkAndWait, ForkAt, first
 

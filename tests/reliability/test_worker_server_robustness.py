@@ -140,7 +140,11 @@ if peer is not None and mode in ("hold", "silent"):
     assert peer.stdout.readline().strip() == "done"
     peer.wait(60)
 s = server.running_server()
-time.sleep(0.5)  # the workers of both iterators have exited: the server closed their status pipes
+# Once the workers of both iterators have exited, the server closes their status
+# pipes: wait for that (up to 15 s on a loaded machine), not a fixed time.
+deadline = time.monotonic() + 15
+while server_fds(s._forkserver_pid) > fds_before and time.monotonic() < deadline:
+    time.sleep(0.05)
 print("RESULT", json.dumps({
     "got": got, "again": again, "errors": errors, "again_s": again_s,
     "first_server": first_server, "server_now": s._forkserver_pid,

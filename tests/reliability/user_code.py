@@ -94,11 +94,15 @@ class ClockForwardThenHang(grain.MapTransform):
 
 
 class Sleep(grain.MapTransform):
-    def __init__(self, seconds):
+    """Sleeps ``seconds`` on every element from ``first_slow`` on (on every one by default)."""
+
+    def __init__(self, seconds, first_slow=0):
         self.seconds = seconds
+        self.first_slow = first_slow
 
     def map(self, x):
-        time.sleep(self.seconds)
+        if x >= self.first_slow:
+            time.sleep(self.seconds)
         return x
 
 
@@ -107,6 +111,18 @@ class Rows(grain.MapTransform):
 
     def map(self, x):
         return np.full((256, 256), int(x), np.float32)
+
+
+class RowsRaisingAt(Rows):
+    """``Rows``, raising ``ValueError`` on element ``at``."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def map(self, x):
+        if int(x) == self.at:
+            raise ValueError(f"element {int(x)} fails")
+        return super().map(x)
 
 
 def first(x) -> int:

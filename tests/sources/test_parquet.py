@@ -10,7 +10,7 @@ import pytest
 
 import grainlike as gl
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
-from grainlike.dataset.parquet_iter_dataset import ParquetIterDataset
+from grainlike.dataset.sources.parquet_iter_dataset import ParquetIterDataset
 from grainlike.sources.parquet import ParquetDataSource
 from tests.compat.conftest import grain_ref  # noqa: F401 (the fixture)
 

@@ -17,7 +17,7 @@ import pytest
 
 import grainlike as gl
 from grainlike.dataset.conformance import assert_equal_output_after_checkpoint
-from grainlike.dataset.parquet_iter_dataset import ParquetIterDataset
+from grainlike.dataset.sources.parquet_iter_dataset import ParquetIterDataset
 from grainlike.sources.formats import file_cache
 from grainlike.sources.formats import remote_files as remote
 from grainlike.sources.array_record import ArrayRecordDataSource, SourceFileNotFoundError

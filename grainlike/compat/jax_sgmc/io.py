@@ -87,7 +87,7 @@ def _room(static_information: Any) -> Any:
     return static_information
 
 
-class _ArraysCollector(DataCollector):
+class _JaxSgmcCollector(DataCollector):
     """A JaxSGMC collector over one of grainlike's (``grainlike.jax.sample_collectors``)."""
 
     def __init__(self, collector: sample_collectors.DataCollector):
@@ -115,7 +115,7 @@ class _ArraysCollector(DataCollector):
         """Nothing: checkpoints are not supported."""
 
 
-class MemoryCollector(_ArraysCollector):
+class MemoryCollector(_JaxSgmcCollector):
     """Samples in numpy arrays in RAM, returned by ``postprocess_save`` in the sample's tree structure.
 
     Args:
@@ -142,7 +142,7 @@ class MemoryCollector(_ArraysCollector):
         return self._samples[int(chain_id)]
 
 
-class HDF5Collector(_ArraysCollector):
+class HDF5Collector(_JaxSgmcCollector):
     """Samples written into an open ``h5py.File``: dataset ``/chain~<id>/<key path>`` per leaf.
 
     ``postprocess_save`` reports ``samples`` None: they are in the file.

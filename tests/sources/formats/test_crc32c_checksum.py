@@ -122,7 +122,7 @@ def test_without_the_library_tfrecord_files_are_read_and_checked_in_numpy(tmp_pa
 import sys
 sys.modules["google_crc32c"] = None
 from grainlike.sources.formats import crc32c_checksum as crc32c
-from grainlike.dataset.tfrecord import CorruptRecordError, TFRecordIterDataset, write_tfrecords
+from grainlike.dataset.sources.tfrecord import CorruptRecordError, TFRecordIterDataset, write_tfrecords
 assert crc32c.IMPLEMENTATION == "numpy", crc32c.IMPLEMENTATION
 records = [bytes([i % 251]) * (i * 37 % 3000) for i in range(200)] + [b"y" * 40_000]
 path = {str(tmp_path / "f.tfrecord")!r}

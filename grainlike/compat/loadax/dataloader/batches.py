@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from grainlike.core.samplers import IndexSampler
 from grainlike.core.transforms import Batch
-from grainlike.dataset.options import ReadOptions
+from grainlike.dataset.nodes.options import ReadOptions
 from grainlike.loader.data_loader import DataLoader
 
 # What a window's collation returns when no item of it loaded: Loadax's

@@ -1,3 +1,3 @@
-from grainlike.dataset.tfrecord import TFRecordIterDataset, _TFRecordDatasetIterator, _TFRecordReader
+from grainlike.dataset.sources.tfrecord import TFRecordIterDataset, _TFRecordDatasetIterator, _TFRecordReader
 
 __all__ = ['TFRecordIterDataset', '_TFRecordDatasetIterator', '_TFRecordReader']

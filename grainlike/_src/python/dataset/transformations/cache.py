@@ -1,3 +1,3 @@
-from grainlike.dataset.cache import CacheIterDataset
+from grainlike.dataset.transformations.cache import CacheIterDataset
 
 __all__ = ['CacheIterDataset']

@@ -1,3 +1,3 @@
-from grainlike.dataset.filter import FilterIterDataset, FilterMapDataset, FilterThresholdChecker
+from grainlike.dataset.transformations.filter import FilterIterDataset, FilterMapDataset, FilterThresholdChecker
 
 __all__ = ['FilterIterDataset', 'FilterMapDataset', 'FilterThresholdChecker']

@@ -1,4 +1,4 @@
 from grainlike.experimental import RngPool
-from grainlike.dataset.map import MapIterDataset, MapMapDataset, MapWithIndexIterDataset, MapWithIndexMapDataset, RandomMapIterDataset, RandomMapMapDataset
+from grainlike.dataset.transformations.map import MapIterDataset, MapMapDataset, MapWithIndexIterDataset, MapWithIndexMapDataset, RandomMapIterDataset, RandomMapMapDataset
 
 __all__ = ['MapIterDataset', 'MapMapDataset', 'MapWithIndexIterDataset', 'MapWithIndexMapDataset', 'RandomMapIterDataset', 'RandomMapMapDataset', 'RngPool']

@@ -1,3 +1,3 @@
-from grainlike.dataset.mix import ConcatenateMapDataset, MixedIterDataset, MixedMapDataset
+from grainlike.dataset.transformations.mix import ConcatenateMapDataset, MixedIterDataset, MixedMapDataset
 
 __all__ = ['ConcatenateMapDataset', 'MixedIterDataset', 'MixedMapDataset']

@@ -1,4 +1,4 @@
 from grainlike.experimental import FirstFitPackIterDataset
-from grainlike.dataset.packing import BestFitPackIterDataset, PackIterDataset, PackingDatasetIterator
+from grainlike.dataset.transformations.packing import BestFitPackIterDataset, PackIterDataset, PackingDatasetIterator
 
 __all__ = ['BestFitPackIterDataset', 'FirstFitPackIterDataset', 'PackIterDataset', 'PackingDatasetIterator']

@@ -1,7 +1,7 @@
 from grainlike.experimental import ThreadPrefetchIterDataset
-from grainlike.dataset.prefetch import PrefetchDatasetIterator, PrefetchIterDataset
-from grainlike.dataset.thread_prefetch import ThreadPrefetchDatasetIterator
-from grainlike.dataset.multithread import multithread_prefetch
-from grainlike.dataset.worker_slice import SupportsInPlaceSlicing
+from grainlike.dataset.transformations.prefetch import PrefetchDatasetIterator, PrefetchIterDataset
+from grainlike.dataset.transformations.thread_prefetch import ThreadPrefetchDatasetIterator
+from grainlike.dataset.parallel.multithread import multithread_prefetch
+from grainlike.dataset.nodes.worker_slice import SupportsInPlaceSlicing
 
 __all__ = ['PrefetchDatasetIterator', 'PrefetchIterDataset', 'SupportsInPlaceSlicing', 'ThreadPrefetchDatasetIterator', 'ThreadPrefetchIterDataset', 'multithread_prefetch']

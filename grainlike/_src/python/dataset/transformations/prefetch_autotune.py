@@ -1,3 +1,3 @@
-from grainlike.dataset.performance import PerformanceConfig, pick_performance_config
+from grainlike.dataset.parallel.performance import PerformanceConfig, pick_performance_config
 
 __all__ = ['PerformanceConfig', 'pick_performance_config']

@@ -1,3 +1,3 @@
-from grainlike.dataset.rebatch import RebatchIterDataset
+from grainlike.dataset.transformations.rebatch import RebatchIterDataset
 
 __all__ = ['RebatchIterDataset']

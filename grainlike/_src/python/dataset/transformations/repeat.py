@@ -1,3 +1,3 @@
-from grainlike.dataset.repeat import RepeatIterDataset, RepeatMapDataset
+from grainlike.dataset.transformations.repeat import RepeatIterDataset, RepeatMapDataset
 
 __all__ = ['RepeatIterDataset', 'RepeatMapDataset']

@@ -1,4 +1,4 @@
 from grainlike.experimental import WindowShuffleIterDataset, WindowShuffleMapDataset
-from grainlike.dataset.shuffle import ShuffleMapDataset
+from grainlike.dataset.transformations.shuffle import ShuffleMapDataset
 
 __all__ = ['ShuffleMapDataset', 'WindowShuffleIterDataset', 'WindowShuffleMapDataset']

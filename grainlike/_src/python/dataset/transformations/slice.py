@@ -1,3 +1,3 @@
-from grainlike.dataset.slice import ReindexMapDataset, SliceMapDataset
+from grainlike.dataset.transformations.slice import ReindexMapDataset, SliceMapDataset
 
 __all__ = ['ReindexMapDataset', 'SliceMapDataset']

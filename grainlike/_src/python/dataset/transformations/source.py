@@ -1,3 +1,3 @@
-from grainlike.dataset.source import RangeMapDataset, SourceMapDataset
+from grainlike.dataset.sources.source import RangeMapDataset, SourceMapDataset
 
 __all__ = ['RangeMapDataset', 'SourceMapDataset']

@@ -1,0 +1,1 @@
+"""The Dataset API's base protocol: the dataset node, ``MapDataset``, ``IterDataset``, ``DatasetIterator``, options and state checks."""

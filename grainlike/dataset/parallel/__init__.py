@@ -1,0 +1,1 @@
+"""Pipelines computed in several workers: worker slicing, ``mp_prefetch``, threads, tuning and elastic restore."""

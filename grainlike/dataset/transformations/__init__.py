@@ -1,0 +1,1 @@
+"""The Dataset API's stages: each transformation of a ``MapDataset`` or ``IterDataset`` in its own module."""
