@@ -332,6 +332,8 @@ def run(
     """
     # Ctrl-C goes to the whole process group; the consumer stops the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Started with it blocked (``server.sigint_held``): one that came meanwhile is dropped.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     server.default_exit_signals()  # Inherited from a consumer it forked from: a worker ends at once.
     own = ForkedFromWorker(worker_index, [results.fileno(), control.fileno()])
     shm.raise_fd_limit()

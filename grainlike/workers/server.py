@@ -13,6 +13,7 @@ module costs the standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import multiprocessing
@@ -23,7 +24,7 @@ import stat
 import sys
 import tempfile
 import threading
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 WORKER_MODULE = "grainlike.workers.main"
 # What a worker imports before its first output, preloaded by name (this layer
@@ -119,7 +120,7 @@ def running_server(start: bool = True) -> Any:
 
 
 # The start of the command a worker server runs (``forkserver_main``). Ctrl-C is
-# the program's: the server starts with SIGINT blocked (``_spawn_without_sigint``),
+# the program's: the server starts with SIGINT blocked (``sigint_held``),
 # ignores it before its first import, then unblocks it (a pending one is dropped),
 # so that a Ctrl-C while it boots, even during the interpreter's own start-up,
 # prints the program's traceback only, not one of its own.
@@ -130,19 +131,38 @@ _SERVE_COMMAND = (
 )
 
 
-def _spawn_without_sigint(spawn: Any, *args: Any) -> int:
-    """Runs ``spawn(*args)`` with SIGINT blocked in this thread, so the child starts with it blocked.
+@contextlib.contextmanager
+def sigint_held() -> Iterator[None]:
+    """Holds back a Ctrl-C while a child process starts; it is raised once the block ends.
 
-    The signal mask survives ``fork`` and ``exec``: a SIGINT sent to the process
-    group while the child's interpreter starts stays pending there until the child
-    ignores it. In this process a SIGINT that arrives meanwhile is delivered when the
-    mask is restored (or to another thread): nothing is lost.
+    SIGINT is blocked in this thread, and the signal mask survives ``fork`` and
+    ``exec``: a child started in the block starts with it blocked, so a Ctrl-C sent
+    to the process group while its interpreter starts, or while a forked child runs
+    its at-fork hooks, stays pending there until the child ignores it and unblocks
+    it (the worker server, ``main.run``), which drops it. In the main thread
+    Python's handler is also replaced for the block by one that only notes the
+    signal, which is raised again at the end: another thread may take a SIGINT
+    this thread blocks, and the ``KeyboardInterrupt`` the main thread would raise
+    in ``fork``'s at-fork hooks is printed and dropped there. A Ctrl-C is never
+    lost: it reaches the program once the child is started (and registered).
     """
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    noted: list = []
+    handler = None
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+        else:
+            handler = None
     try:
-        return spawn(*args)
+        yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+        if noted:
+            signal.raise_signal(signal.SIGINT)
 
 
 @functools.lru_cache(maxsize=None)
@@ -186,7 +206,8 @@ def _worker_server_class() -> type:
                         )
                         exe = spawn.get_executable()
                         args = [exe, *util._args_from_interpreter_flags(), "-c", command]
-                        pid = _spawn_without_sigint(util.spawnv_passfds, exe, args, [listener.fileno(), alive_r])
+                        with sigint_held():
+                            pid = util.spawnv_passfds(exe, args, [listener.fileno(), alive_r])
                     except BaseException:
                         os.close(alive_w)
                         raise

@@ -9,6 +9,7 @@ as cloudpickle bytes (``pickle_task``), so lambdas and notebook classes work.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.context
 import os
@@ -157,47 +158,51 @@ def launch(
         for w in range(worker_count):
             if sd.done:
                 return
-            result_r, result_w = multiprocessing.Pipe(duplex=True)
-            set_receive_timeout(result_r, POLL_S)  # The pool waits for a message in its read.
-            # A socket too: the worker sends new segments' descriptors back on it, so that
-            # the results socket carries bytes only (read ahead of a message's end safely).
-            control_r, control_w = multiprocessing.Pipe(duplex=True)
-            stack_r, stack_w = os.pipe()
-            os.set_inheritable(stack_r, False)
-            tick_r, tick_w = os.pipe()  # Credits back to the worker (``receiving.Credits``).
-            os.set_inheritable(tick_w, False)
-            progress = None if sd.progress is None else PassedFd(sd.progress.fd)
-            shipped = {token: PassedFd(fd) for token, fd in sd.shipped.items()}
-            args = (
-                payload, w, worker_count, starts[w], buffer_size,
-                result_w, control_r, os.getpid(), profile, hold,
-                exhausted[w], (progress, w, PassedFd(stack_w)), shipped, PassedFd(tick_r),
-            )
-            if forked:
-                cls, target = multiprocessing.context.ForkProcess, _forked_entry
-                args = ([result_r.fileno(), control_w.fileno(), stack_r, tick_w], *_as_inherited(args))
-            else:
-                cls, target = (worker_process.WorkerProcess if served else worker_process.SpawnedWorkerProcess), _worker_entry
-            proc = cls(target=target, args=args, name=f"grainlike-worker-{w}", daemon=True)
-            try:
-                _start(proc, serving if served else None)
-            except BaseException:
-                os.close(stack_r)
-                os.close(tick_w)
-                raise
-            finally:
-                # Only the worker may hold these ends, so that EOF means its exit.
-                result_w.close()
-                control_r.close()
-                os.close(stack_w)
-                os.close(tick_r)
-            sd.procs.append(proc)
-            sd.results.append(result_r)
-            sd.controls.append(control_w)
-            sd.stacks.append(stack_r)
-            sd.ticks.append(tick_w)
-            sd.readers.append(shm.SegmentReader(on_release[w]))
-            sd.launched = w + 1
+            # A Ctrl-C while a worker forks or spawns waits until it is registered here
+            # (then the pool stops it), and the worker starts with it blocked until it
+            # ignores it. A served worker forks from the server, which ignores it.
+            with contextlib.nullcontext() if served else server.sigint_held():
+                result_r, result_w = multiprocessing.Pipe(duplex=True)
+                set_receive_timeout(result_r, POLL_S)  # The pool waits for a message in its read.
+                # A socket too: the worker sends new segments' descriptors back on it, so that
+                # the results socket carries bytes only (read ahead of a message's end safely).
+                control_r, control_w = multiprocessing.Pipe(duplex=True)
+                stack_r, stack_w = os.pipe()
+                os.set_inheritable(stack_r, False)
+                tick_r, tick_w = os.pipe()  # Credits back to the worker (``receiving.Credits``).
+                os.set_inheritable(tick_w, False)
+                progress = None if sd.progress is None else PassedFd(sd.progress.fd)
+                shipped = {token: PassedFd(fd) for token, fd in sd.shipped.items()}
+                args = (
+                    payload, w, worker_count, starts[w], buffer_size,
+                    result_w, control_r, os.getpid(), profile, hold,
+                    exhausted[w], (progress, w, PassedFd(stack_w)), shipped, PassedFd(tick_r),
+                )
+                if forked:
+                    cls, target = multiprocessing.context.ForkProcess, _forked_entry
+                    args = ([result_r.fileno(), control_w.fileno(), stack_r, tick_w], *_as_inherited(args))
+                else:
+                    cls, target = (worker_process.WorkerProcess if served else worker_process.SpawnedWorkerProcess), _worker_entry
+                proc = cls(target=target, args=args, name=f"grainlike-worker-{w}", daemon=True)
+                try:
+                    _start(proc, serving if served else None)
+                except BaseException:
+                    os.close(stack_r)
+                    os.close(tick_w)
+                    raise
+                finally:
+                    # Only the worker may hold these ends, so that EOF means its exit.
+                    result_w.close()
+                    control_r.close()
+                    os.close(stack_w)
+                    os.close(tick_r)
+                sd.procs.append(proc)
+                sd.results.append(result_r)
+                sd.controls.append(control_w)
+                sd.stacks.append(stack_r)
+                sd.ticks.append(tick_w)
+                sd.readers.append(shm.SegmentReader(on_release[w]))
+                sd.launched = w + 1
     except BaseException as e:  # noqa: B902 - handed to the consumer
         if sd.launcher is None:
             raise

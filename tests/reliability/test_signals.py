@@ -141,8 +141,12 @@ def test_a_forked_child_stuck_in_c_code_ends_on_sigterm(tmp_path):
     assert f"exitcode {-signal.SIGTERM}" in out, (out, err)
 
 
+# numpy is imported before the Ctrl-C can come: a KeyboardInterrupt inside numpy's
+# own C import (its PyCapsule_Import of datetime) turns into numpy's ImportError,
+# which chains two tracebacks whatever the program imports numpy for.
 _STARTING = r"""
 import time
+import numpy
 print("importing", flush=True)
 import grainlike as grain
 from grainlike.dataset import MapDataset
@@ -175,6 +179,53 @@ def test_ctrl_c_while_workers_start_prints_one_traceback(tmp_path, delay):
     assert err.rstrip().endswith("KeyboardInterrupt"), err
 
 
+# The Ctrl-C comes at a chosen point of the first worker's fork: the process group
+# gets it from an at-fork hook of the parent (the KeyboardInterrupt the parent raised
+# there was printed as "Exception ignored" and lost, and the program waited for
+# workers that had died of it) or of the child (which printed a traceback of its own).
+_CTRL_C_IN_FORK = r"""
+import os, signal, time
+import numpy
+
+def ctrl_c():
+    try:  # Once, whichever process comes first.
+        os.close(os.open(os.environ["CTRL_C_SENT"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    os.killpg(0, signal.SIGINT)
+
+os.register_at_fork(**{"after_in_" + os.environ["CTRL_C_IN"]: ctrl_c})
+import grainlike as grain
+from grainlike.dataset import MapDataset
+from grainlike.workers import start
+
+assert start.fork_is_safe()  # The workers fork from this process.
+print("importing", flush=True)
+for x in MapDataset.range(10**6).to_iter_dataset().mp_prefetch(grain.MultiprocessingOptions(num_workers=2)):
+    time.sleep(0.001)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "register_at_fork"), reason="needs os.register_at_fork")
+@pytest.mark.parametrize("side", ["parent", "child"])
+def test_ctrl_c_while_a_worker_forks_prints_one_traceback_and_ends_the_program(tmp_path, side):
+    script = tmp_path / "ctrl_c_in_fork.py"
+    script.write_text(_CTRL_C_IN_FORK)
+    env = {
+        **os.environ, "PYTHONPATH": os.getcwd(), "JAX_PLATFORMS": "cpu",
+        "CTRL_C_IN": side, "CTRL_C_SENT": str(tmp_path / "sent"),
+    }
+    with in_session([sys.executable, str(script)], env=env) as proc:
+        assert proc.stdout.readline().strip() == "importing"
+        proc.wait(60)
+        err = proc.stderr.read()
+        assert leaks.wait_until(lambda: not leaks.session_processes(proc.pid), timeout=10), leaks.session_processes(proc.pid)
+    assert err.count("Traceback") == 1, err
+    assert "Exception ignored" not in err, err
+    assert err.rstrip().endswith("KeyboardInterrupt"), err
+    assert proc.returncode != 0
+
+
 def _signal_bits(pid: int, field: str) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -195,7 +246,8 @@ def test_the_worker_server_boots_with_ctrl_c_blocked_then_ignores_it():
     r, w = os.pipe()
     script = f"import os; os.write({w}, open('/proc/self/status').read().encode()); os.close({w})"
     exe = sys.executable.encode()
-    pid = server._spawn_without_sigint(util.spawnv_passfds, exe, [exe, b"-c", script.encode()], [w])
+    with server.sigint_held():
+        pid = util.spawnv_passfds(exe, [exe, b"-c", script.encode()], [w])
     os.close(w)
     with os.fdopen(r) as f:
         status = f.read()
