@@ -95,6 +95,8 @@ class ExecutionStats(Stats):
         self._feeds: "ExecutionStats | None" = None
         # Whether the stage is a prefetch that buffers elements (grain records their bytes).
         self._records_bytes = False
+        # mp_prefetch: a weak method giving its workers' latest summaries (``worker_stats``).
+        self._workers: "weakref.WeakMethod | None" = None
 
     def __reduce__(self):
         return ExecutionStats, (self._config, self._parents)
@@ -167,6 +169,9 @@ class ExecutionStats(Stats):
                 _, node_id = parent._build_execution_summary(summary, node_id)
             else:  # a recorder made before statistics were on
                 summary.nodes[node_id].id = node_id
+        workers = self._workers() if self._workers is not None else None
+        if workers is not None:
+            node_id = _add_worker_nodes(summary, this, node_id, workers())
         return summary, node_id
 
     def _get_execution_summary(self) -> Any:
@@ -184,6 +189,49 @@ class ExecutionStats(Stats):
             self._logging = True
         threading.Thread(target=_log_periodically, args=(weakref.ref(self),), daemon=True,
                          name="grainlike-execution-summary").start()
+
+
+def _merge(summaries: Sequence[Any]) -> Any:
+    """The workers' summaries added up node by node (their pipelines are the same, so are their node ids)."""
+    from grainlike.proto import execution_summary_pb2
+
+    merged = execution_summary_pb2.ExecutionSummary()
+    for summary in summaries:
+        for node_id, node in summary.nodes.items():
+            if node_id not in merged.nodes:
+                merged.nodes[node_id].CopyFrom(node)
+                continue
+            into = merged.nodes[node_id]
+            into.min_processing_time_ns = min(into.min_processing_time_ns, node.min_processing_time_ns)
+            into.max_processing_time_ns = max(into.max_processing_time_ns, node.max_processing_time_ns)
+            into.total_processing_time_ns += node.total_processing_time_ns
+            into.num_produced_elements += node.num_produced_elements
+            into.bytes_produced += node.bytes_produced
+            into.bytes_consumed += node.bytes_consumed
+    return merged
+
+
+def _add_worker_nodes(summary: Any, this: int, last_id: int, summaries: Sequence[Any]) -> int:
+    """Puts the workers' stages, added up, under node ``this`` (mp_prefetch), numbered after ``last_id``, as grain.
+
+    The workers' output stages become ``this``'s inputs (and are no longer
+    outputs). Returns the last id used.
+    """
+    if not summaries:
+        return last_id
+    merged = _merge(summaries)
+    offset = last_id + 1
+    for node_id in sorted(merged.nodes):
+        node = summary.nodes[node_id + offset]
+        node.CopyFrom(merged.nodes[node_id])
+        node.id = node_id + offset
+        inputs = [i + offset for i in node.inputs]
+        node.ClearField("inputs")
+        node.inputs.extend(inputs)
+        if node.is_output:
+            node.is_output = False
+            summary.nodes[this].inputs.append(node.id)
+    return offset + max(merged.nodes)
 
 
 def _log_periodically(stats_ref: Callable[[], "ExecutionStats | None"]) -> None:
@@ -414,6 +462,9 @@ def _attach_stats(node: Any, log_summary: bool) -> ExecutionStats:
                          iter_weakref=HashableWeakRef(node))
     stats = ExecutionStats(config, parents)
     stats._records_bytes = getattr(node, "_STATS_RECORDS_BYTES", False)
+    worker_summaries = getattr(node, "worker_summaries", None)
+    if worker_summaries is not None:
+        stats._workers = weakref.WeakMethod(worker_summaries)
     if stats._records_bytes:
         # It consumes what its parents produce; with none here (workers), what it hands over.
         for parent in parents or [stats]:

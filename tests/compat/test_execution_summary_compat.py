@@ -152,12 +152,14 @@ def test_prefetch_nodes_count_bytes_as_grains(libs, debug_mode):
     assert all(n.bytes_produced == n.bytes_consumed == 0 for i, n in mine.nodes.items() if i)
 
 
-def test_mp_prefetch_node_is_a_prefetch_output(libs, debug_mode):
+def test_mp_prefetch_node_is_a_prefetch_output_over_its_workers_stages(libs, debug_mode):
     (grain, grain_dataset), (ours, our_dataset) = libs
 
+    def parent(g):
+        return g.MapDataset.range(20).map(_plus_one).to_iter_dataset().batch(3)
+
     def build(g):
-        ds = g.MapDataset.range(20).map(_plus_one).to_iter_dataset().batch(3)
-        return ds.mp_prefetch(g.MultiprocessingOptions(num_workers=2))
+        return parent(g).mp_prefetch(g.MultiprocessingOptions(num_workers=2))
 
     _, theirs = _summary(grain, grain_dataset, build, 3)
     it, mine = _summary(ours, our_dataset, build, 3)
@@ -165,9 +167,24 @@ def test_mp_prefetch_node_is_a_prefetch_output(libs, debug_mode):
         node = mine.nodes[0]
         assert (node.is_output, node.output_spec, node.num_produced_elements) == (
             True, theirs.nodes[0].output_spec, theirs.nodes[0].num_produced_elements)
-        # The stages run in the workers; the calling process sees this node only (docs/migrating.md).
-        assert node.is_prefetch and list(node.inputs) == [] and len(mine.nodes) == 1
-        assert node.bytes_produced == node.bytes_consumed == 3 * 3 * 8
+        assert node.is_prefetch
+        # Each worker batches its half (10 elements: 3 + 3 + 3 + 1), 8 batches in all. When
+        # a worker's share ends it reports its statistics before the consumer hears of it.
+        assert len(list(it)) == 5
+        mine = our_dataset.get_execution_summary(it)
+        node = mine.nodes[0]
+        assert node.bytes_produced == node.bytes_consumed == 20 * 8
+        # The workers' stages, added up, under it: those of the parent pipeline run in
+        # one process (grain's nodes), each worker's share cut by a slice below the read.
+        _, in_process = _summary(grain, grain_dataset, parent, 7)
+        expected = [in_process.nodes[i].name for i in sorted(in_process.nodes)]
+        expected.insert(2, "SliceMapDataset[0:20:2]")
+        assert list(node.inputs) == [1]
+        assert [mine.nodes[i].name for i in sorted(mine.nodes)][1:] == expected
+        assert [list(mine.nodes[i].inputs) for i in sorted(mine.nodes)][1:] == [[2], [3], [4], [5], []]
+        assert [mine.nodes[i].num_produced_elements for i in sorted(mine.nodes)] == [8, 8, 20, 20, 20, 20]
+        assert [mine.nodes[i].is_output for i in sorted(mine.nodes)] == [True] + [False] * 5
+        assert mine.nodes[1].output_spec == node.output_spec
         _check_timings(mine)
     finally:
         it.close()

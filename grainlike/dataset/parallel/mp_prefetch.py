@@ -189,6 +189,8 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
         self._next_worker = 0
         self._pool: Optional[WorkerPool] = None
         self._start_state: Any = None
+        # Where the workers write their execution statistics, once collected (``worker_stats``).
+        self._reports: Optional[Any] = None
         # next(), set_state() and start_prefetch() from several threads take
         # turns; get_state() and close() never wait behind a blocked next().
         self._consumer_lock = threading.RLock()
@@ -198,6 +200,15 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
     def _ensure_pool(self) -> WorkerPool:
         if self._pool is None:
             self._task.dataset_options = self._ctx.dataset_options
+            # (``_stats`` is in the instance once it was read or execution statistics were attached.)
+            if self._reports is None and "_stats" in self.__dict__:
+                from grainlike.dataset.execution_stats import ExecutionStats
+
+                if isinstance(self._stats, ExecutionStats):
+                    from grainlike.dataset.parallel.worker_stats import ReportDir
+
+                    self._reports = ReportDir()
+                    self._task.stats_dir = self._reports.path
             self._pool = self._new_pool(
                 self._task,
                 self._w,
@@ -248,6 +259,10 @@ class MultiprocessPrefetchDatasetIterator(DatasetIterator):
                         # The next call restarts the workers from the last delivered outputs.
                         self._drop_pool()
                     raise
+
+    def worker_summaries(self) -> list:
+        """The workers' latest execution summaries (with statistics on; see ``worker_stats``)."""
+        return [] if self._reports is None else self._reports.summaries()
 
     def start_prefetch(self) -> None:
         """Starts the workers now, so the first outputs are ready sooner."""

@@ -107,6 +107,8 @@ class WorkerSliceTask:
         # The DatasetOptions of the whole pipeline, including those set after
         # mp_prefetch: the workers' stages follow them too, as in grain.
         self.dataset_options: Any = None
+        # The consumer's directory for the workers' execution statistics (``worker_stats``), if collected.
+        self.stats_dir: Optional[str] = None
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -155,6 +157,7 @@ class WorkerSliceTask:
                 ctx.dataset_options = self.dataset_options.merge(ctx.dataset_options)
         # The consumer gets grain's element types: its workers' arrays are SharedMemoryArrays.
         min_shm_size = it._ctx.dataset_options.min_shm_size if isinstance(it, DatasetIterator) and not stacks else 0
+        reporter = self._reporter(it, worker_index)
         self._iterator = it
         try:
             if state is not None:
@@ -163,11 +166,26 @@ class WorkerSliceTask:
                 try:
                     element = next(it)
                 except StopIteration:
+                    if reporter is not None:
+                        reporter.write()  # Before the consumer hears of the end: it counts every element.
                     return
                 yield snapshot(it.get_state()), as_delivered(element, min_shm_size)
         finally:
+            if reporter is not None:
+                reporter.stop()
             self._iterator = None
             it.close()
+
+    def _reporter(self, it: Any, worker_index: int) -> Any:
+        """Where the consumer collects execution statistics: this worker's pipeline collects them too and reports them."""
+        if self.stats_dir is None or not isinstance(it, DatasetIterator):
+            return None
+        from grainlike.dataset import execution_stats
+        from grainlike.dataset.parallel.worker_stats import Reporter
+
+        if not isinstance(it.__dict__.get("_stats"), execution_stats.ExecutionStats):
+            execution_stats.start_collecting(it)
+        return Reporter(self.stats_dir, worker_index, it._stats)
 
     def interrupt(self) -> None:
         """Closes the iterator ``outputs`` is in, from another thread (the worker is stopping).
