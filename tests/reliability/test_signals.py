@@ -81,6 +81,13 @@ def test_a_signal_to_the_main_process_leaves_nothing_behind(tmp_path, sig):
         assert code == -sig, (code, err)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_leaves_no_statistics_directory_behind(tmp_path, sig):
+    # With execution statistics on, the workers report into a directory in TMPDIR.
+    code, left, err = _run(tmp_path, sig, install='grain.config.update("py_debug_mode", True)')
+    assert left == ["mine.txt"], err
+
+
 def test_the_users_own_signal_handler_is_kept(tmp_path):
     code, left, err = _run(tmp_path, signal.SIGTERM, install=_USER_HANDLER)
     assert code == 3, err

@@ -38,12 +38,32 @@ def _file(directory: str, worker_index: int) -> str:
     return os.path.join(directory, f"worker-{worker_index}.pb")
 
 
+# The report directories of this process, removed at exit and on SIGTERM / SIGHUP
+# (whose default action skips exit handlers; see ``server.install_exit_on_signals``).
+_live_dirs: set = set()
+
+
+def _remove_dir(path: str) -> None:
+    _live_dirs.discard(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_live_dirs() -> None:
+    for path in list(_live_dirs):
+        _remove_dir(path)
+
+
 class ReportDir:
-    """The consumer's directory of its workers' summaries; removed with the iterator (or at exit)."""
+    """The consumer's directory of its workers' summaries; removed with the iterator, at exit, or on SIGTERM."""
 
     def __init__(self) -> None:
+        from grainlike.workers import server
+
+        if _remove_live_dirs not in server.exit_cleanups:
+            server.exit_cleanups.append(_remove_live_dirs)
         self.path = tempfile.mkdtemp(prefix="grainlike-stats-")
-        self._remove = weakref.finalize(self, shutil.rmtree, self.path, ignore_errors=True)
+        _live_dirs.add(self.path)
+        self._remove = weakref.finalize(self, _remove_dir, self.path)
 
     def summaries(self) -> list:
         """The latest ``ExecutionSummary`` of each worker that wrote one, by worker index."""
