@@ -101,15 +101,21 @@ def test_debug_mode_alone_makes_the_workers_collect():
     it.close()
 
 
-def test_without_statistics_there_is_no_report_directory():
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "grainlike-stats-*")))
+def test_without_statistics_there_is_no_report_directory(tmp_path, monkeypatch):
+    # This process's temporary files go to tmp_path (tests in other processes use /tmp too).
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     _, mp = _pipeline(40)
     it = iter(mp)
     assert sum(len(b) for b in it) == 20
     with pytest.raises(ValueError):
         get_execution_summary(it)
     assert it._reports is None and it._task.stats_dir is None
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "grainlike-stats-*"))) == before
+    assert glob.glob(str(tmp_path / "grainlike-stats-*")) == []
+    it.close()
+    # With statistics, the directory would be there.
+    it = iter(_timed(mp))
+    list(it)
+    assert glob.glob(str(tmp_path / "grainlike-stats-*")) == [it._reports.path]
     it.close()
 
 
