@@ -1,3 +1,6 @@
+# As grain's module, whose ``from __future__ import annotations`` makes ``grain.monitoring.annotations`` a path.
+from __future__ import annotations
+
 from grainlike.core import monitoring_base
 from grainlike.core.monitoring import (
     Bucketer,
